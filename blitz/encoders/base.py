@@ -1,0 +1,86 @@
+"""The encoder contract every backend implements.
+
+Encoders are synchronous and not thread-safe: a pool runs each one on a single worker
+thread of its own, never on the event loop.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from blitz.errors import InputTooLong, InvalidValue
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """Model output for one call: float32 rows (or scores) and the tokens they used."""
+
+    values: np.ndarray
+    token_counts: np.ndarray  # tokens per input after truncation, as billed in `usage`
+    padded_tokens: int = 0  # tokens the model computed, padding included
+
+
+class Encoder(ABC):
+    """A loaded model. ``kind`` says which of ``embed`` and ``score`` it answers."""
+
+    kind: str = "embedding"
+    device: str = "cpu"
+
+    def __init__(self, model_id: str, max_seq_length: int):
+        self.model_id = model_id
+        self.max_seq_length = max_seq_length
+
+    @property
+    @abstractmethod
+    def dimension(self) -> int | None:
+        """Embedding size (None for cross-encoders)."""
+
+    def embed(self, texts: list[str], *, normalize: bool, truncate: bool = True) -> Encoded:
+        """Embeddings for ``texts``, float32, shape (len(texts), dimension)."""
+        raise InvalidValue(
+            f"model {self.model_id!r} is a {self.kind} and cannot embed; use /rerank",
+            param="model",
+        )
+
+    def embed_tokens(self, ids: list[list[int]], *, normalize: bool,
+                     truncate: bool = True) -> Encoded:
+        """Embeddings for pre-tokenized inputs (the model's own token ids, no specials)."""
+        raise InvalidValue(
+            f"model {self.model_id!r} does not take token ids", param="input")
+
+    def score(self, query: str, documents: list[str], *, truncate: bool = True) -> Encoded:
+        """Relevance of each document to ``query``; embedding models use cosine similarity."""
+        encoded = self.embed([query, *documents], normalize=True, truncate=truncate)
+        q, docs = encoded.values[0], encoded.values[1:]
+        scores = docs @ q
+        counts = encoded.token_counts
+        return Encoded(scores.astype(np.float32), counts[1:] + counts[0], encoded.padded_tokens)
+
+    def warmup(self) -> None:
+        """Run one small batch so the first request does not pay for lazy initialisation."""
+        if self.kind == "embedding":
+            self.embed(["warm up"], normalize=True)
+        else:
+            self.score("warm up", ["warm up"])
+
+    def close(self) -> None:
+        """Drop the weights; idempotent."""
+
+
+def check_lengths(lengths: np.ndarray, limit: int, truncate: bool) -> np.ndarray:
+    """Token counts after truncation; with ``truncate=False`` an over-long input is a 413."""
+    if not truncate:
+        over = np.flatnonzero(lengths > limit)
+        if over.size:
+            i = int(over[0])
+            raise InputTooLong.at(i, int(lengths[i]), limit)
+    return np.minimum(lengths, limit)
+
+
+def l2_normalize(values: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(values, axis=1, keepdims=True)
+    np.maximum(norms, 1e-12, out=norms)
+    return values / norms

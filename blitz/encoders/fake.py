@@ -1,0 +1,39 @@
+"""A deterministic fake encoder: API and routing tests without a model."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from blitz.encoders.base import Encoded, Encoder, check_lengths, l2_normalize
+
+
+class FakeEncoder(Encoder):
+    """Hash-seeded vectors; tokens are whitespace-separated words plus two specials."""
+
+    def __init__(self, model_id: str, dimension: int, max_seq_length: int = 128):
+        super().__init__(model_id, max_seq_length)
+        self._dimension = dimension
+
+    @property
+    def dimension(self) -> int:
+        return self._dimension
+
+    def _vector(self, text: str) -> np.ndarray:
+        seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+        return np.random.default_rng(seed).standard_normal(self._dimension).astype(np.float32)
+
+    def embed(self, texts: list[str], *, normalize: bool, truncate: bool = True) -> Encoded:
+        lengths = np.array([len(t.split()) + 2 for t in texts], dtype=np.int64)
+        counts = check_lengths(lengths, self.max_seq_length, truncate)
+        values = np.stack([self._vector(t) for t in texts]) if texts else np.zeros(
+            (0, self._dimension), np.float32)
+        if normalize and len(texts):
+            values = l2_normalize(values)
+        return Encoded(values.astype(np.float32), counts, int(counts.sum()))
+
+    def embed_tokens(self, ids: list[list[int]], *, normalize: bool,
+                     truncate: bool = True) -> Encoded:
+        return self.embed([" ".join(map(str, row)) for row in ids], normalize=normalize,
+                          truncate=truncate)

@@ -1,0 +1,123 @@
+"""One error hierarchy, one status table.
+
+    BlitzError                      500 internal_error (never shows its text)
+     ├── BadRequest                 400 invalid_request_error / bad_request
+     ├── Unauthorized               401 authentication_error / invalid_api_key
+     ├── NotFound                   404 not_found_error / not_found
+     │    └── UnknownModel          404 not_found_error / model_not_found
+     ├── PayloadTooLarge            413 invalid_request_error / payload_too_large
+     │    └── InputTooLong          413 invalid_request_error / input_too_long
+     ├── InvalidValue               422 invalid_request_error / invalid_value
+     ├── ModelLoadFailed            424 model_load_error / model_load_failed
+     └── Overloaded                 503 overloaded_error / overloaded
+
+Every error renders as OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+Errors cross Ray process boundaries, so each one pickles with its fields intact.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BlitzError(Exception):
+    """Base of every error Blitz answers with; unknown exceptions become ``InternalError``."""
+
+    status: int = 500
+    type: str = "internal_error"
+    code: str = "internal_error"
+    expose: bool = False  # whether ``message`` may be sent to the client
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.param))
+
+    def to_payload(self, request_id: str | None = None) -> dict[str, Any]:
+        message = self.message if self.expose else "internal server error"
+        if request_id and not self.expose:
+            message = f"{message} (request id {request_id})"
+        return {"error": {"message": message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+class ClientError(BlitzError):
+    """An error caused by the request; its message is written for the client."""
+
+    expose = True
+
+
+class BadRequest(ClientError):
+    status, type, code = 400, "invalid_request_error", "bad_request"
+
+
+class Unauthorized(ClientError):
+    status, type, code = 401, "authentication_error", "invalid_api_key"
+
+
+class NotFound(ClientError):
+    status, type, code = 404, "not_found_error", "not_found"
+
+
+class UnknownModel(NotFound):
+    code = "model_not_found"
+
+
+class PayloadTooLarge(ClientError):
+    status, type, code = 413, "invalid_request_error", "payload_too_large"
+
+
+class InputTooLong(PayloadTooLarge):
+    """One input has more tokens than the model takes and the request said ``truncate: false``."""
+
+    code = "input_too_long"
+
+    def __init__(self, message: str, param: str | None = None, index: int = 0,
+                 tokens: int = 0, limit: int = 0):
+        super().__init__(message, param)
+        self.index, self.tokens, self.limit = index, tokens, limit
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.param, self.index, self.tokens, self.limit))
+
+    @classmethod
+    def at(cls, index: int, tokens: int, limit: int) -> InputTooLong:
+        return cls(
+            f"input {index} has {tokens} tokens, more than the model's max_seq_length of "
+            f"{limit}; shorten it or send truncate: true",
+            param="input", index=index, tokens=tokens, limit=limit,
+        )
+
+    def shifted(self, offset: int) -> InputTooLong:
+        """The same error for a chunk that starts at ``offset`` in the whole request."""
+        return self.at(self.index + offset, self.tokens, self.limit)
+
+
+class InvalidValue(ClientError):
+    status, type, code = 422, "invalid_request_error", "invalid_value"
+
+
+class ModelLoadFailed(ClientError):
+    status, type, code = 424, "model_load_error", "model_load_failed"
+
+
+class Overloaded(ClientError):
+    status, type, code = 503, "overloaded_error", "overloaded"
+    retry_after_s = 1
+
+
+class InternalError(BlitzError):
+    """An unexpected failure; the client sees only the request id."""
+
+
+def as_blitz_error(exc: BaseException) -> BlitzError:
+    """The ``BlitzError`` to answer for ``exc``; anything unknown is an ``InternalError``."""
+    if isinstance(exc, BlitzError):
+        return exc
+    cause = getattr(exc, "cause", None)  # Ray wraps remote errors; the original rides along
+    if isinstance(cause, BlitzError):
+        return cause
+    return InternalError(f"{type(exc).__name__}: {exc}")

