@@ -158,8 +158,8 @@ def decode_body(body: bytes, content_type: str | None, max_bytes: int) -> Any:
     )
 
 
-def choose_reply_format(accept: str | None) -> ReplyFormat:
-    """msgpack unless the client's Accept header prefers JSON or raw bytes."""
+def choose_reply_format(accept: str | None, default: ReplyFormat = "msgpack") -> ReplyFormat:
+    """The format the client's Accept header prefers; ``default`` when it names none."""
     best: tuple[float, int, ReplyFormat] | None = None
     for position, part in enumerate((accept or "").split(",")):
         fields = [f.strip() for f in part.split(";")]
@@ -179,4 +179,4 @@ def choose_reply_format(accept: str | None) -> ReplyFormat:
         )
         if fmt and quality > 0 and (best is None or (quality, -position) > (best[0], -best[1])):
             best = (quality, position, fmt)
-    return best[2] if best else "msgpack"
+    return best[2] if best else default

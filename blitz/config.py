@@ -44,7 +44,7 @@ class PoolSettings(_Settings):
     max_replicas: int = Field(1, ge=1)
     initial_replicas: int | None = Field(None, ge=0)
     target_ongoing_requests: float = Field(8.0, gt=0)
-    max_ongoing_requests: int = Field(64, ge=1)
+    max_ongoing_requests: int = Field(128, ge=1)
     max_queued_requests: int = Field(256, ge=-1, description="-1: unbounded")
     torch_threads: int | None = Field(None, ge=1, description="intra-op threads per replica")
 
@@ -57,7 +57,7 @@ class PoolSettings(_Settings):
 
 def _default_gpu_pool() -> PoolSettings:
     return PoolSettings(max_batch_size=1024, num_cpus=0.5, num_gpus=1.0, min_replicas=0,
-                        max_replicas=1, max_ongoing_requests=128)
+                        max_replicas=1, max_ongoing_requests=1024)
 
 
 class IngressSettings(_Settings):

@@ -9,7 +9,8 @@
      │    └── InputTooLong          413 invalid_request_error / input_too_long
      ├── InvalidValue               422 invalid_request_error / invalid_value
      ├── ModelLoadFailed            424 model_load_error / model_load_failed
-     └── Overloaded                 503 overloaded_error / overloaded
+     ├── Overloaded                 503 overloaded_error / overloaded
+     └── NotReady                   503 unavailable_error / not_ready
 
 Every error renders as OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 Errors cross Ray process boundaries, so each one pickles with its fields intact.
@@ -107,6 +108,11 @@ class ModelLoadFailed(ClientError):
 class Overloaded(ClientError):
     status, type, code = 503, "overloaded_error", "overloaded"
     retry_after_s = 1
+
+
+class NotReady(ClientError):
+    status, type, code = 503, "unavailable_error", "not_ready"
+    retry_after_s = 5
 
 
 class InternalError(BlitzError):

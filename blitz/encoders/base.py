@@ -59,6 +59,20 @@ class Encoder(ABC):
         counts = encoded.token_counts
         return Encoded(scores.astype(np.float32), counts[1:] + counts[0], encoded.padded_tokens)
 
+    def embed_many(self, jobs: list[tuple[list[str], bool, bool]]) -> list[Encoded | Exception]:
+        """Embed several requests' ``(texts, normalize, truncate)`` in one go.
+
+        One request's error (an over-long input, say) is returned in its place and does
+        not fail the others. Backends override this to share one padded forward pass.
+        """
+        results: list[Encoded | Exception] = []
+        for texts, normalize, truncate in jobs:
+            try:
+                results.append(self.embed(texts, normalize=normalize, truncate=truncate))
+            except Exception as exc:  # handed back to that request alone
+                results.append(exc)
+        return results
+
     def warmup(self) -> None:
         """Run one small batch so the first request does not pay for lazy initialisation."""
         if self.kind == "embedding":
@@ -66,7 +80,7 @@ class Encoder(ABC):
         else:
             self.score("warm up", ["warm up"])
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - backends without resources keep the default
         """Drop the weights; idempotent."""
 
 

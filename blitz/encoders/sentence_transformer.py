@@ -55,6 +55,30 @@ class SentenceTransformerEncoder(Encoder):
         ids, counts = self.token_ids(texts, truncate)
         return self._run(ids, counts, normalize)
 
+    def embed_many(self, jobs: list[tuple[list[str], bool, bool]]) -> list[Encoded | Exception]:
+        """Tokenize each request alone, then run all of them as one length-sorted batch."""
+        results: list[Encoded | Exception] = []
+        good: list[tuple[int, list[list[int]], np.ndarray, bool]] = []
+        for k, (texts, normalize, truncate) in enumerate(jobs):
+            try:
+                ids, counts = self.token_ids(texts, truncate)
+            except Exception as exc:
+                results.append(exc)
+                continue
+            results.append(exc_placeholder)
+            good.append((k, ids, counts, normalize))
+        if good:
+            merged = self._run([row for _, ids, _, _ in good for row in ids],
+                               np.zeros(0, np.int64), normalize=False)
+            start = 0
+            for k, ids, counts, normalize in good:
+                values = merged.values[start:start + len(ids)]
+                start += len(ids)
+                share = merged.padded_tokens * len(ids) // max(len(merged.values), 1)
+                results[k] = Encoded(l2_normalize(values) if normalize else values, counts,
+                                     share)
+        return results
+
     def embed_tokens(self, ids: list[list[int]], *, normalize: bool,
                      truncate: bool = True) -> Encoded:
         vocab = self.tokenizer.vocab_size
@@ -96,6 +120,9 @@ class SentenceTransformerEncoder(Encoder):
     def close(self) -> None:
         self.model = None
         self.tokenizer = None
+
+
+exc_placeholder = RuntimeError("not computed")
 
 
 def length_batches(lengths: list[int], token_budget: int) -> list[np.ndarray]:

@@ -1,0 +1,54 @@
+"""An in-process ``Dispatcher``: encoders loaded in this process, run on one worker thread.
+
+For unit tests of the HTTP API (with fake encoders) and for measuring the serving path
+without Ray. Pools here are names only; every job runs on the same local encoders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from blitz.config import BlitzSettings
+from blitz.encoders import Encoder, load_encoder
+from blitz.encoders.base import Encoded
+from blitz.schemas import EmbedJob, RerankJob
+
+
+class LocalDispatcher:
+    def __init__(self, settings: BlitzSettings, pools: frozenset[str] = frozenset({"cpu"})):
+        self.settings = settings
+        self.registry = settings.registry()
+        self.pools = pools
+        self._encoders: dict[str, Encoder] = {}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blitz-local")
+
+    def max_batch(self, pool: str) -> int:
+        return (self.settings.gpu_pool if pool == "gpu" else self.settings.cpu_pool).max_batch_size
+
+    async def _run(self, model_id: str, fn_name: str, *args, **kwargs) -> Encoded:
+        loop = asyncio.get_running_loop()
+
+        def call() -> Encoded:
+            encoder = self._encoders.get(model_id)
+            if encoder is None:
+                encoder = load_encoder(self.registry.get(model_id), "cpu",
+                                       self.settings.resolved_cache_dir())
+                self._encoders[model_id] = encoder
+            return getattr(encoder, fn_name)(*args, **kwargs)
+
+        return await loop.run_in_executor(self._executor, call)
+
+    async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded:
+        if job.token_ids is not None:
+            return await self._run(model_id, "embed_tokens", job.token_ids,
+                                   normalize=job.normalize, truncate=job.truncate)
+        return await self._run(model_id, "embed", job.texts, normalize=job.normalize,
+                               truncate=job.truncate)
+
+    async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded:
+        return await self._run(model_id, "score", job.query, job.documents,
+                               truncate=job.truncate)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False)

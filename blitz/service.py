@@ -1,0 +1,212 @@
+"""The ingress's request logic, free of Ray: limits, routing, chunking, output options.
+
+A ``Dispatcher`` runs jobs on pools; deployments/ implements it with Serve handles, tests
+with in-process encoders. Every request is checked against the limits here, before any
+model work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+import numpy as np
+
+from blitz.config import BlitzSettings
+from blitz.encoders.base import Encoded
+from blitz.errors import InputTooLong, InvalidValue, NotReady, PayloadTooLarge, as_blitz_error
+from blitz.postprocess import OutputDtype, quantize, truncate_dimensions
+from blitz.registry import ModelSpec, read_dimension
+from blitz.routing import choose_pool
+from blitz.schemas import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankResult, Usage
+
+
+class Dispatcher(Protocol):
+    """Runs one job on one pool for one model."""
+
+    pools: frozenset[str]
+
+    def max_batch(self, pool: str) -> int: ...
+
+    async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded: ...
+
+    async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded: ...
+
+
+class EmbeddingService:
+    def __init__(self, settings: BlitzSettings, dispatcher: Dispatcher):
+        self.settings = settings
+        self.registry = settings.registry()
+        self.dispatcher = dispatcher
+        self.started = int(time.time())
+        self._dimensions: dict[str, int | None] = {}
+
+    # ---- model id --------------------------------------------------------------------
+
+    def spec(self, model_id: str | None) -> ModelSpec:
+        """The spec for ``model_id``; the configured default when none is given."""
+        return self.registry.get(model_id or self.settings.default_model)
+
+    # ---- limits ----------------------------------------------------------------------
+
+    def check_texts(self, texts: list[str], what: str = "texts") -> None:
+        limits = self.settings.limits
+        if not texts:
+            raise InvalidValue(f"{what} must contain at least one text", param=what)
+        if len(texts) > limits.max_texts_per_request:
+            raise PayloadTooLarge(
+                f"{len(texts)} {what} in one request; the limit max_texts_per_request is "
+                f"{limits.max_texts_per_request}", param=what)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InvalidValue(f"{what}[{i}] must be a string", param=what)
+            if len(text) > limits.max_chars_per_text:
+                raise PayloadTooLarge(
+                    f"{what}[{i}] has {len(text)} characters; the limit max_chars_per_text is "
+                    f"{limits.max_chars_per_text}", param=what)
+            if not text.strip():
+                raise InvalidValue(f"{what}[{i}] is empty", param=what)
+
+    # ---- embeddings ------------------------------------------------------------------
+
+    async def embed(self, texts: str | list[str] | None = None, *, model: str | None = None,
+                    token_ids: list[list[int]] | None = None, normalize: bool | None = None,
+                    truncate: bool = True, dimensions: int | None = None,
+                    dtype: OutputDtype = "float32",
+                    prompt_name: str | None = None) -> EmbedResult:
+        spec = self.spec(model)
+        if spec.kind != "embedding":
+            raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; use /rerank for it",
+                               param="model")
+        normalize = spec.normalize if normalize is None else normalize
+        if token_ids is not None:
+            self._check_token_ids(token_ids)
+            count = len(token_ids)
+        else:
+            texts = [texts] if isinstance(texts, str) else list(texts or [])
+            self.check_texts(texts)
+            if prompt_name is not None:
+                if prompt_name not in spec.prompts:
+                    known = ", ".join(sorted(spec.prompts)) or "none"
+                    raise InvalidValue(f"prompt_name {prompt_name!r} is not defined for model "
+                                       f"{spec.id!r}; defined: {known}", param="prompt_name")
+                prefix = spec.prompts[prompt_name]
+                texts = [prefix + t for t in texts]
+            count = len(texts)
+        self._check_dimensions(spec, dimensions)
+
+        pool = choose_pool(spec.kind, count, self.dispatcher.pools, self.settings.routing)
+        size = self.dispatcher.max_batch(pool)
+        jobs = [
+            EmbedJob(texts=texts[i:i + size] if texts is not None and token_ids is None
+                     else None,
+                     token_ids=token_ids[i:i + size] if token_ids is not None else None,
+                     normalize=normalize, truncate=truncate)
+            for i in range(0, count, size)
+        ]
+        parts = await self._gather(
+            [self.dispatcher.embed(pool, spec.id, job) for job in jobs], size)
+        values = parts[0].values if len(parts) == 1 else np.concatenate(
+            [p.values for p in parts])
+        tokens = int(sum(int(p.token_counts.sum()) for p in parts))
+        values = quantize(truncate_dimensions(values, dimensions, normalize), dtype)
+        return EmbedResult(values, spec.id, Usage.of(tokens), pool)
+
+    def _check_token_ids(self, token_ids: list[list[int]]) -> None:
+        limits = self.settings.limits
+        if not token_ids or any(len(row) == 0 for row in token_ids):
+            raise InvalidValue("input must contain at least one token id per item",
+                               param="input")
+        if len(token_ids) > limits.max_texts_per_request:
+            raise PayloadTooLarge(
+                f"{len(token_ids)} inputs in one request; the limit max_texts_per_request is "
+                f"{limits.max_texts_per_request}", param="input")
+        for i, row in enumerate(token_ids):
+            if len(row) > limits.max_chars_per_text:
+                raise PayloadTooLarge(
+                    f"input[{i}] has {len(row)} token ids; the limit max_chars_per_text is "
+                    f"{limits.max_chars_per_text}", param="input")
+
+    def _check_dimensions(self, spec: ModelSpec, dimensions: int | None) -> None:
+        if dimensions is None:
+            return
+        if spec.id not in self._dimensions:
+            self._dimensions[spec.id] = read_dimension(spec)
+        known = self._dimensions[spec.id]
+        if known is not None and dimensions > known:
+            raise InvalidValue(
+                f"dimensions={dimensions} is larger than model {spec.id!r}'s dimension {known}",
+                param="dimensions")
+
+    @staticmethod
+    async def _gather(calls: list, chunk_size: int) -> list[Encoded]:
+        """Run chunk calls in parallel; an over-long input is reported at its request index."""
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for k, res in enumerate(results):
+            if isinstance(res, InputTooLong):
+                raise res.shifted(k * chunk_size)
+            if isinstance(res, BaseException):
+                raise res
+        return results  # type: ignore[return-value]
+
+    # ---- rerank ----------------------------------------------------------------------
+
+    async def rerank(self, query: str, documents: list[str], *, model: str | None = None,
+                     top_n: int | None = None, return_documents: bool = False,
+                     truncate: bool = True) -> RerankResult:
+        spec = self.spec(model)
+        limits = self.settings.limits
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidValue("query must be a non-empty string", param="query")
+        if len(query) > limits.max_chars_per_text:
+            raise PayloadTooLarge(f"query has {len(query)} characters; the limit "
+                                  f"max_chars_per_text is {limits.max_chars_per_text}",
+                                  param="query")
+        self.check_texts(documents, "documents")
+        if top_n is not None:
+            if top_n < 1:
+                raise InvalidValue("top_n must be at least 1", param="top_n")
+            if top_n > limits.max_top_n:
+                raise PayloadTooLarge(f"top_n={top_n}; the limit max_top_n is "
+                                      f"{limits.max_top_n}", param="top_n")
+
+        pool = choose_pool(spec.kind, len(documents), self.dispatcher.pools,
+                           self.settings.routing)
+        size = self.dispatcher.max_batch(pool)
+        jobs = [RerankJob(query, documents[i:i + size], truncate)
+                for i in range(0, len(documents), size)]
+        parts = await self._gather(
+            [self.dispatcher.rerank(pool, spec.id, job) for job in jobs], size)
+        scores = np.concatenate([p.values for p in parts])
+        tokens = int(sum(int(p.token_counts.sum()) for p in parts))
+        order = np.argsort(-scores, kind="stable")[: top_n or len(documents)]
+        hits = [RerankHit(int(i), float(scores[i]),
+                          documents[i] if return_documents else None) for i in order]
+        return RerankResult(hits, spec.id, Usage.of(tokens), pool)
+
+    # ---- readiness -------------------------------------------------------------------
+
+    async def check_ready(self) -> None:
+        """Raise unless the default model answers on the CPU pool."""
+        spec = self.spec(None)
+        try:
+            if spec.kind == "embedding":
+                await self.dispatcher.embed("cpu", spec.id, EmbedJob(texts=["ready"]))
+            else:
+                await self.dispatcher.rerank("cpu", spec.id, RerankJob("ready", ["ready"]))
+        except Exception as exc:
+            raise NotReady(f"default model {spec.id!r} is not ready: "
+                           f"{as_blitz_error(exc).to_payload()['error']['message']}") from exc
+
+    # ---- models ----------------------------------------------------------------------
+
+    def describe_models(self) -> list[dict]:
+        return [
+            {"id": s.id, "kind": s.kind, "dimension": read_dimension(s),
+             "max_seq_length": s.max_seq_length, "source": s.source,
+             "cpu_backend": s.cpu_backend, "gpu_dtype": s.gpu_dtype,
+             "default": s.id == self.settings.default_model,
+             "pools": sorted(self.dispatcher.pools)}
+            for s in self.registry
+        ]

