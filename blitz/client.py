@@ -1,0 +1,143 @@
+"""HTTP client for Blitz, sync (``Client``) and async (``AsyncClient``).
+
+Both share one implementation: ``_Calls`` builds each request and parses each reply
+(no I/O); the two classes only differ in how they send. Replies are msgpack, and
+``embed()`` returns a read-only numpy view of the reply bytes (no copy).
+
+    >>> from blitz.client import Client
+    >>> Client("http://127.0.0.1:8000").embed(["hello"], model="minilm").shape
+    (1, 384)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import numpy as np
+
+from blitz import codecs
+
+_MSGPACK = codecs.MSGPACK_TYPES[0]
+
+
+class BlitzHTTPError(Exception):
+    """The server answered with an error; ``status``, ``code`` and ``message`` say which."""
+
+    def __init__(self, status: int, message: str, code: str | None = None,
+                 request_id: str | None = None):
+        super().__init__(f"{status} {code or ''}: {message}".replace(" :", ":"))
+        self.status, self.message, self.code, self.request_id = status, message, code, request_id
+
+
+class _Calls:
+    """Requests and reply parsing, without I/O."""
+
+    @staticmethod
+    def embed(texts: str | list[str], model: str | None, **options: Any) -> dict[str, Any]:
+        body = {"texts": texts, **{k: v for k, v in options.items() if v is not None}}
+        headers = {"content-type": _MSGPACK, "accept": _MSGPACK}
+        if model:
+            headers["serve_multiplexed_model_id"] = model
+            body["model"] = model
+        return {"method": "POST", "url": "/embed", "content": codecs.pack(body),
+                "headers": headers}
+
+    @staticmethod
+    def rerank(query: str, documents: list[str], model: str | None,
+               **options: Any) -> dict[str, Any]:
+        body = {"query": query, "documents": documents,
+                **{k: v for k, v in options.items() if v is not None}}
+        headers = {"content-type": _MSGPACK, "accept": _MSGPACK}
+        if model:
+            headers["serve_multiplexed_model_id"] = model
+            body["model"] = model
+        return {"method": "POST", "url": "/rerank", "content": codecs.pack(body),
+                "headers": headers}
+
+    @staticmethod
+    def models() -> dict[str, Any]:
+        return {"method": "GET", "url": "/models"}
+
+    @staticmethod
+    def decode(response: httpx.Response) -> Any:
+        if response.status_code >= 400:
+            try:
+                error = codecs.loads_json(response.content)["error"]
+                message, code = error.get("message", ""), error.get("code")
+            except Exception:
+                message, code = response.text[:500], None
+            raise BlitzHTTPError(response.status_code, message, code,
+                                 response.headers.get("x-request-id"))
+        if codecs.is_msgpack(response.headers.get("content-type")):
+            return codecs.unpack(response.content, max_buffer_size=max(len(response.content), 1))
+        return codecs.loads_json(response.content)
+
+    @classmethod
+    def embeddings(cls, response: httpx.Response) -> np.ndarray:
+        return cls.decode(response)["embeddings"]
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+class Client:
+    """Blocking client. ``transport`` accepts any httpx transport (tests use MockTransport)."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None,
+                 timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
+        self._http = httpx.Client(base_url=base_url, headers=_headers(api_key),
+                                  timeout=timeout, transport=transport)
+
+    def embed(self, texts: str | list[str], model: str | None = None,
+              **options: Any) -> np.ndarray:
+        return _Calls.embeddings(self._http.request(**_Calls.embed(texts, model, **options)))
+
+    def rerank(self, query: str, documents: list[str], model: str | None = None,
+               **options: Any) -> dict[str, Any]:
+        return _Calls.decode(self._http.request(
+            **_Calls.rerank(query, documents, model, **options)))
+
+    def models(self) -> list[dict[str, Any]]:
+        return _Calls.decode(self._http.request(**_Calls.models()))["data"]
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """Asyncio client with the same methods as ``Client``."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None,
+                 timeout: float = 60.0, transport: httpx.AsyncBaseTransport | None = None):
+        self._http = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key),
+                                       timeout=timeout, transport=transport)
+
+    async def embed(self, texts: str | list[str], model: str | None = None,
+                    **options: Any) -> np.ndarray:
+        return _Calls.embeddings(
+            await self._http.request(**_Calls.embed(texts, model, **options)))
+
+    async def rerank(self, query: str, documents: list[str], model: str | None = None,
+                     **options: Any) -> dict[str, Any]:
+        return _Calls.decode(await self._http.request(
+            **_Calls.rerank(query, documents, model, **options)))
+
+    async def models(self) -> list[dict[str, Any]]:
+        return _Calls.decode(await self._http.request(**_Calls.models()))["data"]
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

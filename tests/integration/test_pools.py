@@ -1,0 +1,69 @@
+"""Routing between the pools, chunking, and LRU eviction of multiplexed models."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from blitz import codecs
+from tests.integration.conftest import APP, CPU_BATCH, GPU_BATCH
+
+MSGPACK = {"content-type": "application/msgpack"}
+
+
+def _embed(http, texts, model):
+    r = http.post("/embed", content=codecs.pack({"texts": texts, "model": model}),
+                  headers=MSGPACK)
+    assert r.status_code == 200, r.text
+    return r, codecs.unpack(r.content)["embeddings"]
+
+
+def test_small_batches_go_to_cpu_and_large_to_gpu(http):
+    r, emb = _embed(http, ["a short one"] * 3, "tiny-a")
+    assert r.headers["x-blitz-pool"] == "cpu" and emb.shape == (3, 32)
+    r, emb = _embed(http, [f"text number {i}" for i in range(12)], "tiny-a")
+    assert r.headers["x-blitz-pool"] == "gpu" and emb.shape == (12, 32)
+
+
+def test_cross_encoder_rerank_goes_to_gpu(http):
+    r = http.post("/rerank", json={"query": "q", "documents": ["a", "b"], "model": "tiny-ce"})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-blitz-pool"] == "gpu"
+    results = r.json()["results"]
+    assert sorted(x["index"] for x in results) == [0, 1]
+    scores = [x["relevance_score"] for x in results]
+    assert scores == sorted(scores, reverse=True)
+
+
+async def test_gpu_pool_falls_back_to_cpu_without_cuda(blitz_app):
+    from ray import serve
+
+    stats = await serve.get_deployment_handle("GPUPool", APP).stats.remote()
+    assert stats["pool"] == "gpu" and stats["device"] == "cpu"
+
+
+def test_requests_larger_than_the_batch_limit_come_back_in_order(http, reference, tiny_models):
+    model = reference("tiny-a", tiny_models["tiny-a"])
+    for n in (CPU_BATCH + 1, 3 * GPU_BATCH + 5):  # chunked on the CPU pool, then the GPU pool
+        texts = [f"sentence {i} about topic {i * 7 % 13}" for i in range(n)]
+        _, emb = _embed(http, texts, "tiny-a")
+        expected = model.encode(texts, normalize_embeddings=True)
+        assert emb.shape == expected.shape
+        assert np.allclose(emb, expected, atol=1e-4)  # row i is text i
+
+
+async def test_fourth_model_evicts_the_least_recently_used(http):
+    from ray import serve
+
+    pool = serve.get_deployment_handle("CPUPool", APP)
+    for model in ("tiny-a", "tiny-b", "tiny-c"):
+        _embed(http, ["load me"], model)
+    _embed(http, ["touch a again"], "tiny-a")  # now tiny-b is the least recently used
+    before = await pool.stats.remote()
+    assert sorted(before["loaded"]) == ["tiny-a", "tiny-b", "tiny-c"]
+
+    _embed(http, ["a fourth model"], "minilm")
+    after = await pool.stats.remote()
+    assert sorted(after["loaded"]) == ["minilm", "tiny-a", "tiny-c"]
+    assert after["evicted"][-1] == "tiny-b"
+    _, emb = _embed(http, ["back again"], "tiny-b")  # an evicted model loads again
+    assert emb.shape == (1, 48)
