@@ -82,7 +82,7 @@ class AuthSettings(_Settings):
 
     def resolved_keys(self) -> list[str]:
         from_env = os.environ.get(self.api_keys_env, "")
-        return [k for k in (*self.api_keys, *from_env.split(",")) if k.strip()]
+        return [k.strip() for k in (*self.api_keys, *from_env.split(",")) if k.strip()]
 
 
 class BlitzSettings(_Settings):

