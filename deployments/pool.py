@@ -21,6 +21,7 @@ from blitz.encoders.base import Encoded
 from blitz.encoders.holder import ModelHolder
 from blitz.errors import BlitzError, ModelLoadFailed
 from blitz.schemas import EmbedJob, RerankJob
+from deployments.ingress import route_library_logs_to_serve
 from deployments.metrics import metrics
 
 logger = logging.getLogger("ray.serve")
@@ -47,6 +48,7 @@ class ModelPool:
             torch.set_num_threads(self.pool_settings.torch_threads)
         self._embed_batch.set_max_batch_size(self.pool_settings.max_batch_size)
         self._embed_batch.set_batch_wait_timeout_s(self.pool_settings.batch_wait_timeout_s)
+        route_library_logs_to_serve()
         self.loaded: list[str] = []  # resident models, least recently loaded first
         self.evicted: list[str] = []
 

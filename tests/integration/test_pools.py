@@ -67,3 +67,27 @@ async def test_fourth_model_evicts_the_least_recently_used(http):
     assert after["evicted"][-1] == "tiny-b"
     _, emb = _embed(http, ["back again"], "tiny-b")  # an evicted model loads again
     assert emb.shape == (1, 48)
+
+
+async def test_concurrent_small_requests_are_answered_each_with_its_own_rows(
+        blitz_app, reference, tiny_models):
+    import asyncio
+
+    import httpx
+
+    model = reference("tiny-a", tiny_models["tiny-a"])
+    texts = [f"concurrent request number {i}" for i in range(24)]
+    async with httpx.AsyncClient(base_url=blitz_app, timeout=120) as client:
+        async def one(i):
+            body = {"texts": [texts[i]], "model": "tiny-a", "truncate": False}
+            if i == 5:  # one bad request among them fails alone
+                body["texts"] = ["word " * 400]
+            return await client.post("/embed", content=codecs.pack(body), headers=MSGPACK)
+
+        replies = await asyncio.gather(*(one(i) for i in range(len(texts))))
+    assert replies[5].status_code == 413 and "input 0" in replies[5].json()["error"]["message"]
+    expected = model.encode(texts, normalize_embeddings=True)
+    for i, r in enumerate(replies):
+        if i != 5:
+            assert r.status_code == 200, r.text
+            assert np.allclose(codecs.unpack(r.content)["embeddings"][0], expected[i], atol=1e-4)
