@@ -65,6 +65,7 @@ def app_args(tiny_models) -> dict:
                for name, path in tiny_models.items() if name != "tiny-ce"]
     models.append({"id": "tiny-ce", "source": str(tiny_models["tiny-ce"]),
                    "kind": "cross-encoder"})
+    models.append({"id": "broken", "source": "/nonexistent/blitz-model"})
     small = {"num_cpus": 0.1, "min_replicas": 1, "max_replicas": 1}
     return {
         "models": models,

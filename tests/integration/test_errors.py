@@ -51,6 +51,12 @@ def test_over_long_input_without_truncation_is_413_naming_its_index(http):
     assert r.status_code == 200
 
 
+def test_model_that_fails_to_load_is_424_naming_it(http):
+    error = _error(http.post("/embed", json={"texts": ["x"], "model": "broken"}), 424)
+    assert "'broken'" in error["message"] and "/nonexistent/blitz-model" in error["message"]
+    assert http.post("/embed", json={"texts": ["x"]}).status_code == 200  # others still serve
+
+
 def test_cross_encoder_cannot_embed(http):
     error = _error(http.post("/embed", json={"texts": ["x"], "model": "tiny-ce"}), 422)
     assert "rerank" in error["message"]
