@@ -94,6 +94,11 @@ def find_entry(root: Path, area: str, key: str) -> CacheEntry | None:
     return CacheEntry(path, meta, built=False)
 
 
+def lock_path(root: Path, area: str, key: str) -> Path:
+    """The lock file that whoever builds ``area/key`` holds."""
+    return root / LOCK_DIR / f"{area}-{key}.lock"
+
+
 @contextlib.contextmanager
 def file_lock(path: Path, waiting_message: str | None = None) -> Iterator[None]:
     """An exclusive ``flock`` on ``path``: across processes, and across threads of one."""
@@ -123,8 +128,7 @@ def get_or_build(root: Path, area: str, key: str,
         return found
     area_dir = root / area
     area_dir.mkdir(parents=True, exist_ok=True)
-    lock = root / LOCK_DIR / f"{area}-{key}.lock"
-    with file_lock(lock, f"waiting for another process to finish {area}/{key}"):
+    with file_lock(lock_path(root, area, key), f"waiting for another process to finish {area}/{key}"):
         found = find_entry(root, area, key)  # built while we waited for the lock
         if found:
             return found
@@ -137,6 +141,7 @@ def get_or_build(root: Path, area: str, key: str,
             meta.setdefault("created", time.time())
             meta.setdefault("build_seconds", round(time.monotonic() - started, 3))
             _write_json(tmp / ENTRY_FILE, meta)
+            _fsync_files(tmp)
             final = area_dir / key
             if final.exists():  # a directory without a readable entry file: not ours to trust
                 shutil.rmtree(final)
@@ -159,6 +164,14 @@ def _write_json(path: Path, value: dict[str, Any]) -> None:
         json.dump(value, handle, indent=2, sort_keys=True, default=str)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def _fsync_files(directory: Path) -> None:
+    """Flush every file of a finished build to disk before it is renamed into place."""
+    for file in directory.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
 
 
 def _fsync_dir(path: Path) -> None:

@@ -49,6 +49,11 @@ class ModelSpec(BaseModel):
         None, description="pooling for plain transformers checkpoints without one"
     )
     dimension: int | None = Field(None, gt=0, description="declared output size, if known")
+    accuracy_threshold: float = Field(
+        0.98, ge=0.0, le=1.0,
+        description="minimum probe cosine vs torch fp32 for reduced-precision CPU backends "
+        "(onnx, onnx-int8, torch-bf16); below it the model is refused; 0 turns the check off",
+    )
 
     @field_validator("id")
     @classmethod

@@ -39,7 +39,7 @@ def load_encoder(spec: ModelSpec, device: str = "cpu", cache_dir: str | Path | N
     try:
         path = resolve_source(spec, cache_dir)
         if spec.kind == "cross-encoder":
-            return _load_cross_encoder(spec, path, device)
+            return _load_cross_encoder(spec, path, device, cache_dir)
         return _load_bi_encoder(spec, path, device, cache_dir, token_budget)
     except BlitzError:
         raise
@@ -59,36 +59,59 @@ def _torch_dtype(spec: ModelSpec, device: str):
 
 
 def _load_bi_encoder(spec: ModelSpec, path: Path, device: str, cache_dir, token_budget):
-    from sentence_transformers import SentenceTransformer, models
-
+    from blitz import optimize
     from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
 
+    budget = token_budget or (optimize.CPU_TOKEN_BUDGET if device == "cpu" else 262_144)
+
+    def wrap(model) -> SentenceTransformerEncoder:
+        return SentenceTransformerEncoder(spec.id, model.eval(),
+                                          max_seq_length=spec.max_seq_length,
+                                          token_budget=budget)
+
     if device == "cpu" and spec.cpu_backend.startswith("onnx"):
-        from blitz.optimize import load_onnx_sentence_transformer
-
-        model = load_onnx_sentence_transformer(spec, path, cache_dir)
-    elif (path / "modules.json").exists():
-        model = SentenceTransformer(str(path), device=device, local_files_only=True)
-    else:  # a plain transformers checkpoint: add the pooling the spec asks for
-        word = models.Transformer(str(path))
-        pool = models.Pooling(word.get_word_embedding_dimension(), spec.pooling or "mean")
-        model = SentenceTransformer(modules=[word, pool], device=device)
+        return wrap(optimize.load_onnx_sentence_transformer(spec, path, cache_dir))
+    model = optimize.load_torch_sentence_transformer(spec, path, device)
     dtype = _torch_dtype(spec, device)
-    if not spec.cpu_backend.startswith("onnx") or device != "cpu":
-        model = model.to(dtype)
-    model.eval()
-    budget = token_budget or (8192 if device == "cpu" else 262_144)
-    return SentenceTransformerEncoder(spec.id, model, max_seq_length=spec.max_seq_length,
-                                      token_budget=budget)
+    if device == "cpu" and spec.cpu_backend == "torch-bf16":
+        _warn_without_native_bf16(spec)
+        reference = optimize.probe_embeddings(wrap(model))
+        encoder = wrap(model.to(dtype))
+        report = optimize.compare_embeddings(reference, optimize.probe_embeddings(encoder))
+        optimize.enforce_accuracy(spec, "torch-bf16", report)
+        return encoder
+    return wrap(model.to(dtype))
 
 
-def _load_cross_encoder(spec: ModelSpec, path: Path, device: str):
-    from sentence_transformers import CrossEncoder
-
+def _load_cross_encoder(spec: ModelSpec, path: Path, device: str, cache_dir=None):
+    from blitz import optimize
     from blitz.encoders.cross_encoder import CrossEncoderEncoder
 
-    model = CrossEncoder(str(path), device=device, local_files_only=True)
+    batch_size = 32 if device == "cpu" else 256
+
+    def wrap(model) -> CrossEncoderEncoder:
+        return CrossEncoderEncoder(spec.id, model, max_seq_length=spec.max_seq_length,
+                                   batch_size=batch_size)
+
+    if device == "cpu" and spec.cpu_backend.startswith("onnx"):
+        return wrap(optimize.load_onnx_cross_encoder(spec, path, cache_dir))
+    model = optimize.load_torch_cross_encoder(spec, path, device)
     dtype = _torch_dtype(spec, device)
+    if device == "cpu" and spec.cpu_backend == "torch-bf16":
+        _warn_without_native_bf16(spec)
+        reference = optimize.probe_scores(wrap(model))
+        model.model.to(dtype)
+        encoder = wrap(model)
+        report = optimize.compare_scores(reference, optimize.probe_scores(encoder))
+        optimize.enforce_accuracy(spec, "torch-bf16", report)
+        return encoder
     model.model.to(dtype)
-    return CrossEncoderEncoder(spec.id, model, max_seq_length=spec.max_seq_length,
-                               batch_size=32 if device == "cpu" else 256)
+    return wrap(model)
+
+
+def _warn_without_native_bf16(spec: ModelSpec) -> None:
+    from blitz.optimize import cpu_supports_bf16
+
+    if not cpu_supports_bf16():
+        logger.warning("model %r: this CPU has no native bf16 (avx512_bf16 or AMX); "
+                       "torch-bf16 runs, but slower than fp32", spec.id)

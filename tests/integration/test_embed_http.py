@@ -118,3 +118,18 @@ def test_models_route(http):
     models = {m["id"]: m for m in r.json()["data"]}
     assert models["minilm"]["dimension"] == 384 and models["minilm"]["kind"] == "embedding"
     assert models["tiny-ce"]["kind"] == "cross-encoder"
+
+
+def test_int8_model_is_served_close_to_fp32(http):
+    texts = ["How do I reset my password?", "The weather in Lisbon is mild in winter.",
+             "Quarterly revenue grew by twelve percent compared with last year.",
+             "Embeddings map sentences to vectors that capture their meaning."]
+    replies = {}
+    for model in ("minilm", "minilm-int8"):
+        r = http.post("/embed", content=codecs.pack({"texts": texts}),
+                      headers={"content-type": "application/msgpack",
+                               "serve_multiplexed_model_id": model})
+        assert r.status_code == 200, r.text
+        replies[model] = codecs.unpack(r.content)["embeddings"]
+    assert replies["minilm-int8"].shape == (4, 384)
+    assert cosines(replies["minilm-int8"], replies["minilm"]).min() >= 0.98

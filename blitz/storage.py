@@ -1,0 +1,109 @@
+"""Object-storage model sources: ``s3://``, ``gs://``, ``az://``, ``abfs://`` prefixes.
+
+A prefix is downloaded once into the model cache (area ``sources``, see
+``blitz.model_cache``): built in a temporary directory, renamed into place, under a
+file lock, so concurrent replicas download it once and none loads a partial copy. A
+cache hit never contacts the store.
+
+fsspec opens the URI (``s3fs`` for s3://, ``gcsfs`` for gs://, ``adlfs`` for az:// and
+abfs://; each installed separately). Credentials and endpoints come from the usual
+environment: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_PROFILE``,
+``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (MinIO, Ceph, R2, ...),
+``GOOGLE_APPLICATION_CREDENTIALS``, ``AZURE_STORAGE_CONNECTION_STRING``, and so on.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from blitz import model_cache
+from blitz.errors import ModelLoadFailed
+from blitz.registry import ModelSpec
+
+AREA = "sources"
+PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
+
+
+def fetch_to_cache(spec: ModelSpec, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The local copy of ``spec.source``'s prefix, downloading it on the first call."""
+    uri = spec.source.rstrip("/")
+    root = model_cache.cache_root(cache_dir)
+    key = model_cache.entry_key(posixpath.basename(uri) or "source", {"uri": uri})
+    found = model_cache.find_entry(root, AREA, key)
+    if found:
+        return found.path
+
+    def build(tmp: Path) -> dict[str, Any]:
+        files = download_prefix(spec, uri, tmp)
+        return {"uri": uri, "model_id": spec.id, "files": files,
+                "bytes": sum(files.values())}
+
+    try:
+        return model_cache.get_or_build(root, AREA, key, build).path
+    except ModelLoadFailed:
+        raise
+    except Exception as exc:  # credentials, network, permissions: all mean "cannot load"
+        raise ModelLoadFailed(
+            f"model {spec.id!r}: cannot download {uri}: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def download_prefix(spec: ModelSpec, uri: str, target: Path) -> dict[str, int]:
+    """Copy every object under ``uri`` into ``target``; returns relative path -> bytes."""
+    fs, prefix = _open(spec, uri)
+    try:
+        listing = fs.find(prefix, detail=True)
+    except FileNotFoundError as exc:  # no such bucket or container
+        raise ModelLoadFailed(f"model {spec.id!r}: {uri} does not exist") from exc
+    objects = {path: info for path, info in listing.items() if info.get("type") != "directory"}
+    if not objects:
+        raise ModelLoadFailed(f"model {spec.id!r}: no objects found under {uri}")
+    copied: dict[str, int] = {}
+    for path, info in sorted(objects.items()):
+        relative = _relative(spec, uri, prefix, path)
+        destination = target.joinpath(*PurePosixPath(relative).parts)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(path, str(destination))
+        size = destination.stat().st_size
+        expected = info.get("size")
+        if expected is not None and int(expected) != size:
+            raise ModelLoadFailed(
+                f"model {spec.id!r}: {uri}/{relative} downloaded {size} of {expected} bytes")
+        copied[relative] = size
+    return copied
+
+
+def storage_options(protocol: str) -> dict[str, Any]:
+    """fsspec options from the environment (only what the libraries do not read themselves)."""
+    if protocol == "s3":
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return {"endpoint_url": endpoint} if endpoint else {}
+    return {}
+
+
+def _open(spec: ModelSpec, uri: str) -> tuple[Any, str]:
+    import fsspec
+
+    protocol = uri.split("://", 1)[0]
+    try:
+        return fsspec.core.url_to_fs(uri, skip_instance_cache=True,
+                                     **storage_options(protocol))
+    except ImportError as exc:
+        package = PACKAGES.get(protocol, protocol)
+        raise ModelLoadFailed(
+            f"model {spec.id!r}: {protocol}:// sources need the {package!r} package; "
+            f"pip install {package}"
+        ) from exc
+
+
+def _relative(spec: ModelSpec, uri: str, prefix: str, path: str) -> str:
+    """``path`` relative to the prefix, refusing anything that would leave the target."""
+    prefix = prefix.rstrip("/")
+    relative = path[len(prefix):].lstrip("/") if path.startswith(prefix + "/") else (
+        posixpath.basename(path))  # the URI names one object
+    if not relative or ".." in relative.split("/"):
+        raise ModelLoadFailed(f"model {spec.id!r}: unsafe object name {path!r} under {uri}")
+    return relative
