@@ -80,21 +80,18 @@ def unpack(data: bytes, max_buffer_size: int = DEFAULT_MAX_BUFFER) -> Any:
     if len(data) > max_buffer_size:
         raise BadRequest(f"msgpack body is {len(data)} bytes, more than {max_buffer_size}")
     try:
-        unpacker = msgpack.Unpacker(
-            raw=False, strict_map_key=True, object_hook=_decode_ndarray,
-            max_buffer_size=max(max_buffer_size, len(data), 1), use_list=True,
+        return msgpack.unpackb(
+            data, raw=False, strict_map_key=True, object_hook=_decode_ndarray, use_list=True,
+            max_bin_len=max_buffer_size, max_str_len=max_buffer_size,
+            max_array_len=max_buffer_size, max_map_len=max_buffer_size // 2,
+            max_ext_len=max_buffer_size,
         )
-        unpacker.feed(data)
-        obj = unpacker.unpack()
-        if unpacker.tell() != len(data):
-            raise BadRequest(f"msgpack body has {len(data) - unpacker.tell()} trailing bytes")
-        return obj
-    except msgpack.OutOfData as exc:
-        raise BadRequest("body is not valid msgpack: it ends in the middle of a value") from exc
+    except msgpack.ExtraData as exc:
+        raise BadRequest(f"msgpack body has {len(exc.extra)} trailing bytes") from None
     except BadRequest:
         raise
     except Exception as exc:  # msgpack raises many unrelated types on bad input
-        raise BadRequest(f"body is not valid msgpack: {type(exc).__name__}: {exc}") from exc
+        raise BadRequest(f"body is not valid msgpack ({type(exc).__name__}: {exc})") from exc
 
 
 def dumps_json(obj: Any) -> bytes:

@@ -172,33 +172,36 @@ class OpenAIFloat(Api):
             raise _malformed("a data item has no 'index'") from exc
         if [item["index"] for item in items] != list(range(len(items))):
             raise _malformed("data indices are not 0..n-1")
-        rows = [self._vector(item.get("embedding")) for item in items]
-        if not rows:
-            return Reply(np.zeros((0, 0), np.float32), _tokens(reply.get("usage")))
-        if len({row.shape for row in rows}) != 1:
-            raise VerificationError("dimension", "embeddings in one reply differ in size")
-        return Reply(np.stack(rows), _tokens(reply.get("usage")))
+        tokens = _tokens(reply.get("usage"))
+        if not items:
+            return Reply(np.zeros((0, 0), np.float32), tokens)
+        return Reply(self._matrix([item.get("embedding") for item in items]), tokens)
 
-    def _vector(self, value: Any) -> np.ndarray:
-        if not isinstance(value, list):
+    def _matrix(self, rows: list[Any]) -> np.ndarray:
+        if not all(isinstance(row, list) for row in rows):
             raise _malformed("an embedding is not a list of floats")
-        return _float_rows(value)
+        if len({len(row) for row in rows}) != 1:
+            raise VerificationError("dimension", "embeddings in one reply differ in size")
+        return _float_rows(rows)
 
 
 class OpenAIBase64(OpenAIFloat):
     name = "openai-base64"
     encoding_format = "base64"
 
-    def _vector(self, value: Any) -> np.ndarray:
-        if not isinstance(value, str):
+    def _matrix(self, rows: list[Any]) -> np.ndarray:
+        if not all(isinstance(row, str) for row in rows):
             raise _malformed("an embedding is not a base64 string")
         try:
-            raw = base64.b64decode(value, validate=True)
+            raw = [base64.b64decode(row, validate=True) for row in rows]
         except (binascii.Error, ValueError) as exc:
             raise _malformed("an embedding is not valid base64") from exc
-        if len(raw) % 4:
-            raise _malformed(f"base64 embedding of {len(raw)} bytes is not float32")
-        return np.frombuffer(raw, dtype="<f4")
+        size = len(raw[0])
+        if size % 4:
+            raise _malformed(f"base64 embedding of {size} bytes is not float32")
+        if any(len(row) != size for row in raw):
+            raise VerificationError("dimension", "embeddings in one reply differ in size")
+        return np.frombuffer(b"".join(raw), dtype="<f4").reshape(len(raw), size // 4)
 
 
 APIS: dict[str, type[Api]] = {

@@ -14,6 +14,7 @@ Latency runs from sending a request to holding its parsed numpy array.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from dataclasses import asdict, dataclass, replace
@@ -22,7 +23,8 @@ from typing import Any
 import httpx
 
 from loadtest.apis import Api, auth_headers, get_api
-from loadtest.corpus import sentences
+from loadtest.corpus import batched, sentences
+from loadtest.cpu import CpuProbe, CpuSample, delta
 from loadtest.progress import NoProgress, Progress
 from loadtest.stats import Recorder, Summary, percentile, summarize
 from loadtest.verify import ReplyChecker, VerificationError, exception_kind, http_error_kind
@@ -35,6 +37,10 @@ PROFILES: dict[str, tuple[int, int]] = {  # name -> (texts per request, concurre
 TEXT_POOL_SIZE = 8192
 # Failures a server or network can cause; anything else is a bug here and stops the run.
 TRANSPORT_ERRORS = (httpx.HTTPError, OSError, asyncio.TimeoutError)
+
+
+class ConfigError(ValueError):
+    """Settings that cannot make a run."""
 
 
 @dataclass(frozen=True)
@@ -52,16 +58,17 @@ class LoadConfig:
     dimension: int | None = None
     seed: int = 0
     path: str | None = None
+    server_pids: tuple[int, ...] = ()  # processes (and children) whose CPU time to report
 
     def __post_init__(self) -> None:
         if self.texts_per_request < 1 or self.concurrency < 1:
-            raise ValueError("texts_per_request and concurrency must be >= 1")
+            raise ConfigError("texts_per_request and concurrency must be >= 1")
         if self.requests is None and not (self.duration_s and self.duration_s > 0):
-            raise ValueError("give a positive duration_s or a number of requests")
+            raise ConfigError("give a positive duration_s or a number of requests")
         if self.requests is not None and self.requests < 1:
-            raise ValueError("requests must be >= 1")
+            raise ConfigError("requests must be >= 1")
         if self.warmup_s < 0:
-            raise ValueError("warmup_s must be >= 0")
+            raise ConfigError("warmup_s must be >= 0")
 
     def public(self) -> dict[str, Any]:
         """The settings as a report shows them (the API key masked)."""
@@ -79,24 +86,6 @@ class RunResult:
     warmup_requests: int
 
 
-class TextFeeder:
-    """Hands out consecutive corpus texts, wrapping around, so requests differ."""
-
-    def __init__(self, pool: list[str]):
-        if not pool:
-            raise ValueError("the text pool is empty")
-        self.pool = pool
-        self.cursor = 0
-
-    def take(self, n: int) -> list[str]:
-        out = []
-        while len(out) < n:
-            chunk = self.pool[self.cursor : self.cursor + n - len(out)]
-            out.extend(chunk)
-            self.cursor = (self.cursor + len(chunk)) % len(self.pool)
-        return out
-
-
 def make_client(config: LoadConfig,
                 transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
     """One client whose connection pool holds exactly one connection per worker."""
@@ -109,8 +98,9 @@ def make_client(config: LoadConfig,
 
 class _Run:
     def __init__(self, config: LoadConfig, api: Api, client: httpx.AsyncClient,
-                 feeder: TextFeeder, stop: asyncio.Event | None):
-        self.config, self.api, self.client, self.feeder = config, api, client, feeder
+                 texts: list[str], stop: asyncio.Event | None):
+        self.config, self.api, self.client = config, api, client
+        self.batches = batched(itertools.cycle(texts), config.texts_per_request)
         self.checker = ReplyChecker(config.dimension)
         self.warm, self.measured = Recorder(), Recorder()
         self.stop_event = stop or asyncio.Event()
@@ -118,8 +108,9 @@ class _Run:
         now = time.perf_counter()
         self.t0 = now + config.warmup_s
         self.t1 = self.t0 + config.duration_s if config.requests is None else math.inf
-        self.cpu0: float | None = None
-        self.cpu1: float | None = None
+        self.probe = CpuProbe(list(config.server_pids))
+        self.started: tuple[float, CpuSample] | None = None  # client CPU, probe at start
+        self.ended: tuple[float, CpuSample] | None = None
         self.stopped_at: float | None = None
 
     # -- the window -------------------------------------------------------------------
@@ -136,7 +127,7 @@ class _Run:
     def _finish(self, at: float) -> None:
         if self.stopped_at is None:
             self.stopped_at = min(at, self.t1)
-            self.cpu1 = time.process_time()
+            self.ended = (time.process_time(), self.probe.sample())
 
     def _recorder_for(self, end: float) -> Recorder | None:
         if end < self.t0:
@@ -146,8 +137,8 @@ class _Run:
         if end >= self.t1:
             self._finish(self.t1)
             return None
-        if self.cpu0 is None:
-            self.cpu0 = time.process_time()
+        if self.started is None:
+            self.started = (time.process_time(), self.probe.sample())
         if (self.config.requests is not None
                 and self.measured.completed + 1 >= self.config.requests):
             self._finish(end)
@@ -155,9 +146,8 @@ class _Run:
 
     # -- the workers ------------------------------------------------------------------
     async def worker(self) -> None:
-        n = self.config.texts_per_request
         while self._issuing(time.perf_counter()):
-            texts = self.feeder.take(n)
+            texts = next(self.batches)
             request = self.api.request(texts, self.config.model)
             kind, embeddings, tokens, reply_bytes = None, None, None, 0
             self.in_flight += 1
@@ -217,10 +207,11 @@ class _Run:
         end = self.stopped_at if self.stopped_at is not None else min(
             self.t1, time.perf_counter())
         duration = max(end - self.t0, 0.0)
-        cpu = (self.cpu1 or time.process_time()) - (self.cpu0 or self.cpu1 or 0.0)
-        if self.cpu0 is None:
-            cpu = 0.0
-        return RunResult(self.config, summarize(self.measured, duration, cpu),
+        client_cpu, cpu = 0.0, None
+        if self.started is not None:
+            ended = self.ended or (time.process_time(), self.probe.sample())
+            client_cpu, cpu = ended[0] - self.started[0], delta(self.started[1], ended[1])
+        return RunResult(self.config, summarize(self.measured, duration, client_cpu, cpu),
                          self.warm.completed)
 
 
@@ -233,10 +224,9 @@ async def run_load(config: LoadConfig, *, transport: httpx.AsyncBaseTransport | 
     setting ``stop`` ends the window early and still returns what was measured.
     """
     api = get_api(config.api, config.path)
-    feeder = TextFeeder(texts or sentences(TEXT_POOL_SIZE, config.seed))
     progress = progress or NoProgress()
     async with make_client(config, transport) as client:
-        run = _Run(config, api, client, feeder, stop)
+        run = _Run(config, api, client, texts or sentences(TEXT_POOL_SIZE, config.seed), stop)
         ticker = asyncio.create_task(run.ticker(progress))
         try:
             await asyncio.gather(*(run.worker() for _ in range(config.concurrency)))

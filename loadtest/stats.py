@@ -10,6 +10,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from loadtest.cpu import CpuSample
+
 
 def percentile(sorted_values: Sequence[float], p: float) -> float:
     """The ``p``-th percentile (0-100) of ascending values, interpolated linearly.
@@ -87,6 +89,9 @@ class Summary:
     reply_bytes_per_request: float
     request_bytes_per_request: float
     client_cpu_ms_per_request: float
+    server_cpu_ms_per_request: float | None = None  # with --server-pid
+    machine_busy_pct: float | None = None  # all cores, all processes (Linux)
+    others_busy_pct: float | None = None  # the part neither the server nor this client used
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -96,7 +101,8 @@ class Summary:
         return cls(**{**data, "latency_ms": Latency(**data["latency_ms"])})
 
 
-def summarize(recorder: Recorder, duration_s: float, client_cpu_s: float = 0.0) -> Summary:
+def summarize(recorder: Recorder, duration_s: float, client_cpu_s: float = 0.0,
+              cpu: CpuSample | None = None) -> Summary:
     ms = sorted(1000 * x for x in recorder.latencies_s)
     n = recorder.ok_count
     per_s = (lambda count: count / duration_s) if duration_s > 0 else (lambda count: 0.0)
@@ -120,4 +126,15 @@ def summarize(recorder: Recorder, duration_s: float, client_cpu_s: float = 0.0) 
         request_bytes_per_request=per_request(recorder.request_bytes),
         client_cpu_ms_per_request=(1000 * client_cpu_s / recorder.completed
                                    if recorder.completed else 0.0),
+        server_cpu_ms_per_request=(1000 * cpu.server_s / recorder.completed
+                                   if cpu and cpu.server_s is not None and recorder.completed
+                                   else None),
+        machine_busy_pct=_pct(cpu.busy_s, cpu.total_s) if cpu else None,
+        others_busy_pct=(_pct(cpu.busy_s - cpu.server_s - client_cpu_s, cpu.total_s)
+                         if cpu and cpu.busy_s is not None and cpu.server_s is not None
+                         else None),
     )
+
+
+def _pct(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else max(0.0, 100 * part / whole)

@@ -1,0 +1,132 @@
+"""The in-process ceiling: how fast the model embeds the corpus with no server at all.
+
+Two engines on the same texts and call sizes:
+
+- ``blitz``: ``blitz.encoders.load_encoder(spec).embed(texts, normalize=True)``, the code
+  a pool replica runs (token-budget micro-batches, the spec's CPU backend);
+- ``sentence-transformers``: plain ``SentenceTransformer.encode`` in float32 with its
+  default ``batch_size=32``, what a naive server calls.
+
+Served throughput divided by this ceiling is the serving efficiency (SPEC §12).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from loadtest.corpus import batched, sentences
+from loadtest.cpu import machine_cpu_s
+from loadtest.progress import NoProgress, Progress
+from loadtest.report import environment, fmt, markdown_table
+from loadtest.stats import percentile
+
+EmbedFn = Callable[[list[str]], Any]
+
+
+@dataclass(frozen=True)
+class CeilingRow:
+    engine: str
+    backend: str
+    texts_per_call: int
+    calls: int
+    embeddings: int
+    seconds: float
+    embeddings_per_s: float
+    ms_per_call_p50: float
+    ms_per_call_mean: float
+    others_busy_pct: float | None = None  # machine CPU used by other processes meanwhile
+
+
+def measure(embed: EmbedFn, texts: list[str], texts_per_call: int, seconds: float, *,
+            engine: str, backend: str, warmup_calls: int = 2, min_calls: int = 3) -> CeilingRow:
+    """Call ``embed`` on consecutive corpus batches for ``seconds`` (and ``min_calls``)."""
+    batches = batched(itertools.cycle(texts), texts_per_call)
+    for _ in range(warmup_calls):
+        embed(next(batches))
+    latencies = []
+    machine0, own0 = machine_cpu_s(), time.process_time()
+    start = time.perf_counter()
+    while len(latencies) < min_calls or time.perf_counter() - start < seconds:
+        batch = next(batches)
+        t = time.perf_counter()
+        embed(batch)
+        latencies.append(time.perf_counter() - t)
+    elapsed = time.perf_counter() - start
+    machine1, own1 = machine_cpu_s(), time.process_time()
+    others = None
+    if machine0 and machine1 and machine1[1] > machine0[1]:
+        busy = machine1[0] - machine0[0] - (own1 - own0)
+        others = max(0.0, 100 * busy / (machine1[1] - machine0[1]))
+    ms = sorted(1000 * x for x in latencies)
+    return CeilingRow(engine, backend, texts_per_call, len(ms), len(ms) * texts_per_call,
+                      elapsed, len(ms) * texts_per_call / elapsed, percentile(ms, 50),
+                      sum(ms) / len(ms), others)
+
+
+def blitz_embed(model_id: str, source: str, backend: str) -> EmbedFn:
+    from blitz.encoders import load_encoder
+    from blitz.registry import ModelSpec
+
+    encoder = load_encoder(ModelSpec(id=model_id, source=source, cpu_backend=backend))
+    return lambda texts: encoder.embed(texts, normalize=True)
+
+
+def sentence_transformers_embed(model_id: str, source: str) -> EmbedFn:
+    from sentence_transformers import SentenceTransformer
+
+    from blitz.registry import ModelSpec, resolve_source
+
+    path = resolve_source(ModelSpec(id=model_id, source=source))
+    model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
+    return lambda texts: model.encode(texts, normalize_embeddings=True, convert_to_numpy=True,
+                                      show_progress_bar=False)
+
+
+def run_inprocess(*, model_id: str, source: str, backend: str, sizes: Sequence[int],
+                  seconds: float, compare_raw: bool = True, seed: int = 0,
+                  progress: Progress | None = None) -> list[CeilingRow]:
+    progress = progress or NoProgress()
+    texts = sentences(4096, seed)
+    engines: list[tuple[str, str, Callable[[], EmbedFn]]] = [
+        ("blitz", backend, lambda: blitz_embed(model_id, source, backend))]
+    if compare_raw:
+        engines.append(("sentence-transformers", "torch",
+                        lambda: sentence_transformers_embed(model_id, source)))
+    rows = []
+    for engine, engine_backend, load in engines:
+        progress.done(f"loading {engine} ({engine_backend})")
+        embed = load()
+        for size in sizes:
+            progress.update(f"{engine} {engine_backend}: {size} texts/call for {seconds:g}s")
+            row = measure(embed, texts, size, seconds, engine=engine, backend=engine_backend)
+            rows.append(row)
+            progress.done(f"{engine} {engine_backend}: {size} texts/call -> "
+                          f"{row.embeddings_per_s:.1f} emb/s")
+    return rows
+
+
+def torch_threads() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.get_num_threads()
+
+
+def document(rows: Sequence[CeilingRow]) -> dict[str, Any]:
+    return {"kind": "inprocess", "environment": {**environment(),
+                                                 "torch_threads": torch_threads()},
+            "results": [asdict(r) for r in rows]}
+
+
+def markdown(rows: Sequence[CeilingRow]) -> str:
+    headers = ["engine", "backend", "texts/call", "calls", "emb/s", "ms/call p50",
+               "ms/call mean", "others %"]
+    return markdown_table(headers, [
+        [r.engine, r.backend, str(r.texts_per_call), str(r.calls), fmt(r.embeddings_per_s),
+         fmt(r.ms_per_call_p50), fmt(r.ms_per_call_mean), fmt(r.others_busy_pct, 0)]
+        for r in rows])
