@@ -11,9 +11,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and getattr(ray, "is_initialized", lambda: False)()
+
+
 @pytest.fixture(autouse=True)
 def _no_ray():
+    before = _ray_running()
     yield
-    ray = sys.modules.get("ray")
-    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+    if _ray_running() and not before:
         pytest.fail("a unit test started Ray; move it to tests/integration")
