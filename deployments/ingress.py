@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ray import serve
@@ -14,6 +14,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import Response
 
+from blitz.batching import Coalescer
 from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded
 from blitz.errors import Overloaded
@@ -22,12 +23,9 @@ from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
 from blitz.service import EmbeddingService
 from deployments.metrics import metrics
 
-
-@dataclass(frozen=True)
-class _Pending:
-    pool: str
-    model_id: str
-    job: EmbedJob
+# pool calls in flight per (model, options) before requests wait to be merged: two keep
+# the pool busy (one computing, one queued) while the ingress gathers the next
+COALESCED_CALLS_IN_FLIGHT = 2
 
 
 class ServeDispatcher:
@@ -37,7 +35,7 @@ class ServeDispatcher:
         self.settings = settings
         self.handles = handles
         self.pools = frozenset(handles)
-        self._coalesced.set_max_batch_size(settings.cpu_pool.max_batch_size)
+        self._lanes: dict[tuple, Coalescer] = {}
 
     def max_batch(self, pool: str) -> int:
         return (self.settings.gpu_pool if pool == "gpu" else self.settings.cpu_pool).max_batch_size
@@ -55,52 +53,35 @@ class ServeDispatcher:
             raise
 
     async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded:
-        if pool == "cpu" and job.texts is not None and len(job) < self.max_batch(pool):
-            result = await self._coalesced(_Pending(pool, model_id, job))
-            if isinstance(result, BaseException):
-                raise result
-            return result
-        return await self._call(pool, model_id, "embed", job)
+        if pool != "cpu" or job.texts is None or len(job) >= self.max_batch(pool):
+            return await self._call(pool, model_id, "embed", job)
+        key = (pool, model_id, job.normalize, job.truncate)
+        lane = self._lanes.get(key)
+        if lane is None:  # concurrent small requests alike become one pool call
+            lane = self._lanes[key] = Coalescer(
+                partial(self._embed_merged, pool, model_id), max_size=self.max_batch(pool),
+                size=len, max_in_flight=COALESCED_CALLS_IN_FLIGHT)
+        return await lane.submit(job)
 
-    @serve.batch(max_batch_size=128, batch_wait_timeout_s=0.002,
-                 batch_size_fn=lambda items: sum(len(p.job) for p in items))
-    async def _coalesced(self, items: list[_Pending]) -> list[Encoded | BaseException]:
-        """Concurrent small requests for the same model and options become one pool call."""
-        groups: dict[tuple, list[int]] = {}
-        for i, p in enumerate(items):
-            key = (p.pool, p.model_id, p.job.normalize, p.job.truncate)
-            groups.setdefault(key, []).append(i)
-        results: list[Encoded | BaseException] = [None] * len(items)  # type: ignore[list-item]
-
-        async def run(key: tuple, members: list[int]) -> None:
-            pool, model_id, normalize, truncate = key
-            if len(members) == 1:
-                texts_jobs = [items[members[0]].job]
-            else:
-                texts_jobs = [EmbedJob(texts=[t for i in members for t in items[i].job.texts],
-                                       normalize=normalize, truncate=truncate)]
-            try:
-                merged = await self._call(pool, model_id, "embed", texts_jobs[0])
-            except Exception as exc:
-                if len(members) == 1:
-                    results[members[0]] = exc
-                    return
-                # one request's bad input must not fail the others: run them one by one
-                for i in members:
-                    try:
-                        results[i] = await self._call(pool, model_id, "embed", items[i].job)
-                    except Exception as one:
-                        results[i] = one
-                return
-            start = 0
-            for i in members:
-                n = len(items[i].job)
-                results[i] = Encoded(merged.values[start:start + n],
-                                     merged.token_counts[start:start + n],
-                                     merged.padded_tokens * n // max(len(merged.values), 1))
-                start += n
-
-        await asyncio.gather(*(run(k, m) for k, m in groups.items()))
+    async def _embed_merged(self, pool: str, model_id: str,
+                            jobs: list[EmbedJob]) -> list[Encoded | BaseException]:
+        if len(jobs) == 1:
+            return [await self._call(pool, model_id, "embed", jobs[0])]
+        merged_job = EmbedJob(texts=[t for job in jobs for t in job.texts],
+                              normalize=jobs[0].normalize, truncate=jobs[0].truncate)
+        try:
+            merged = await self._call(pool, model_id, "embed", merged_job)
+        except Exception:  # one request's bad input must not fail the others
+            return await asyncio.gather(
+                *(self._call(pool, model_id, "embed", job) for job in jobs),
+                return_exceptions=True)
+        results, start = [], 0
+        for job in jobs:
+            n = len(job)
+            results.append(Encoded(merged.values[start:start + n],
+                                   merged.token_counts[start:start + n],
+                                   merged.padded_tokens * n // max(len(merged.values), 1)))
+            start += n
         return results
 
     async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded:

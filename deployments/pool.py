@@ -11,10 +11,12 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from ray import serve
 
+from blitz.batching import Coalescer
 from blitz.config import BlitzSettings
 from blitz.encoders import load_encoder, resolve_device
 from blitz.encoders.base import Encoded
@@ -49,6 +51,7 @@ class ModelPool:
         self._embed_batch.set_max_batch_size(self.pool_settings.max_batch_size)
         self._embed_batch.set_batch_wait_timeout_s(self.pool_settings.batch_wait_timeout_s)
         route_library_logs_to_serve()
+        self._lanes: dict[str, Coalescer] = {}
         self.loaded: list[str] = []  # resident models, least recently loaded first
         self.evicted: list[str] = []
 
@@ -110,11 +113,26 @@ class ModelPool:
             raise result
         return result
 
-    @serve.batch(max_batch_size=128, batch_wait_timeout_s=0.005, batch_size_fn=_count_texts)
-    async def _embed_batch(self, jobs: list[EmbedJob]) -> list[Encoded | Exception]:
-        encoder = await self._encoder()
-        texts = _count_texts(jobs)
-        metrics.batch_texts.observe(texts, tags={"pool": self.pool})
+    @serve.batch(max_batch_size=128, batch_wait_timeout_s=0.005, batch_size_fn=_count_texts,
+                 max_concurrent_batches=64)
+    async def _embed_batch(self, jobs: list[EmbedJob]) -> list[Encoded | BaseException]:
+        """One model's concurrent requests (Serve splits batches by multiplexed model id).
+
+        Serve forms these batches before a slot is free, so under load they are small;
+        the model's lane merges all that wait while the model is busy into one call.
+        """
+        model_id = serve.get_multiplexed_model_id()
+        lane = self._lanes.get(model_id)
+        if lane is None:
+            lane = self._lanes[model_id] = Coalescer(
+                partial(self._embed_jobs, model_id),
+                max_size=self.pool_settings.max_batch_size, size=len)
+        return await asyncio.gather(*(lane.submit(job) for job in jobs),
+                                    return_exceptions=True)
+
+    async def _embed_jobs(self, model_id: str, jobs: list[EmbedJob]) -> list:
+        encoder = (await self.get_model(model_id)).get()
+        metrics.batch_texts.observe(_count_texts(jobs), tags={"pool": self.pool})
         results = await self._in_worker(
             encoder.embed_many, [(j.texts, j.normalize, j.truncate) for j in jobs])
         real = sum(int(r.token_counts.sum()) for r in results if isinstance(r, Encoded))
