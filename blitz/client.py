@@ -34,26 +34,21 @@ class _Calls:
     """Requests and reply parsing, without I/O."""
 
     @staticmethod
-    def embed(texts: str | list[str], model: str | None, **options: Any) -> dict[str, Any]:
-        body = {"texts": texts, **{k: v for k, v in options.items() if v is not None}}
+    def _post(url: str, body: dict[str, Any], model: str | None) -> dict[str, Any]:
+        body = {k: v for k, v in body.items() if v is not None}
         headers = {"content-type": _MSGPACK, "accept": _MSGPACK}
         if model:
-            headers["serve_multiplexed_model_id"] = model
-            body["model"] = model
-        return {"method": "POST", "url": "/embed", "content": codecs.pack(body),
-                "headers": headers}
+            headers["serve_multiplexed_model_id"] = body["model"] = model
+        return {"method": "POST", "url": url, "content": codecs.pack(body), "headers": headers}
 
-    @staticmethod
-    def rerank(query: str, documents: list[str], model: str | None,
+    @classmethod
+    def embed(cls, texts: str | list[str], model: str | None, **options: Any) -> dict[str, Any]:
+        return cls._post("/embed", {"texts": texts, **options}, model)
+
+    @classmethod
+    def rerank(cls, query: str, documents: list[str], model: str | None,
                **options: Any) -> dict[str, Any]:
-        body = {"query": query, "documents": documents,
-                **{k: v for k, v in options.items() if v is not None}}
-        headers = {"content-type": _MSGPACK, "accept": _MSGPACK}
-        if model:
-            headers["serve_multiplexed_model_id"] = model
-            body["model"] = model
-        return {"method": "POST", "url": "/rerank", "content": codecs.pack(body),
-                "headers": headers}
+        return cls._post("/rerank", {"query": query, "documents": documents, **options}, model)
 
     @staticmethod
     def models() -> dict[str, Any]:
