@@ -97,10 +97,12 @@ class NativeMsgpack(Api):
     name = "native-msgpack"
     default_path = "/embed"
     accept = "application/msgpack"
+    content_type = "application/msgpack"
+    dumps = staticmethod(codecs.pack)
 
     def request(self, texts: list[str], model: str) -> Request:
-        body = codecs.pack({"texts": texts, "model": model})
-        return Request(self.path, body, {"content-type": "application/msgpack",
+        body = self.dumps({"texts": texts, "model": model})
+        return Request(self.path, body, {"content-type": self.content_type,
                                          "accept": self.accept, MODEL_HEADER: model})
 
     def parse(self, content: bytes, headers: Mapping[str, str]) -> Reply:
@@ -122,11 +124,8 @@ class NativeMsgpack(Api):
 class NativeJson(NativeMsgpack):
     name = "native-json"
     accept = "application/json"
-
-    def request(self, texts: list[str], model: str) -> Request:
-        body = orjson.dumps({"texts": texts, "model": model})
-        return Request(self.path, body, {"content-type": "application/json",
-                                         "accept": self.accept, MODEL_HEADER: model})
+    content_type = "application/json"
+    dumps = staticmethod(orjson.dumps)
 
     def parse(self, content: bytes, headers: Mapping[str, str]) -> Reply:
         return self._from_map(_load_json(content))

@@ -7,8 +7,10 @@ weights are random (seeded, so two builds are identical).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 TOKENIZER_FILES = ("vocab.txt", "tokenizer.json", "tokenizer_config.json",
@@ -39,20 +41,29 @@ def _copy_tokenizer(target: Path) -> None:
             shutil.copy(source, target / name)
 
 
+@contextlib.contextmanager
+def _random_bert_checkpoint(model_class, hidden: int, max_seq_length: int,
+                            seed: int) -> Iterator[str]:
+    """A temporary checkpoint dir: seeded random ``model_class`` weights plus the tokenizer."""
+    import torch
+
+    torch.manual_seed(seed)
+    with tempfile.TemporaryDirectory() as checkpoint:
+        model_class(_bert_config(hidden, max_seq_length)).save_pretrained(checkpoint)
+        _copy_tokenizer(Path(checkpoint))
+        yield checkpoint
+
+
 def build_tiny_bi_encoder(directory: str | Path, hidden: int = 32, max_seq_length: int = 128,
                           seed: int = 0) -> Path:
     """A sentence-transformers model dir (BERT + mean pooling) at ``directory``."""
-    import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     from transformers import BertModel
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    with tempfile.TemporaryDirectory() as checkpoint:
-        BertModel(_bert_config(hidden, max_seq_length)).save_pretrained(checkpoint)
-        _copy_tokenizer(Path(checkpoint))
+    with _random_bert_checkpoint(BertModel, hidden, max_seq_length, seed) as checkpoint:
         word = Transformer(checkpoint, max_seq_length=max_seq_length)
         pool = Pooling(word.get_embedding_dimension(), "mean")
         SentenceTransformer(modules=[word, pool], device="cpu").save_pretrained(str(directory))
@@ -62,17 +73,13 @@ def build_tiny_bi_encoder(directory: str | Path, hidden: int = 32, max_seq_lengt
 def build_tiny_cross_encoder(directory: str | Path, hidden: int = 32, max_seq_length: int = 128,
                              seed: int = 0) -> Path:
     """A cross-encoder dir (BERT sequence classification, one label) at ``directory``."""
-    import torch
     from sentence_transformers import CrossEncoder
     from transformers import BertForSequenceClassification
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    with tempfile.TemporaryDirectory() as checkpoint:
-        BertForSequenceClassification(_bert_config(hidden, max_seq_length)).save_pretrained(
-            checkpoint)
-        _copy_tokenizer(Path(checkpoint))
+    with _random_bert_checkpoint(BertForSequenceClassification, hidden, max_seq_length,
+                                 seed) as checkpoint:
         model = CrossEncoder(checkpoint, device="cpu", max_length=max_seq_length,
                              local_files_only=True)
         model.save_pretrained(str(directory))
