@@ -1,11 +1,18 @@
-"""Continuous batching: work that arrives while earlier work runs goes into the next call.
+"""Continuous batching for one hop: bounded, cancellation-aware, sized in texts.
 
-``@serve.batch`` forms a batch as soon as its wait timeout passes and only then waits
-for a free slot (``max_concurrent_batches``), so under steady load it queues many
-batches of one or two items behind the running one. A ``Coalescer`` forms the batch
-when a slot frees instead: everything that queued meanwhile (up to ``max_size``) goes
-into one call. The first item after an idle spell runs at once, so a lone request
-pays no batching delay.
+One ``Batcher`` per hop and model (the ingress's pool calls, a pool's model calls):
+
+- **Continuous**: a batch is formed when a run slot frees (``max_in_flight``), from
+  everything that queued meanwhile, oldest first, up to ``max_batch`` units. The first
+  item after an idle spell runs at once, so a lone request pays no batching delay.
+- **Bounded**: at most ``max_waiting`` units wait; past that ``submit`` raises
+  ``Overloaded`` at once (503 + Retry-After) instead of growing memory and latency.
+- **Cancellation-aware**: an item whose caller has gone is dropped before its batch
+  runs, and a running batch whose callers have all gone is cancelled.
+- **Failures isolated**: ``run`` returns one result or exception per item, so one bad
+  item fails alone; if ``run`` itself raises, each item of that batch gets the error.
+- **Timed**: a batch that runs longer than ``timeout_s`` fails its items with
+  ``TimedOut`` and frees its slot, so a hung model call cannot hold it forever.
 """
 
 from __future__ import annotations
@@ -15,57 +22,140 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
+from blitz.errors import Overloaded, TimedOut
+
 T = TypeVar("T")
 R = TypeVar("R")
 
+RunBatch = Callable[[list[T]], Awaitable[list[R | BaseException]]]
 
-class Coalescer(Generic[T, R]):
-    def __init__(self, run: Callable[[list[T]], Awaitable[list[R | BaseException]]],
-                 max_size: int, size: Callable[[T], int] = lambda item: 1,
-                 max_in_flight: int = 1):
-        """``run`` takes a list of items and returns one result (or exception) per item."""
+
+class _Entry(Generic[T]):
+    __slots__ = ("item", "units", "future", "batch")
+
+    def __init__(self, item: T, units: int, future: asyncio.Future):
+        self.item = item
+        self.units = units
+        self.future = future
+        self.batch: _Batch | None = None  # set once the entry leaves the queue
+
+
+class _Batch:
+    __slots__ = ("entries", "task")
+
+    def __init__(self, entries: list[_Entry]):
+        self.entries = entries
+        self.task: asyncio.Task | None = None
+
+    def abandoned(self) -> bool:
+        return all(e.future.done() for e in self.entries)
+
+
+class Batcher(Generic[T, R]):
+    def __init__(self, run: RunBatch, *, max_batch: int, max_waiting: int,
+                 size: Callable[[T], int] = len, max_in_flight: int = 1,
+                 timeout_s: float | None = None, name: str = "batcher",
+                 on_reject: Callable[[], None] | None = None):
+        if max_batch < 1 or max_waiting < 1 or max_in_flight < 1:
+            raise ValueError("max_batch, max_waiting and max_in_flight must be at least 1")
         self._run = run
-        self.max_size = max_size
-        self._size = size
+        self.max_batch = max_batch
+        self.max_waiting = max_waiting
         self.max_in_flight = max_in_flight
-        self._pending: deque[tuple[T, asyncio.Future]] = deque()
-        self._in_flight = 0
+        self.timeout_s = timeout_s
+        self.name = name
+        self._size = size
+        self._on_reject = on_reject
+        self._queue: deque[_Entry[T]] = deque()
+        self._waiting_units = 0
+        self._running: set[_Batch] = set()
 
     @property
     def waiting(self) -> int:
-        return len(self._pending)
+        """Units (texts) waiting for a batch."""
+        return self._waiting_units
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._running)
 
     async def submit(self, item: T) -> R:
-        future = asyncio.get_running_loop().create_future()
-        self._pending.append((item, future))
+        """The item's result; raises its own error, ``Overloaded`` when the queue is full,
+        ``TimedOut`` when its batch overran."""
+        units = self._size(item)
+        if self._waiting_units + units > self.max_waiting and self._waiting_units:
+            if self._on_reject is not None:
+                self._on_reject()
+            raise Overloaded(f"{self.name}: {self._waiting_units} texts already wait "
+                             f"(limit {self.max_waiting}); retry shortly")
+        entry = _Entry(item, units, asyncio.get_running_loop().create_future())
+        self._queue.append(entry)
+        self._waiting_units += units
         self._start_batches()
-        result = await future
+        try:
+            result = await entry.future
+        except asyncio.CancelledError:
+            self._abandon(entry)
+            raise
         if isinstance(result, BaseException):
             raise result
         return result
 
-    def _start_batches(self) -> None:
-        while self._in_flight < self.max_in_flight and self._pending:
-            batch = [self._pending.popleft()]
-            total = self._size(batch[0][0])
-            while self._pending and total + self._size(self._pending[0][0]) <= self.max_size:
-                item = self._pending.popleft()
-                total += self._size(item[0])
-                batch.append(item)
-            self._in_flight += 1
-            asyncio.ensure_future(self._run_batch(batch))
+    def _abandon(self, entry: _Entry[T]) -> None:
+        entry.future.cancel()
+        if entry.batch is None:  # still queued: it no longer counts against the bound
+            self._waiting_units -= entry.units
+        elif entry.batch.task is not None and entry.batch.abandoned():
+            entry.batch.task.cancel()  # nobody waits for this batch any more
 
-    async def _run_batch(self, batch: list[tuple[T, asyncio.Future]]) -> None:
+    def _start_batches(self) -> None:
+        while len(self._running) < self.max_in_flight:
+            entries = self._take_batch()
+            if not entries:
+                return
+            batch = _Batch(entries)
+            for e in entries:
+                e.batch = batch
+            self._running.add(batch)
+            batch.task = asyncio.ensure_future(self._run_batch(batch))
+
+    def _take_batch(self) -> list[_Entry[T]]:
+        entries: list[_Entry[T]] = []
+        total = 0
+        while self._queue:
+            head = self._queue[0]
+            if head.future.done():  # its caller has gone (units already released)
+                self._queue.popleft()
+                continue
+            if entries and total + head.units > self.max_batch:
+                break
+            self._queue.popleft()
+            self._waiting_units -= head.units
+            total += head.units
+            entries.append(head)
+        return entries
+
+    async def _run_batch(self, batch: _Batch) -> None:
+        live = [e for e in batch.entries if not e.future.done()]
         try:
-            results: list = await self._run([item for item, _ in batch])
-            if len(results) != len(batch):
-                raise RuntimeError(f"batch function returned {len(results)} results "
-                                   f"for {len(batch)} items")
-        except BaseException as exc:  # every waiter gets the failure, none hangs
-            results = [exc] * len(batch)
+            if not live:
+                return
+            try:
+                results = await asyncio.wait_for(self._run([e.item for e in live]),
+                                                 self.timeout_s)
+                if len(results) != len(live):
+                    raise RuntimeError(f"batch function returned {len(results)} results "
+                                       f"for {len(live)} items")
+            except asyncio.TimeoutError:
+                results = [TimedOut(f"{self.name}: no answer within {self.timeout_s:g} s; "
+                                    "retry shortly")] * len(live)
+            except asyncio.CancelledError:
+                return  # every caller has gone
+            except Exception as exc:  # every waiter gets the failure, none hangs
+                results = [exc] * len(live)
+            for entry, result in zip(live, results, strict=True):
+                if not entry.future.done():
+                    entry.future.set_result(result)
         finally:
-            self._in_flight -= 1
-        for (_, future), result in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(result)
-        self._start_batches()
+            self._running.discard(batch)
+            self._start_batches()

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 from typing import Any, Literal
 
 import msgpack
 import numpy as np
 import orjson
 
-from blitz.errors import BadRequest
+from blitz.errors import BadRequest, PayloadTooLarge
 
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 JSON_TYPE = "application/json"
@@ -75,20 +76,46 @@ def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_encode_ndarray, use_bin_type=True)
 
 
-def unpack(data: bytes, max_buffer_size: int = DEFAULT_MAX_BUFFER) -> Any:
-    """Decode msgpack from an untrusted peer; arrays come back as read-only numpy views."""
+def _too_many_containers(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"body has more than {limit} lists and objects; a request needs "
+                           "about one per text (send fewer texts per request)")
+
+
+def unpack(data: bytes, max_buffer_size: int = DEFAULT_MAX_BUFFER,
+           max_containers: int | None = None) -> Any:
+    """Decode msgpack from an untrusted peer; arrays come back as read-only numpy views.
+
+    ``max_containers`` bounds the arrays and maps in the body: a few bytes each on the
+    wire, tens of bytes and a Python call each once decoded, so a body of millions of
+    empty ones is refused as soon as the bound is crossed, not after building them all.
+    """
     if len(data) > max_buffer_size:
         raise BadRequest(f"msgpack body is {len(data)} bytes, more than {max_buffer_size}")
+    object_hook, list_hook = _decode_ndarray, None
+    if max_containers is not None:
+        seen = [0]
+
+        def count(obj: Any) -> Any:
+            seen[0] += 1
+            if seen[0] > max_containers:
+                raise _too_many_containers(max_containers)
+            return obj
+
+        def object_hook(obj: dict) -> Any:
+            return _decode_ndarray(count(obj))
+
+        list_hook = count
     try:
         return msgpack.unpackb(
-            data, raw=False, strict_map_key=True, object_hook=_decode_ndarray, use_list=True,
+            data, raw=False, strict_map_key=True, object_hook=object_hook,
+            list_hook=list_hook, use_list=True,
             max_bin_len=max_buffer_size, max_str_len=max_buffer_size,
             max_array_len=max_buffer_size, max_map_len=max_buffer_size // 2,
             max_ext_len=max_buffer_size,
         )
     except msgpack.ExtraData as exc:
         raise BadRequest(f"msgpack body has {len(exc.extra)} trailing bytes") from None
-    except BadRequest:
+    except (BadRequest, PayloadTooLarge):
         raise
     except Exception as exc:  # msgpack raises many unrelated types on bad input
         raise BadRequest(f"body is not valid msgpack ({type(exc).__name__}: {exc})") from exc
@@ -107,7 +134,24 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"cannot serialize {type(obj).__name__}")
 
 
-def loads_json(data: bytes) -> Any:
+# a JSON string literal, escapes included (unrolled, so long strings scan fast)
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def _json_containers(data: bytes, limit: int) -> int:
+    """Lists and objects in ``data``: brackets counted, those inside strings left out
+    (the exact count is only taken when the quick one is over ``limit``)."""
+    quick = data.count(b"[") + data.count(b"{")
+    if quick <= limit:
+        return quick
+    bare = _JSON_STRING.sub(b"", data)
+    return bare.count(b"[") + bare.count(b"{")
+
+
+def loads_json(data: bytes, max_containers: int | None = None) -> Any:
+    """Parse JSON from an untrusted peer; ``max_containers`` as in ``unpack``."""
+    if max_containers is not None and _json_containers(data, max_containers) > max_containers:
+        raise _too_many_containers(max_containers)
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -134,7 +178,8 @@ def is_msgpack(content_type: str | None) -> bool:
     return base in MSGPACK_TYPES
 
 
-def decode_body(body: bytes, content_type: str | None, max_bytes: int) -> Any:
+def decode_body(body: bytes, content_type: str | None, max_bytes: int,
+                max_containers: int | None = None) -> Any:
     """The request body as Python objects, from msgpack or JSON by its content type.
 
     A missing content type is sniffed: JSON starts with ``{`` or ``[``, msgpack otherwise.
@@ -143,13 +188,13 @@ def decode_body(body: bytes, content_type: str | None, max_bytes: int) -> Any:
         raise BadRequest("request body is empty")
     base = (content_type or "").split(";")[0].strip().lower()
     if base in MSGPACK_TYPES:
-        return unpack(body, max_buffer_size=max_bytes)
+        return unpack(body, max_bytes, max_containers)
     if base in (JSON_TYPE, "text/json") or base.endswith("+json"):
-        return loads_json(body)
+        return loads_json(body, max_containers)
     if base in ("", RAW_TYPE, "application/x-www-form-urlencoded", "text/plain"):
         if body.lstrip()[:1] in (b"{", b"["):
-            return loads_json(body)
-        return unpack(body, max_buffer_size=max_bytes)
+            return loads_json(body, max_containers)
+        return unpack(body, max_bytes, max_containers)
     raise BadRequest(
         f"unsupported content type {base!r}; send application/msgpack or application/json"
     )

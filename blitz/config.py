@@ -46,18 +46,26 @@ class PoolSettings(_Settings):
     target_ongoing_requests: float = Field(8.0, gt=0)
     max_ongoing_requests: int = Field(128, ge=1)
     max_queued_requests: int = Field(256, ge=-1, description="-1: unbounded")
+    max_queued_texts: int = Field(
+        4096, ge=1, description="texts waiting per model on a replica; past it: 503")
+    call_timeout_s: float = Field(
+        60.0, gt=0, description="one model call (a batch); past it its requests get 503")
+    load_failure_ttl_s: float = Field(
+        30.0, ge=0, description="a failed model load is answered 424 at once this long")
     torch_threads: int | None = Field(None, ge=1, description="intra-op threads per replica")
 
     @model_validator(mode="after")
     def _replicas_ordered(self) -> PoolSettings:
         if self.min_replicas > self.max_replicas:
             raise ValueError("min_replicas must not exceed max_replicas")
+        if self.max_queued_texts < self.max_batch_size:
+            raise ValueError("max_queued_texts must be at least max_batch_size")
         return self
 
 
 def _default_gpu_pool() -> PoolSettings:
     return PoolSettings(max_batch_size=1024, num_cpus=0.5, num_gpus=1.0, min_replicas=0,
-                        max_replicas=1, max_ongoing_requests=1024)
+                        max_replicas=1, max_ongoing_requests=1024, max_queued_texts=16384)
 
 
 class IngressSettings(_Settings):
@@ -65,12 +73,19 @@ class IngressSettings(_Settings):
     num_replicas: int = Field(1, ge=1)
     max_ongoing_requests: int = Field(256, ge=1)
     max_queued_requests: int = Field(1024, ge=-1)
+    max_queued_texts: int = Field(
+        4096, ge=1, description="texts waiting per (pool, model) for a pool call; past it: 503")
+    pool_timeout_s: float = Field(
+        120.0, gt=0, description="one pool call, model load included; past it: 503")
+    ready_cache_s: float = Field(5.0, ge=0, description="how long a /ready answer is reused")
 
 
 class Limits(_Settings):
     """Request limits; breaking one answers 413 (422 for a bad value) naming the limit."""
 
     max_texts_per_request: int = Field(2048, ge=1)
+    max_token_ids_per_request: int = Field(
+        1_048_576, ge=1, description="token ids in one OpenAI token-id input, all rows")
     max_chars_per_text: int = Field(100_000, ge=1)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     max_top_n: int = Field(1000, ge=1)
@@ -79,6 +94,7 @@ class Limits(_Settings):
 class AuthSettings(_Settings):
     api_keys: list[str] = Field(default_factory=list, description="accepted Bearer keys")
     api_keys_env: str = Field(API_KEYS_ENV, description="env var with comma-separated keys")
+    required: bool = Field(False, description="refuse to start when no key resolves")
 
     def resolved_keys(self) -> list[str]:
         from_env = os.environ.get(self.api_keys_env, "")

@@ -8,9 +8,11 @@
      ├── PayloadTooLarge            413 invalid_request_error / payload_too_large
      │    └── InputTooLong          413 invalid_request_error / input_too_long
      ├── InvalidValue               422 invalid_request_error / invalid_value
-     ├── ModelLoadFailed            424 model_load_error / model_load_failed
-     ├── Overloaded                 503 overloaded_error / overloaded
-     └── NotReady                   503 unavailable_error / not_ready
+     ├── ModelLoadFailed            424 model_load_error / model_load_failed (fixed text)
+     ├── Overloaded                 503 overloaded_error / overloaded     + Retry-After
+     ├── Unavailable                503 unavailable_error / unavailable   + Retry-After
+     │    └── TimedOut              503 unavailable_error / timeout       + Retry-After
+     └── NotReady                   503 unavailable_error / not_ready     + Retry-After
 
 Every error renders as OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 Errors cross Ray process boundaries, so each one pickles with its fields intact.
@@ -28,6 +30,7 @@ class BlitzError(Exception):
     type: str = "internal_error"
     code: str = "internal_error"
     expose: bool = False  # whether ``message`` may be sent to the client
+    retry_after_s: int | None = None  # sent as ``Retry-After`` when set
 
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
@@ -37,8 +40,12 @@ class BlitzError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.message, self.param))
 
+    def public_message(self) -> str:
+        """What the client may read; internal text never leaves the server."""
+        return self.message if self.expose else "internal server error"
+
     def to_payload(self, request_id: str | None = None) -> dict[str, Any]:
-        message = self.message if self.expose else "internal server error"
+        message = self.public_message()
         if request_id and not self.expose:
             message = f"{message} (request id {request_id})"
         return {"error": {"message": message, "type": self.type, "param": self.param,
@@ -101,13 +108,38 @@ class InvalidValue(ClientError):
     status, type, code = 422, "invalid_request_error", "invalid_value"
 
 
-class ModelLoadFailed(ClientError):
+class ModelLoadFailed(BlitzError):
+    """A registered model could not be loaded. ``message`` (paths, URIs, exception text)
+    goes to the server log; the client reads only which model failed and the request id."""
+
     status, type, code = 424, "model_load_error", "model_load_failed"
+
+    def __init__(self, message: str, param: str | None = None, model: str | None = None):
+        super().__init__(message, param)
+        self.model = model
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.param, self.model))
+
+    def public_message(self) -> str:
+        which = f"model {self.model!r}" if self.model else "the model"
+        return f"{which} failed to load; the server log has the cause"
 
 
 class Overloaded(ClientError):
     status, type, code = 503, "overloaded_error", "overloaded"
     retry_after_s = 1
+
+
+class Unavailable(ClientError):
+    """A pool replica died or could not be reached; retrying shortly is safe."""
+
+    status, type, code = 503, "unavailable_error", "unavailable"
+    retry_after_s = 2
+
+
+class TimedOut(Unavailable):
+    code = "timeout"
 
 
 class NotReady(ClientError):
@@ -119,11 +151,20 @@ class InternalError(BlitzError):
     """An unexpected failure; the client sees only the request id."""
 
 
+ECHO_CHARS = 64
+
+
+def echo(value: object, limit: int = ECHO_CHARS) -> str:
+    """A client-supplied value as an error message may repeat it: at most ``limit`` chars."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
 def as_blitz_error(exc: BaseException) -> BlitzError:
     """The ``BlitzError`` to answer for ``exc``; anything unknown is an ``InternalError``."""
-    if isinstance(exc, BlitzError):
-        return exc
     cause = getattr(exc, "cause", None)  # Ray wraps remote errors; the original rides along
     if isinstance(cause, BlitzError):
         return cause
+    if isinstance(exc, BlitzError):
+        return exc
     return InternalError(f"{type(exc).__name__}: {exc}")

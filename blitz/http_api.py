@@ -6,6 +6,7 @@ Serve ingress replica and in tests over ``httpx.ASGITransport``.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import re
@@ -55,7 +56,20 @@ class HttpApi:
         self.service = service
         self.settings = service.settings
         self.observe = observe
-        self._keys = [k.encode() for k in self.settings.auth.resolved_keys()]
+        keys = self.settings.auth.resolved_keys()
+        if self.settings.auth.required and not keys:
+            raise ValueError(
+                "auth.required is true but no API key resolves: set auth.api_keys or "
+                f"${self.settings.auth.api_keys_env} in the replica's environment "
+                "(runtime_env.env_vars for `serve deploy`)")
+        logger.info("API keys %s", f"on ({len(keys)} key(s))" if keys else
+                    "off: every route is public (set auth.api_keys, or auth.required: true "
+                    "to refuse to start without keys)")
+        self._key_digests = [_digest(k.encode()) for k in keys]
+        # a request body holds about one list or object per text (token-id rows, Cohere
+        # documents, numpy arrays): more than this is refused before it is built
+        limits = self.settings.limits
+        self._max_containers = 2 * limits.max_texts_per_request + 64
         self.routes: dict[tuple[str, str], Handler] = {
             ("POST", "/embed"): self.embed,
             ("POST", "/rerank"): self.rerank,
@@ -66,6 +80,7 @@ class HttpApi:
             ("GET", "/health"): self.health,
             ("GET", "/ready"): self.ready,
         }
+        self._paths = frozenset(path for _, path in self.routes)
 
     # ---- entry point -----------------------------------------------------------------
 
@@ -80,7 +95,7 @@ class HttpApi:
                 methods = [m for (m, p) in self.routes if p == path]
                 raise NotFound(f"no route {request.method} {path}" + (
                     f"; it takes {', '.join(methods)}" if methods else ""))
-            if self._keys and path not in PUBLIC_ROUTES:
+            if self._key_digests and path not in PUBLIC_ROUTES:
                 self._authorize(request)
             response = await handler(request, ctx)
         except Exception as exc:  # the one place errors become replies
@@ -89,8 +104,11 @@ class HttpApi:
         response.headers["x-compute-time"] = f"{time.perf_counter() - started:.6f}"
         if ctx.pool:
             response.headers["x-blitz-pool"] = ctx.pool
-        if self.observe is not None:
-            self.observe(path, ctx.model, ctx.pool, response.status_code, ctx.texts)
+        if self.observe is not None:  # labels from bounded sets only: no series per stranger
+            model = ctx.model if ctx.model in self.service.registry else (
+                "other" if ctx.model else "")
+            self.observe(path if path in self._paths else "other", model, ctx.pool,
+                         response.status_code, ctx.texts)
         return response
 
     def _authorize(self, request: Request) -> None:
@@ -98,9 +116,9 @@ class HttpApi:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-        given = token.strip().encode()
+        given = _digest(token.strip().encode())
         matched = False
-        for key in self._keys:  # compare with every key: time does not reveal which matched
+        for key in self._key_digests:  # digests, all compared: time reveals no key or length
             matched |= hmac.compare_digest(given, key)
         if not matched:
             raise Unauthorized("invalid API key")
@@ -109,8 +127,8 @@ class HttpApi:
                         exc: BaseException) -> Response:
         if not error.expose:
             logger.error("request %s failed", ctx.request_id, exc_info=exc)
-        headers = {"retry-after": str(error.retry_after_s)} if hasattr(
-            error, "retry_after_s") else None
+        headers = ({"retry-after": str(error.retry_after_s)}
+                   if error.retry_after_s is not None else None)
         return JSONBytesResponse(error.to_payload(ctx.request_id), status_code=error.status,
                                  headers=headers)
 
@@ -129,7 +147,8 @@ class HttpApi:
                 raise PayloadTooLarge(f"body is over {limit} bytes; the limit max_body_bytes "
                                       f"is {limit}")
             chunks.append(chunk)
-        return codecs.decode_body(b"".join(chunks), request.headers.get("content-type"), limit)
+        return codecs.decode_body(b"".join(chunks), request.headers.get("content-type"), limit,
+                                  self._max_containers)
 
     @staticmethod
     def _model_id(request: Request, body_model: str | None) -> str | None:
@@ -142,7 +161,7 @@ class HttpApi:
     # ---- routes ------------------------------------------------------------------------
 
     async def embed(self, request: Request, ctx: RequestContext) -> Response:
-        req = EmbedRequest.parse(await self._body(request))
+        req = EmbedRequest.parse(await self._body(request), self.settings.limits)
         ctx.model = self._model_id(request, req.model) or self.settings.default_model
         ctx.texts = 1 if isinstance(req.texts, str) else len(req.texts)
         result = await self.service.embed(
@@ -157,7 +176,7 @@ class HttpApi:
         return MsgpackResponse(result.to_native())
 
     async def openai_embeddings(self, request: Request, ctx: RequestContext) -> Response:
-        req = OpenAIEmbeddingRequest.parse(await self._body(request))
+        req = OpenAIEmbeddingRequest.parse(await self._body(request), self.settings.limits)
         ctx.model = self._model_id(request, req.model) or self.settings.default_model
         items = req.input
         token_ids: list[list[int]] | None = None
@@ -185,7 +204,7 @@ class HttpApi:
                                   "usage": result.usage.to_dict()})
 
     async def rerank(self, request: Request, ctx: RequestContext) -> Response:
-        req = RerankRequest.parse(await self._body(request))
+        req = RerankRequest.parse(await self._body(request), self.settings.limits)
         ctx.model = self._model_id(request, req.model) or self.settings.default_model
         ctx.texts = len(req.documents)
         result = await self.service.rerank(
@@ -215,6 +234,10 @@ class HttpApi:
         await self.service.check_ready()
         return JSONBytesResponse({"status": "ready", "default_model":
                                   self.settings.default_model})
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
 
 
 def _route_path(request: Request) -> str:

@@ -9,7 +9,8 @@ Sources:
 - a local directory (absolute, or relative to the working directory);
 - ``hf:<org>/<name>``: the Hugging Face hub (needs network; offline it fails clearly);
 - ``s3://``, ``gs://``, ``az://``: object storage, downloaded once into the model cache;
-- ``fake:<dimension>``: a deterministic fake encoder for API tests.
+- ``fake:<dimension>[:<load seconds>]``: a deterministic fake encoder for API and fault
+  tests (the optional delay makes its load slow).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from blitz.errors import ModelLoadFailed, UnknownModel
+from blitz.errors import ModelLoadFailed, UnknownModel, echo
 
 Kind = Literal["embedding", "cross-encoder"]
 CpuBackend = Literal["torch", "torch-bf16", "onnx", "onnx-int8"]
@@ -69,13 +70,18 @@ class ModelSpec(BaseModel):
             raise ValueError("package: source needs a module name")
         if value.startswith("hf:") and "/" not in value:
             raise ValueError(f"hf: source {value!r} must be hf:<org>/<name>")
-        if value.startswith("fake:") and not value[5:].isdigit():
-            raise ValueError(f"fake: source {value!r} must be fake:<dimension>")
+        if value.startswith("fake:") and not re.fullmatch(r"\d+(:\d+(\.\d+)?)?", value[5:]):
+            raise ValueError(f"fake: source {value!r} must be fake:<dimension>[:<load seconds>]")
         return value
 
     @property
     def is_fake(self) -> bool:
         return self.source.startswith("fake:")
+
+    def fake_params(self) -> tuple[int, float]:
+        """A fake source's (dimension, load seconds)."""
+        dimension, _, load_s = self.source[5:].partition(":")
+        return int(dimension), float(load_s or 0)
 
 
 class Registry:
@@ -94,8 +100,8 @@ class Registry:
         except KeyError:
             known = ", ".join(sorted(self._specs)) or "none"
             raise UnknownModel(
-                f"model {model_id!r} is not served here; known models: {known}", param="model"
-            ) from None
+                f"model {echo(model_id)!r} is not served here; known models: {known}",
+                param="model") from None
 
     def __contains__(self, model_id: object) -> bool:
         return model_id in self._specs
@@ -132,6 +138,15 @@ def resolve_source(spec: ModelSpec, cache_dir: str | os.PathLike | None = None) 
     return _existing_dir(spec, Path(source).expanduser())
 
 
+def preflight_source(spec: ModelSpec) -> None:
+    """Raise ``ModelLoadFailed`` now when a local or package source is missing.
+
+    Cheap (no weights are read); object-storage and hub sources are checked when loaded.
+    """
+    if not spec.source.startswith(("hf:", "fake:", *OBJECT_STORE_SCHEMES)):
+        resolve_source(spec)
+
+
 def _existing_dir(spec: ModelSpec, path: Path) -> Path:
     if not path.is_dir():
         raise ModelLoadFailed(f"model {spec.id!r}: directory {str(path)!r} does not exist")
@@ -157,7 +172,7 @@ def read_dimension(spec: ModelSpec) -> int | None:
     if spec.dimension:
         return spec.dimension
     if spec.is_fake:
-        return int(spec.source[5:])
+        return spec.fake_params()[0]
     if spec.kind == "cross-encoder" or spec.source.startswith(("hf:", *OBJECT_STORE_SCHEMES)):
         return None
     try:

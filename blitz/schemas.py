@@ -3,23 +3,43 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 
-from blitz.errors import BadRequest, InvalidValue
+from blitz.errors import BadRequest, InvalidValue, PayloadTooLarge
 from blitz.postprocess import OutputDtype
+
+if TYPE_CHECKING:
+    from blitz.config import Limits
 
 
 class _Request(BaseModel):
+    """A request body. Numbers and booleans are strict (``true`` is not ``1``)."""
+
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    # body keys holding one item per text: counted before validation, so that a hostile
+    # list costs one len() instead of one validation error per item
+    _list_keys: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def parse(cls, payload: Any) -> Any:
-        """Validate a decoded body; a non-object is a 400, bad values a 422 naming the field."""
+    def parse(cls, payload: Any, limits: Limits | None = None) -> Any:
+        """Validate a decoded body; a non-object is a 400, bad values a 422 naming the field,
+        a list over ``limits`` a 413 naming the limit (checked before anything else)."""
         if not isinstance(payload, dict):
             raise BadRequest(f"request body must be an object, not {type(payload).__name__}")
+        if limits is not None:
+            cls._check_sizes(payload, limits)
         try:
             return cls.model_validate(payload)
         except ValidationError as exc:
@@ -29,16 +49,33 @@ class _Request(BaseModel):
                              *(f"[{p}]" for p in loc[1:] if isinstance(p, int))])
             raise InvalidValue(f"{where}: {first['msg']}", param=where) from None
 
+    @classmethod
+    def _check_sizes(cls, payload: dict, limits: Limits) -> None:
+        for key in cls._list_keys:
+            items = payload.get(key)
+            if isinstance(items, list) and len(items) > limits.max_texts_per_request:
+                raise PayloadTooLarge(
+                    f"{len(items)} {key} in one request; the limit max_texts_per_request is "
+                    f"{limits.max_texts_per_request}", param=key)
+
+
+# fail_fast: a union member stops at its first bad item instead of building an error per item
+_Texts = Annotated[list[str], Field(fail_fast=True)]
+_TokenIds = Annotated[list[StrictInt], Field(fail_fast=True)]
+_TokenIdRows = Annotated[list[_TokenIds], Field(fail_fast=True)]
+
 
 class EmbedRequest(_Request):
     """``POST /embed``."""
 
-    texts: str | list[str] = Field(validation_alias=AliasChoices("texts", "inputs"),
+    _list_keys = ("texts", "inputs")
+
+    texts: str | _Texts = Field(validation_alias=AliasChoices("texts", "inputs"),
                                    description="one text or a list")
     model: str | None = Field(None, description="model id; header or default when absent")
-    normalize: bool | None = Field(None, description="unit-length rows; default per model")
-    truncate: bool = Field(True, description="cut to max_seq_length; false: 413 if too long")
-    dimensions: int | None = Field(None, gt=0, description="Matryoshka: keep the first N")
+    normalize: StrictBool | None = Field(None, description="unit-length rows; default per model")
+    truncate: StrictBool = Field(True, description="cut to max_seq_length; false: 413 if too long")
+    dimensions: StrictInt | None = Field(None, gt=0, description="Matryoshka: keep the first N")
     dtype: OutputDtype = Field("float32", description="float32|float16|int8|uint8|binary|ubinary")
     prompt_name: str | None = Field(None, description="a prompt from the model's spec")
 
@@ -46,32 +83,71 @@ class EmbedRequest(_Request):
 class OpenAIEmbeddingRequest(_Request):
     """``POST /v1/embeddings`` (OpenAI's shape)."""
 
-    input: str | list[str] | list[int] | list[list[int]] = Field(
+    _list_keys = ()  # ``input`` is a list of texts or of token ids: counted below
+
+    input: str | _Texts | _TokenIds | _TokenIdRows = Field(
         description="text, texts, token ids, or lists of token ids")
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, gt=0)
+    dimensions: StrictInt | None = Field(None, gt=0)
     user: str | None = None
+
+    @classmethod
+    def _check_sizes(cls, payload: dict, limits: Limits) -> None:
+        items = payload.get("input")
+        if not isinstance(items, list) or not items:
+            return
+        if not isinstance(items[0], int):  # texts, or lists of token ids: one per input
+            if len(items) > limits.max_texts_per_request:
+                raise PayloadTooLarge(
+                    f"{len(items)} inputs in one request; the limit max_texts_per_request is "
+                    f"{limits.max_texts_per_request}", param="input")
+        if isinstance(items[0], list):
+            total = sum(len(row) if isinstance(row, list) else 1 for row in items)
+            if total > limits.max_token_ids_per_request:
+                raise PayloadTooLarge(
+                    f"{total} token ids in one request; the limit max_token_ids_per_request "
+                    f"is {limits.max_token_ids_per_request}", param="input")
+        elif isinstance(items[0], int) and len(items) > limits.max_token_ids_per_request:
+            raise PayloadTooLarge(
+                f"{len(items)} token ids in one request; the limit max_token_ids_per_request "
+                f"is {limits.max_token_ids_per_request}", param="input")
 
     @field_validator("input", mode="before")
     @classmethod
-    def _no_mixed_lists(cls, value: Any) -> Any:
-        if isinstance(value, list) and value:
-            kinds = {type(v).__name__ for v in value}
-            if len(kinds) > 1:
-                raise ValueError("input must not mix strings, token ids and token-id lists")
+    def _one_shape(cls, value: Any) -> Any:
+        """Check the shape in one pass that stops at the first bad item (a union would
+        build an error per item per member); booleans are not token ids."""
+        if not isinstance(value, list) or not value:
+            return value
+        first = type(value[0])
+        if first is str:
+            bad = next((i for i, v in enumerate(value) if type(v) is not str), None)
+        elif first is int:
+            bad = next((i for i, v in enumerate(value) if type(v) is not int), None)
+        elif first is list:
+            bad = next((i for i, row in enumerate(value)
+                        if type(row) is not list or not all(type(t) is int for t in row)), None)
+        else:
+            bad = 0
+        if bad is not None:
+            raise ValueError(f"item {bad} does not fit: input must be a string, a list of "
+                             "strings, a list of token ids (integers) or a list of token-id "
+                             "lists, all items alike")
         return value
 
 
 class RerankRequest(_Request):
     """``POST /rerank`` and ``POST /v1/rerank`` (Cohere/Jina shape)."""
 
+    _list_keys = ("documents", "texts")
+
     query: str
-    documents: list[str] = Field(validation_alias=AliasChoices("documents", "texts"))
+    documents: _Texts = Field(validation_alias=AliasChoices("documents", "texts"))
     model: str | None = None
-    top_n: int | None = Field(None, ge=1)
-    return_documents: bool = False
-    truncate: bool = True
+    top_n: StrictInt | None = Field(None, ge=1)
+    return_documents: StrictBool = False
+    truncate: StrictBool = True
 
     @field_validator("documents", mode="before")
     @classmethod

@@ -8,6 +8,7 @@ model work.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Protocol
 
@@ -15,11 +16,13 @@ import numpy as np
 
 from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded
-from blitz.errors import InputTooLong, InvalidValue, NotReady, PayloadTooLarge, as_blitz_error
+from blitz.errors import InputTooLong, InvalidValue, NotReady, PayloadTooLarge, echo
 from blitz.postprocess import OutputDtype, quantize, truncate_dimensions
 from blitz.registry import ModelSpec, read_dimension
 from blitz.routing import choose_pool
 from blitz.schemas import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankResult, Usage
+
+logger = logging.getLogger("blitz.service")
 
 
 class Dispatcher(Protocol):
@@ -41,6 +44,8 @@ class EmbeddingService:
         self.dispatcher = dispatcher
         self.started = int(time.time())
         self._dimensions: dict[str, int | None] = {}
+        self._ready: tuple[float, bool] | None = None  # (when checked, answer)
+        self._ready_check: asyncio.Future[bool] | None = None
 
     # ---- model id --------------------------------------------------------------------
 
@@ -89,7 +94,7 @@ class EmbeddingService:
             if prompt_name is not None:
                 if prompt_name not in spec.prompts:
                     known = ", ".join(sorted(spec.prompts)) or "none"
-                    raise InvalidValue(f"prompt_name {prompt_name!r} is not defined for model "
+                    raise InvalidValue(f"prompt_name {echo(prompt_name)!r} is not defined for model "
                                        f"{spec.id!r}; defined: {known}", param="prompt_name")
                 prefix = spec.prompts[prompt_name]
                 texts = [prefix + t for t in texts]
@@ -188,16 +193,41 @@ class EmbeddingService:
     # ---- readiness -------------------------------------------------------------------
 
     async def check_ready(self) -> None:
-        """Raise unless the default model answers on the CPU pool."""
+        """Raise ``NotReady`` unless the default model answers on the CPU pool.
+
+        The answer is reused for ``ingress.ready_cache_s``, and concurrent callers share
+        one check, so probes never queue model work. The cause of a failure goes to the
+        log; the client reads only that the default model is not ready.
+        """
+        now = time.monotonic()
+        if self._ready is not None and now - self._ready[0] < self.settings.ingress.ready_cache_s:
+            ready = self._ready[1]
+        else:
+            if self._ready_check is None:
+                self._ready_check = asyncio.ensure_future(self._probe_default_model())
+            check = self._ready_check
+            try:
+                ready = await asyncio.shield(check)
+            finally:
+                if check.done() and self._ready_check is check:
+                    self._ready_check = None
+            self._ready = (time.monotonic(), ready)
+        if not ready:
+            raise NotReady(f"default model {self.settings.default_model!r} is not ready; "
+                           "retry shortly")
+
+    async def _probe_default_model(self) -> bool:
         spec = self.spec(None)
         try:
             if spec.kind == "embedding":
                 await self.dispatcher.embed("cpu", spec.id, EmbedJob(texts=["ready"]))
             else:
                 await self.dispatcher.rerank("cpu", spec.id, RerankJob("ready", ["ready"]))
-        except Exception as exc:
-            raise NotReady(f"default model {spec.id!r} is not ready: "
-                           f"{as_blitz_error(exc).to_payload()['error']['message']}") from exc
+        except Exception:
+            logger.warning("readiness: default model %r does not answer", spec.id,
+                           exc_info=True)
+            return False
+        return True
 
     # ---- models ----------------------------------------------------------------------
 

@@ -4,109 +4,125 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from functools import partial
 from typing import Any
 
 from ray import serve
-from ray.exceptions import RayTaskError
-from ray.serve.exceptions import BackPressureError
+from ray.exceptions import RayError, RayTaskError
+from ray.serve.exceptions import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    ReplicaUnavailableError,
+    RequestCancelledError,
+)
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import Response
 
-from blitz.batching import Coalescer
-from blitz.config import BlitzSettings
+from blitz.batching import Batcher
+from blitz.config import BlitzSettings, PoolSettings
 from blitz.encoders.base import Encoded
-from blitz.errors import Overloaded
+from blitz.errors import BlitzError, InternalError, Overloaded, TimedOut, Unavailable
 from blitz.http_api import HttpApi
 from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
 from blitz.service import EmbeddingService
+from deployments.logs import route_library_logs_to_serve
 from deployments.metrics import metrics
 
-# pool calls in flight per (model, options) before requests wait to be merged: two keep
-# the pool busy (one computing, one queued) while the ingress gathers the next
-COALESCED_CALLS_IN_FLIGHT = 2
+logger = logging.getLogger("ray.serve")
+
+# pool calls in flight per (pool, model) and pool replica before requests wait to be
+# merged: two keep a replica busy (one computing, one queued) while the ingress gathers
+# the next
+CALLS_IN_FLIGHT_PER_REPLICA = 2
+
+try:  # Serve's gRPC transport (throughput-optimized mode) raises these when a replica dies
+    from grpc.aio import AioRpcError as _RpcError
+except ImportError:  # pragma: no cover - grpc ships with ray[serve]
+    _RpcError = RayError  # type: ignore[misc,assignment]
+
+REPLICA_FAILURES = (ReplicaUnavailableError, DeploymentUnavailableError, _RpcError, RayError)
 
 
 class ServeDispatcher:
-    """Runs jobs on pool replicas, passing the model id on every hop."""
+    """Runs jobs on pool replicas, passing the model id on every hop.
+
+    Concurrent embedding jobs for one pool and model go through one ``Batcher``: they
+    become one pool call (``embed_jobs``) that answers each job on its own. A replica
+    that dies mid-call is retried once (embedding and scoring are idempotent), then
+    answered 503 with Retry-After; a full queue is a 503 at once.
+    """
 
     def __init__(self, settings: BlitzSettings, handles: dict[str, DeploymentHandle]):
         self.settings = settings
         self.handles = handles
         self.pools = frozenset(handles)
-        self._lanes: dict[tuple, Coalescer] = {}
+        self._lanes: dict[tuple[str, str], Batcher] = {}
+
+    def _pool(self, pool: str) -> PoolSettings:
+        return self.settings.gpu_pool if pool == "gpu" else self.settings.cpu_pool
 
     def max_batch(self, pool: str) -> int:
-        return (self.settings.gpu_pool if pool == "gpu" else self.settings.cpu_pool).max_batch_size
+        return self._pool(pool).max_batch_size
 
-    async def _call(self, pool: str, model_id: str, method: str, job: Any) -> Encoded:
+    async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
         handle = self.handles[pool].options(multiplexed_model_id=model_id)
-        try:
-            return await getattr(handle, method).remote(job)
-        except BackPressureError as exc:
-            raise Overloaded(f"the {pool} pool is at capacity; retry shortly") from exc
-        except RayTaskError as exc:  # re-raise what the replica raised
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, BaseException):
-                raise cause from None
-            raise
+        for attempt in (1, 2):
+            try:
+                return await getattr(handle, method).remote(arg)
+            except BackPressureError as exc:
+                metrics.rejected.inc(tags={"hop": f"{pool}-serve-queue"})
+                raise Overloaded(f"the {pool} pool is at capacity; retry shortly") from exc
+            except RequestCancelledError:
+                raise asyncio.CancelledError() from None
+            except RayTaskError as exc:  # the replica raised: answer what it raised
+                cause = exc.cause
+                if isinstance(cause, BlitzError):
+                    raise cause from None
+                raise InternalError(f"{pool} pool {method}: {type(cause).__name__}: "
+                                    f"{cause}") from exc
+            except REPLICA_FAILURES as exc:
+                if attempt == 1:
+                    metrics.pool_failures.inc(tags={"pool": pool, "outcome": "retried"})
+                    logger.warning("%s pool call failed (%s); retrying once", pool,
+                                   type(exc).__name__)
+                    continue
+                metrics.pool_failures.inc(tags={"pool": pool, "outcome": "unavailable"})
+                raise Unavailable(f"the {pool} pool is restarting; retry shortly") from exc
+        raise AssertionError("unreachable")
 
     async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded:
-        if pool != "cpu" or job.texts is None or len(job) >= self.max_batch(pool):
-            return await self._call(pool, model_id, "embed", job)
-        key = (pool, model_id, job.normalize, job.truncate)
+        key = (pool, model_id)
         lane = self._lanes.get(key)
-        if lane is None:  # concurrent small requests alike become one pool call
-            lane = self._lanes[key] = Coalescer(
-                partial(self._embed_merged, pool, model_id), max_size=self.max_batch(pool),
-                size=len, max_in_flight=COALESCED_CALLS_IN_FLIGHT)
+        if lane is None:
+            settings = self._pool(pool)
+            lane = self._lanes[key] = Batcher(
+                lambda jobs: self._call(pool, model_id, "embed_jobs", jobs),
+                max_batch=settings.max_batch_size,
+                max_waiting=self.settings.ingress.max_queued_texts,
+                max_in_flight=CALLS_IN_FLIGHT_PER_REPLICA * settings.max_replicas,
+                timeout_s=self.settings.ingress.pool_timeout_s,
+                name=f"{pool} pool queue for {model_id!r}",
+                on_reject=lambda: metrics.rejected.inc(tags={"hop": "ingress"}))
         return await lane.submit(job)
 
-    async def _embed_merged(self, pool: str, model_id: str,
-                            jobs: list[EmbedJob]) -> list[Encoded | BaseException]:
-        if len(jobs) == 1:
-            return [await self._call(pool, model_id, "embed", jobs[0])]
-        merged_job = EmbedJob(texts=[t for job in jobs for t in job.texts],
-                              normalize=jobs[0].normalize, truncate=jobs[0].truncate)
-        try:
-            merged = await self._call(pool, model_id, "embed", merged_job)
-        except Exception:  # one request's bad input must not fail the others
-            return await asyncio.gather(
-                *(self._call(pool, model_id, "embed", job) for job in jobs),
-                return_exceptions=True)
-        results, start = [], 0
-        for job in jobs:
-            n = len(job)
-            results.append(Encoded(merged.values[start:start + n],
-                                   merged.token_counts[start:start + n],
-                                   merged.padded_tokens * n // max(len(merged.values), 1)))
-            start += n
-        return results
-
     async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded:
-        return await self._call(pool, model_id, "rerank", job)
-
-
-def route_library_logs_to_serve() -> None:
-    """Send the ``blitz`` loggers' records (tracebacks with request ids) to the replica log."""
-    library = logging.getLogger("blitz")
-    if not library.handlers:
-        for handler in logging.getLogger("ray.serve").handlers:
-            library.addHandler(handler)
-        library.setLevel(logging.INFO)
-        library.propagate = False
+        timeout = self.settings.ingress.pool_timeout_s
+        try:
+            return await asyncio.wait_for(self._call(pool, model_id, "rerank", job), timeout)
+        except asyncio.TimeoutError:
+            raise TimedOut(f"the {pool} pool gave no answer within {timeout:g} s; "
+                           "retry shortly") from None
 
 
 @serve.deployment
 class Ingress:
     def __init__(self, settings: dict[str, Any], cpu_pool: DeploymentHandle,
                  gpu_pool: DeploymentHandle | None = None):
+        route_library_logs_to_serve()
         self.settings = BlitzSettings.from_args(settings)
         handles = {"cpu": cpu_pool} | ({"gpu": gpu_pool} if gpu_pool is not None else {})
         self.service = EmbeddingService(self.settings, ServeDispatcher(self.settings, handles))
         self.api = HttpApi(self.service, observe=metrics.observe_request)
-        route_library_logs_to_serve()
 
     async def __call__(self, request: Request) -> Response:
         return await self.api(request)

@@ -50,6 +50,19 @@ class BlitzMetrics:
                        description="model loads (cache misses) by result",
                        tag_keys=("model", "pool", "result"))
 
+    @cached_property
+    def rejected(self) -> Counter:
+        return Counter("blitz_rejected",
+                       description="requests refused with 503 because a queue was full",
+                       tag_keys=("hop",))
+
+    @cached_property
+    def pool_failures(self) -> Counter:
+        return Counter("blitz_pool_failures",
+                       description="pool calls that failed because a replica died or was "
+                       "unreachable, by outcome (retried, unavailable)",
+                       tag_keys=("pool", "outcome"))
+
     def observe_request(self, route: str, model: str, pool: str, status: int,
                         n_texts: int) -> None:
         tags = {"route": route, "model": model or "-", "pool": pool or "-"}

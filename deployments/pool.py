@@ -1,37 +1,46 @@
 """The model pool: one class, bound as the CPU pool and (when GPUs exist) the GPU pool.
 
 Each replica holds up to three models (``@serve.multiplexed``, LRU) and batches
-concurrent requests per model with ``@serve.batch``; model work runs on one worker
-thread, never on the replica's event loop.
+concurrent requests per model with one ``blitz.batching.Batcher``. Model work runs on
+one worker thread and model loads on another, never on the replica's event loop, so a
+long load (an ONNX export, say) does not stall the models already resident. Work holds
+a lease on its model, so an eviction never frees a model mid-batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import Any
 
+import numpy as np
 from ray import serve
 
-from blitz.batching import Coalescer
+from blitz.batching import Batcher
 from blitz.config import BlitzSettings
 from blitz.encoders import load_encoder, resolve_device
-from blitz.encoders.base import Encoded
-from blitz.encoders.holder import ModelHolder
-from blitz.errors import BlitzError, ModelLoadFailed
+from blitz.encoders.base import Encoded, Encoder
+from blitz.encoders.holder import ModelFreed, ModelHolder
+from blitz.errors import TimedOut, Unavailable
+from blitz.load_failures import LoadFailures, as_load_failure
+from blitz.registry import preflight_source
 from blitz.schemas import EmbedJob, RerankJob
-from deployments.ingress import route_library_logs_to_serve
+from deployments.logs import route_library_logs_to_serve
 from deployments.metrics import metrics
 
 logger = logging.getLogger("ray.serve")
 MAX_MODELS_PER_REPLICA = 3
+EVICTIONS_KEPT = 32  # the last evicted ids kept for stats(); the count is kept in full
+LEASE_TRIES = 3  # a model evicted between lookup and use is loaded again this often
 
 
-def _count_texts(jobs: list[EmbedJob]) -> int:
-    return sum(len(job) for job in jobs)
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 @serve.deployment
@@ -43,20 +52,18 @@ class ModelPool:
         self.pool_settings = self.settings.gpu_pool if pool == "gpu" else self.settings.cpu_pool
         self.device = resolve_device("cuda" if pool == "gpu" else "cpu")
         self.cache_dir = self.settings.resolved_cache_dir()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"blitz-{pool}")
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"blitz-{pool}")
+        self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"blitz-{pool}-load")
         if self.pool_settings.torch_threads:
             import torch
 
             torch.set_num_threads(self.pool_settings.torch_threads)
-        self._embed_batch.set_max_batch_size(self.pool_settings.max_batch_size)
-        self._embed_batch.set_batch_wait_timeout_s(self.pool_settings.batch_wait_timeout_s)
         route_library_logs_to_serve()
-        self._lanes: dict[str, Coalescer] = {}
+        self.failures = LoadFailures(self.pool_settings.load_failure_ttl_s)
+        self._batchers: dict[str, Batcher] = {}
         self.loaded: list[str] = []  # resident models, least recently loaded first
-        self.evicted: list[str] = []
-
-    async def _in_worker(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        self.evicted: deque[str] = deque(maxlen=EVICTIONS_KEPT)
+        self.evictions = 0
 
     # ---- models ----------------------------------------------------------------------
 
@@ -65,19 +72,23 @@ class ModelPool:
         spec = self.registry.get(model_id)  # only registered ids ever load
         started = time.perf_counter()
 
-        def load():
+        def load() -> Encoder:
             encoder = load_encoder(spec, self.device, self.cache_dir)
             encoder.warmup()
             return encoder
 
+        # shielded: a caller that gives up does not throw away a load half done
+        future = asyncio.get_running_loop().run_in_executor(self.loader, load)
         try:
-            encoder = await self._in_worker(load)
-        except BlitzError:
-            metrics.model_loads.inc(tags={"model": model_id, "pool": self.pool,
-                                          "result": "failed"})
+            encoder = await asyncio.shield(future)
+        except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise ModelLoadFailed(f"model {model_id!r} failed to load: {exc}") from exc
+            error = as_load_failure(model_id, exc)
+            self.failures.remember(model_id, error)
+            metrics.model_loads.inc(tags={"model": model_id, "pool": self.pool,
+                                          "result": "failed"})
+            raise error from exc
         seconds = time.perf_counter() - started
         metrics.model_load_seconds.observe(seconds, tags={"model": model_id, "pool": self.pool})
         metrics.model_loads.inc(tags={"model": model_id, "pool": self.pool, "result": "loaded"})
@@ -89,52 +100,85 @@ class ModelPool:
         if model_id in self.loaded:
             self.loaded.remove(model_id)
         self.evicted.append(model_id)
+        self.evictions += 1
         logger.info("evicted model %r", model_id)
 
-    async def _encoder(self):
-        return (await self.get_model(serve.get_multiplexed_model_id())).get()
+    async def _holder(self, model_id: str) -> ModelHolder:
+        """The model's holder. A load that failed recently, or a local source that is
+        missing, fails here, before Serve's multiplexer evicts a healthy model for it."""
+        if model_id not in self.loaded:
+            self.failures.check(model_id)
+            try:
+                preflight_source(self.registry.get(model_id))
+            except Exception as exc:
+                error = as_load_failure(model_id, exc)
+                self.failures.remember(model_id, error)
+                raise error from exc
+        return await self.get_model(model_id)
+
+    async def _run(self, model_id: str, fn) -> Any:
+        """``fn(encoder)`` on the worker thread, holding a lease on the model throughout."""
+        for _ in range(LEASE_TRIES):
+            holder = await self._holder(model_id)
+
+            def work(holder: ModelHolder = holder) -> Any:
+                encoder = holder.acquire()  # raises ModelFreed if evicted meanwhile
+                try:
+                    return fn(encoder)
+                finally:
+                    holder.release()
+
+            future = asyncio.get_running_loop().run_in_executor(self.worker, work)
+            try:
+                return await asyncio.wait_for(future, self.pool_settings.call_timeout_s)
+            except ModelFreed:
+                continue
+            except asyncio.TimeoutError:
+                raise TimedOut(f"model {model_id!r} gave no answer within "
+                               f"{self.pool_settings.call_timeout_s:g} s") from None
+        raise Unavailable(f"model {model_id!r} was evicted {LEASE_TRIES} times in a row "
+                          "while waiting; the pool holds too many models for its load")
 
     # ---- work ------------------------------------------------------------------------
 
     async def embed(self, job: EmbedJob) -> Encoded:
-        """Embed one job (texts or token ids) with the request's multiplexed model."""
+        """One job for handle callers that skip the ingress; large ones are chunked."""
         limit = self.pool_settings.max_batch_size
-        if len(job) > limit:  # handle callers that skip the ingress still get chunking
-            parts = await asyncio.gather(*(
-                self.embed(_slice(job, i, limit)) for i in range(0, len(job), limit)))
-            return _concat(parts)
-        if job.token_ids is not None:
-            encoder = await self._encoder()
-            return await self._in_worker(
-                lambda: encoder.embed_tokens(job.token_ids, normalize=job.normalize,
-                                             truncate=job.truncate))
-        result = await self._embed_batch(job)
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        parts = await self.embed_jobs([_slice(job, i, limit)
+                                       for i in range(0, max(len(job), 1), limit)])
+        for part in parts:
+            if isinstance(part, BaseException):
+                raise part
+        return parts[0] if len(parts) == 1 else _concat(parts)
 
-    @serve.batch(max_batch_size=128, batch_wait_timeout_s=0.005, batch_size_fn=_count_texts,
-                 max_concurrent_batches=64)
-    async def _embed_batch(self, jobs: list[EmbedJob]) -> list[Encoded | BaseException]:
-        """One model's concurrent requests (Serve splits batches by multiplexed model id).
-
-        Serve forms these batches before a slot is free, so under load they are small;
-        the model's lane merges all that wait while the model is busy into one call.
-        """
+    async def embed_jobs(self, jobs: list[EmbedJob]) -> list[Encoded | BaseException]:
+        """Several requests' jobs in one call (the ingress merges concurrent ones); each
+        gets its own result or error, so one bad input fails alone."""
         model_id = serve.get_multiplexed_model_id()
-        lane = self._lanes.get(model_id)
-        if lane is None:
-            lane = self._lanes[model_id] = Coalescer(
-                partial(self._embed_jobs, model_id),
-                max_size=self.pool_settings.max_batch_size, size=len)
-        return await asyncio.gather(*(lane.submit(job) for job in jobs),
+        return await asyncio.gather(*(self._embed_one(model_id, job) for job in jobs),
                                     return_exceptions=True)
 
-    async def _embed_jobs(self, model_id: str, jobs: list[EmbedJob]) -> list:
-        encoder = (await self.get_model(model_id)).get()
-        metrics.batch_texts.observe(_count_texts(jobs), tags={"pool": self.pool})
-        results = await self._in_worker(
-            encoder.embed_many, [(j.texts, j.normalize, j.truncate) for j in jobs])
+    async def _embed_one(self, model_id: str, job: EmbedJob) -> Encoded:
+        if job.token_ids is not None:
+            return await self._run(model_id, lambda encoder: encoder.embed_tokens(
+                job.token_ids, normalize=job.normalize, truncate=job.truncate))
+        return await self._batcher(model_id).submit(job)
+
+    def _batcher(self, model_id: str) -> Batcher:
+        batcher = self._batchers.get(model_id)
+        if batcher is None:
+            batcher = self._batchers[model_id] = Batcher(
+                lambda jobs: self._embed_batch(model_id, jobs),
+                max_batch=self.pool_settings.max_batch_size,
+                max_waiting=self.pool_settings.max_queued_texts,
+                name=f"{self.pool} pool, model {model_id!r}",
+                on_reject=lambda: metrics.rejected.inc(tags={"hop": self.pool}))
+        return batcher
+
+    async def _embed_batch(self, model_id: str, jobs: list[EmbedJob]) -> list:
+        metrics.batch_texts.observe(sum(len(j) for j in jobs), tags={"pool": self.pool})
+        results = await self._run(model_id, lambda encoder: encoder.embed_many(
+            [(j.texts, j.normalize, j.truncate) for j in jobs]))
         real = sum(int(r.token_counts.sum()) for r in results if isinstance(r, Encoded))
         padded = sum(r.padded_tokens for r in results if isinstance(r, Encoded))
         if padded:
@@ -142,27 +186,27 @@ class ModelPool:
         return results
 
     async def rerank(self, job: RerankJob) -> Encoded:
-        encoder = await self._encoder()
-        return await self._in_worker(
-            lambda: encoder.score(job.query, job.documents, truncate=job.truncate))
+        model_id = serve.get_multiplexed_model_id()
+        return await self._run(model_id, lambda encoder: encoder.score(
+            job.query, job.documents, truncate=job.truncate))
 
     async def stats(self) -> dict[str, Any]:
         """What this replica holds: for tests and operators."""
         return {"pool": self.pool, "device": self.device, "loaded": list(self.loaded),
-                "evicted": list(self.evicted)}
+                "evicted": list(self.evicted), "evictions": self.evictions,
+                "pid": os.getpid(), "rss_bytes": _rss_bytes(),
+                "waiting_texts": {m: b.waiting for m, b in self._batchers.items()}}
 
 
 def _slice(job: EmbedJob, start: int, size: int) -> EmbedJob:
     if job.token_ids is not None:
         return EmbedJob(token_ids=job.token_ids[start:start + size], normalize=job.normalize,
                         truncate=job.truncate)
-    return EmbedJob(texts=job.texts[start:start + size], normalize=job.normalize,
+    return EmbedJob(texts=(job.texts or [])[start:start + size], normalize=job.normalize,
                     truncate=job.truncate)
 
 
 def _concat(parts: list[Encoded]) -> Encoded:
-    import numpy as np
-
     return Encoded(np.concatenate([p.values for p in parts]),
                    np.concatenate([p.token_counts for p in parts]),
                    sum(p.padded_tokens for p in parts))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 from blitz.encoders.base import Encoded, Encoder
@@ -35,7 +36,9 @@ def load_encoder(spec: ModelSpec, device: str = "cpu", cache_dir: str | Path | N
     if spec.is_fake:
         from blitz.encoders.fake import FakeEncoder
 
-        return FakeEncoder(spec.id, int(spec.source[5:]), spec.max_seq_length or 128)
+        dimension, load_s = spec.fake_params()
+        time.sleep(load_s)  # a slow load, for fault tests (runs on a loader thread)
+        return FakeEncoder(spec.id, dimension, spec.max_seq_length or 128)
     try:
         path = resolve_source(spec, cache_dir)
         if spec.kind == "cross-encoder":

@@ -1,4 +1,4 @@
-"""One Ray + Serve instance per test session, started with a logical GPU (SPEC §10).
+"""The main integration app on the session's shared Ray + Serve instance (tests/conftest.py).
 
 The app under test binds both pools: the GPU pool finds no CUDA here and falls back to
 CPU, which is how routing to it is exercised without a GPU.
@@ -6,55 +6,14 @@ CPU, which is how routing to it is exercised without a GPU.
 
 from __future__ import annotations
 
-import os
-import socket
-from pathlib import Path
-
 import httpx
 import pytest
-
-from tests.tiny_models import build_tiny_bi_encoder, build_tiny_cross_encoder
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 APP = "it-main"
 PREFIX = "/it-main"
 CPU_BATCH = 8
 GPU_BATCH = 16
 MAX_TEXTS = 64
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {
-        "tiny-a": build_tiny_bi_encoder(root / "tiny-a", hidden=32, seed=1),
-        "tiny-b": build_tiny_bi_encoder(root / "tiny-b", hidden=48, seed=2),
-        "tiny-c": build_tiny_bi_encoder(root / "tiny-c", hidden=64, seed=3),
-        "tiny-ce": build_tiny_cross_encoder(root / "tiny-ce", seed=4),
-    }
-
-
-@pytest.fixture(scope="session")
-def serve_instance():
-    import ray
-    from ray import serve
-
-    port = _free_port()
-    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1",
-                                       "TOKENIZERS_PARALLELISM": "false"}})
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
-    ray.shutdown()
 
 
 @pytest.fixture(scope="session")
@@ -98,20 +57,3 @@ def blitz_app(serve_instance, app_args) -> str:
 def http(blitz_app):
     with httpx.Client(base_url=blitz_app, timeout=120) as client:
         yield client
-
-
-@pytest.fixture(scope="session")
-def reference():
-    """In-process sentence-transformers models to compare served embeddings with."""
-    from sentence_transformers import SentenceTransformer
-
-    from tests.tiny_models import minilm_dir
-
-    cache: dict[str, SentenceTransformer] = {}
-
-    def get(name: str, path: Path | None = None) -> SentenceTransformer:
-        if name not in cache:
-            cache[name] = SentenceTransformer(str(path or minilm_dir()), device="cpu")
-        return cache[name]
-
-    return get

@@ -51,9 +51,14 @@ def test_over_long_input_without_truncation_is_413_naming_its_index(http):
     assert r.status_code == 200
 
 
-def test_model_that_fails_to_load_is_424_naming_it(http):
-    error = _error(http.post("/embed", json={"texts": ["x"], "model": "broken"}), 424)
-    assert "'broken'" in error["message"] and "/nonexistent/blitz-model" in error["message"]
+def test_model_that_fails_to_load_is_424_naming_it_without_its_path(http):
+    r = http.post("/embed", json={"texts": ["x"], "model": "broken"})
+    error = _error(r, 424)
+    assert "'broken'" in error["message"]
+    assert r.headers["x-request-id"].split(",")[0] in error["message"]
+    assert "/nonexistent" not in r.text  # the cause is in the server log, not the reply
+    again = http.post("/embed", json={"texts": ["x"], "model": "broken"})  # remembered
+    assert again.status_code == 424 and "/nonexistent" not in again.text
     assert http.post("/embed", json={"texts": ["x"]}).status_code == 200  # others still serve
 
 

@@ -1,4 +1,4 @@
-"""Continuous batching: what queues while a call runs goes into the next call."""
+"""Continuous batching: merged while a call runs, bounded, cancellation-aware, timed."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from blitz.batching import Coalescer
+from blitz.batching import Batcher
+from blitz.errors import Overloaded, TimedOut
 
 
 async def test_items_waiting_behind_a_running_call_are_merged():
@@ -19,7 +20,7 @@ async def test_items_waiting_behind_a_running_call_are_merged():
             await gate.wait()
         return [i * 10 for i in items]
 
-    lane = Coalescer(run, max_size=100)
+    lane = Batcher(run, max_batch=100, max_waiting=100, size=lambda item: 1)
     first = asyncio.ensure_future(lane.submit(0))
     await asyncio.sleep(0)
     rest = [asyncio.ensure_future(lane.submit(i)) for i in range(1, 8)]
@@ -38,7 +39,7 @@ async def test_batches_respect_max_size_and_item_sizes():
         await asyncio.sleep(0)
         return items
 
-    lane = Coalescer(run, max_size=5, size=len, max_in_flight=1)
+    lane = Batcher(run, max_batch=5, max_waiting=100, size=len, max_in_flight=1)
     await asyncio.gather(*(lane.submit("ab") for _ in range(6)))
     assert all(sum(c) <= 5 for c in calls) and sum(map(sum, calls)) == 12
 
@@ -49,7 +50,7 @@ async def test_errors_reach_their_own_caller_and_failed_calls_reach_everyone():
             raise RuntimeError("model crashed")
         return [ValueError(i) if i == "bad" else i.upper() for i in items]
 
-    lane = Coalescer(run, max_size=10)
+    lane = Batcher(run, max_batch=10, max_waiting=10, size=lambda item: 1)
     good, bad = await asyncio.gather(lane.submit("ok"), lane.submit("bad"),
                                      return_exceptions=True)
     assert good == "OK" and isinstance(bad, ValueError)
@@ -70,6 +71,101 @@ async def test_several_calls_in_flight():
         running -= 1
         return items
 
-    lane = Coalescer(run, max_size=1, max_in_flight=3)
+    lane = Batcher(run, max_batch=1, max_waiting=100, size=lambda item: 1,
+                   max_in_flight=3)
     assert await asyncio.gather(*(lane.submit(i) for i in range(9))) == list(range(9))
     assert peak == 3
+
+
+def _gated():
+    """A run function that holds its first call until the gate opens."""
+    calls: list[list] = []
+    gate = asyncio.Event()
+
+    async def run(items):
+        calls.append(list(items))
+        if len(calls) == 1:
+            await gate.wait()
+        return list(items)
+
+    return run, calls, gate
+
+
+async def test_a_full_queue_refuses_at_once_and_counts_it():
+    run, calls, gate = _gated()
+    rejected = []
+    lane = Batcher(run, max_batch=4, max_waiting=6, size=len,
+                   on_reject=lambda: rejected.append(1))
+    first = asyncio.ensure_future(lane.submit("aaaa"))  # runs, holds the slot
+    await asyncio.sleep(0)
+    queued = [asyncio.ensure_future(lane.submit("aaa")) for _ in range(2)]  # 6 texts wait
+    await asyncio.sleep(0)
+    assert lane.waiting == 6
+    with pytest.raises(Overloaded, match="limit 6"):
+        await lane.submit("a")
+    assert rejected == [1] and lane.waiting == 6  # the refused item takes no room
+    gate.set()
+    assert await first == "aaaa" and await asyncio.gather(*queued) == ["aaa", "aaa"]
+    assert lane.waiting == 0 and await lane.submit("a") == "a"  # room again
+
+
+async def test_cancelled_callers_are_dropped_before_their_batch_runs():
+    run, calls, gate = _gated()
+    lane = Batcher(run, max_batch=10, max_waiting=10, size=lambda item: 1)
+    first = asyncio.ensure_future(lane.submit("first"))
+    await asyncio.sleep(0)
+    gone = asyncio.ensure_future(lane.submit("gone"))
+    kept = asyncio.ensure_future(lane.submit("kept"))
+    await asyncio.sleep(0)
+    gone.cancel()
+    await asyncio.sleep(0)
+    assert lane.waiting == 1  # the cancelled item no longer counts against the bound
+    gate.set()
+    assert await first == "first" and await kept == "kept"
+    assert calls == [["first"], ["kept"]]  # "gone" was never computed
+
+
+async def test_a_running_batch_whose_callers_all_left_is_cancelled():
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def run(items):
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return items
+
+    lane = Batcher(run, max_batch=10, max_waiting=10, size=lambda item: 1)
+    caller = asyncio.ensure_future(lane.submit("x"))
+    await started.wait()
+    caller.cancel()
+    await asyncio.wait_for(cancelled.wait(), 5)
+    await asyncio.sleep(0)
+    assert lane.in_flight == 0
+
+
+async def test_a_hung_batch_times_out_and_frees_its_slot():
+    hang = asyncio.Event()
+
+    async def run(items):
+        if "hang" in items:
+            await hang.wait()  # never set
+        return items
+
+    lane = Batcher(run, max_batch=1, max_waiting=10, size=lambda item: 1,
+                   timeout_s=0.05, name="test lane")
+    with pytest.raises(TimedOut, match="test lane"):
+        await lane.submit("hang")
+    assert lane.in_flight == 0
+    assert await lane.submit("next") == "next"
+
+
+async def test_a_wrong_number_of_results_fails_every_item_of_that_batch():
+    async def run(items):
+        return items[1:]
+
+    lane = Batcher(run, max_batch=10, max_waiting=10, size=lambda item: 1)
+    with pytest.raises(RuntimeError, match="1 items"):
+        await lane.submit(1)

@@ -1,0 +1,50 @@
+"""Load failures, wrapped once and remembered for a while.
+
+A model that failed to load fails again at once for ``ttl_s`` instead of retrying a
+download, an ONNX export or a missing directory on every request (and, with Serve's
+multiplexing, evicting a healthy model each time).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from blitz.errors import BlitzError, ModelLoadFailed
+
+logger = logging.getLogger("blitz.models")
+
+
+def as_load_failure(model_id: str, exc: BaseException) -> ModelLoadFailed:
+    """The one ``ModelLoadFailed`` for ``exc``: its full text stays server-side."""
+    if isinstance(exc, ModelLoadFailed):
+        return ModelLoadFailed(exc.message, exc.param, model=model_id)
+    detail = exc.message if isinstance(exc, BlitzError) else f"{type(exc).__name__}: {exc}"
+    return ModelLoadFailed(f"model {model_id!r} failed to load: {detail}", model=model_id)
+
+
+class LoadFailures:
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic):
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._failed: dict[str, tuple[float, ModelLoadFailed]] = {}
+
+    def remember(self, model_id: str, error: ModelLoadFailed) -> None:
+        logger.error("model %r failed to load (retried after %gs): %s", model_id,
+                     self.ttl_s, error.message)
+        self._failed[model_id] = (self._clock() + self.ttl_s, error)
+
+    def check(self, model_id: str) -> None:
+        """Raise the remembered failure while it is fresh."""
+        entry = self._failed.get(model_id)
+        if entry is None:
+            return
+        until, error = entry
+        if self._clock() >= until:
+            del self._failed[model_id]
+            return
+        raise error
+
+    def forget(self, model_id: str) -> None:
+        self._failed.pop(model_id, None)

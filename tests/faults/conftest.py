@@ -1,0 +1,44 @@
+"""Fault tests: apps deployed on the session's shared Serve instance (tests/conftest.py),
+each with small pools and short timeouts, put under load while something goes wrong."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tiny_models import build_tiny_bi_encoder
+
+
+@pytest.fixture(scope="session")
+def deploy(serve_instance):
+    """``deploy(name, args) -> base URL``: one app per fault, removed at the end."""
+    from ray import serve
+
+    from deployments.app import build_app
+
+    names: list[str] = []
+
+    def run(name: str, args: dict) -> str:
+        serve.run(build_app(args), name=name, route_prefix=f"/{name}")
+        names.append(name)
+        return f"{serve_instance}/{name}"
+
+    yield run
+    for name in names:
+        serve.delete(name)
+
+
+@pytest.fixture(scope="session")
+def fourth_tiny_model(tmp_path_factory):
+    return build_tiny_bi_encoder(tmp_path_factory.mktemp("models") / "tiny-d", hidden=40, seed=5)
+
+
+def small_app(models: list[dict], *, cpu_pool: dict | None = None,
+              ingress: dict | None = None) -> dict:
+    """Settings for a fault app: CPU pool only, one replica, short timeouts."""
+    return {
+        "models": models,
+        "gpu": "off",
+        "cpu_pool": {"num_cpus": 0.1, "min_replicas": 1, "max_replicas": 1,
+                     "torch_threads": 1, "max_batch_size": 32, **(cpu_pool or {})},
+        "ingress": {"num_cpus": 0.1, "pool_timeout_s": 20, **(ingress or {})},
+    }

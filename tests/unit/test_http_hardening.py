@@ -1,0 +1,173 @@
+"""Hostile input, metric labels, readiness and API keys on the HTTP API (fakes, no Ray)."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import orjson
+import pytest
+from starlette.requests import Request
+
+from blitz import codecs
+from blitz.config import BlitzSettings
+from blitz.errors import ModelLoadFailed
+from blitz.http_api import HttpApi
+from blitz.local import LocalDispatcher
+from blitz.service import EmbeddingService
+
+MSGPACK = {"content-type": "application/msgpack"}
+
+
+class CountingDispatcher(LocalDispatcher):
+    """Counts model calls; ``fail`` makes every call raise it."""
+
+    def __init__(self, settings, fail: Exception | None = None):
+        super().__init__(settings)
+        self.calls = 0
+        self.fail = fail
+
+    async def embed(self, pool, model_id, job):
+        self.calls += 1
+        if self.fail is not None:
+            raise self.fail
+        return await super().embed(pool, model_id, job)
+
+
+def build(extra: dict | None = None, fail: Exception | None = None):
+    settings = BlitzSettings.from_args({
+        "models": [{"id": "fake", "source": "fake:8"}],
+        "limits": {"max_texts_per_request": 16, "max_body_bytes": 64 * 1024 * 1024},
+        **(extra or {})})
+    observed: list[tuple] = []
+    dispatcher = CountingDispatcher(settings, fail)
+    api = HttpApi(EmbeddingService(settings, dispatcher),
+                  observe=lambda *labels: observed.append(labels))
+
+    async def app(scope, receive, send):
+        response = await api(Request(scope, receive))
+        await response(scope, receive, send)
+
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://blitz")
+    return client, observed, dispatcher
+
+
+# ---- item 1: hostile bodies are refused before they are built or validated -------------
+
+HOSTILE = [
+    ("/v1/embeddings", orjson.dumps({"input": [0.5] * 500_000}), "application/json", 413),
+    ("/v1/embeddings", orjson.dumps({"input": [0.5] * 2_000_000}), "application/json", 413),
+    ("/embed", codecs.pack({"texts": [{}] * 2_000_000}), "application/msgpack", 413),
+    ("/embed", b'{"texts": [' + b"[]," * 3_000_000 + b"[]]}", "application/json", 413),
+    ("/v1/embeddings", orjson.dumps({"input": [[True] * 512] * 16}), "application/json", 422),
+    ("/v1/embeddings", orjson.dumps({"input": [1] * 2_000_000}), "application/json", 413),
+    ("/rerank", orjson.dumps({"query": "q", "documents": [{}] * 100_000}), "application/json",
+     413),
+    ("/embed", b"[" * 200_000 + b"]" * 200_000, "application/json", 413),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "content_type", "status"), HOSTILE,
+                         ids=[f"{r}-{len(b)}-{s}" for r, b, _, s in HOSTILE])
+async def test_hostile_bodies_are_refused_with_a_clear_4xx(route, body, content_type, status):
+    client, _, dispatcher = build()
+    async with client:
+        r = await client.post(route, content=body, headers={"content-type": content_type})
+    assert r.status_code == status, r.text[:300]
+    error = r.json()["error"]
+    assert len(error["message"]) < 300 and dispatcher.calls == 0
+    if status == 413:
+        assert "max_texts_per_request" in error["message"] or "lists and objects" in \
+            error["message"] or "max_token_ids_per_request" in error["message"]
+
+
+@pytest.mark.parametrize("body", [
+    {"texts": ["a"], "dimensions": True},
+    {"texts": ["a"], "normalize": 1},
+    {"texts": ["a"], "truncate": "yes"},
+])
+async def test_booleans_and_numbers_are_not_interchangeable(body):
+    client, _, _ = build()
+    async with client:
+        r = await client.post("/embed", json=body)
+    assert r.status_code == 422, r.text
+
+
+async def test_openai_boolean_input_is_not_token_ids():
+    client, _, dispatcher = build()
+    async with client:
+        r = await client.post("/v1/embeddings", json={"input": [True, False], "model": "fake"})
+    assert r.status_code == 422 and "token ids" in r.json()["error"]["message"]
+    assert dispatcher.calls == 0
+
+
+# ---- item 2: metric labels come from bounded sets --------------------------------------
+
+async def test_unknown_routes_and_models_get_bounded_metric_labels():
+    client, observed, _ = build()
+    async with client:
+        assert (await client.get("/zz" + "z" * 2000)).status_code == 404
+        r = await client.post("/embed", json={"texts": ["a"], "model": "m" * 2000})
+        assert r.status_code == 404
+        assert len(r.json()["error"]["message"]) < 200  # the id is echoed truncated
+        assert (await client.post("/embed", json={"texts": ["a"]})).status_code == 200
+    routes = [labels[0] for labels in observed]
+    models = [labels[1] for labels in observed]
+    assert routes == ["other", "/embed", "/embed"]
+    assert models == ["", "other", "fake"]
+
+
+# ---- item 4: readiness says nothing internal, is cached, and shares one check -----------
+
+async def test_ready_hides_the_cause_and_reuses_its_answer(caplog):
+    secret = "directory '/srv/models/secret-dir/bge' does not exist"
+    client, _, dispatcher = build({"ingress": {"ready_cache_s": 60}},
+                                  fail=ModelLoadFailed(secret, model="fake"))
+    with caplog.at_level(logging.WARNING, logger="blitz"):
+        async with client:
+            first = await client.get("/ready")
+            second = await client.get("/ready")
+    for r in (first, second):
+        assert r.status_code == 503 and r.headers["retry-after"]
+        assert "secret" not in r.text and "not ready" in r.json()["error"]["message"]
+    assert dispatcher.calls == 1  # the second answer came from the cache
+    assert "secret-dir" in caplog.text  # the cause is in the log
+
+
+async def test_model_load_failures_name_the_model_not_the_cause(caplog):
+    client, _, _ = build(fail=ModelLoadFailed("s3://bucket/secret-prefix is missing",
+                                              model="fake"))
+    with caplog.at_level(logging.ERROR, logger="blitz"):
+        async with client:
+            r = await client.post("/embed", json={"texts": ["a"]})
+    assert r.status_code == 424
+    message = r.json()["error"]["message"]
+    assert "'fake'" in message and r.headers["x-request-id"] in message
+    assert "secret" not in r.text and "secret-prefix" in caplog.text
+
+
+# ---- item 9: API keys ----------------------------------------------------------------
+
+def test_required_auth_refuses_to_start_without_keys(monkeypatch):
+    monkeypatch.delenv("BLITZ_API_KEYS", raising=False)
+    with pytest.raises(ValueError, match="auth.required"):
+        build({"auth": {"required": True}})
+
+
+async def test_keys_are_checked_and_startup_says_whether_they_are_on(caplog, monkeypatch):
+    monkeypatch.delenv("BLITZ_API_KEYS", raising=False)
+    with caplog.at_level(logging.INFO, logger="blitz"):
+        client, _, _ = build({"auth": {"api_keys": ["k-123"], "required": True}})
+    assert "API keys on" in caplog.text
+    async with client:
+        assert (await client.post("/embed", json={"texts": ["a"]})).status_code == 401
+        wrong = {"authorization": "Bearer k-12"}  # a prefix of the key
+        assert (await client.post("/embed", json={"texts": ["a"]},
+                                  headers=wrong)).status_code == 401
+        right = {"authorization": "Bearer k-123"}
+        assert (await client.post("/embed", json={"texts": ["a"]},
+                                  headers=right)).status_code == 200
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="blitz"):
+        build()
+    assert "API keys off" in caplog.text
