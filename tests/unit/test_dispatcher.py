@@ -1,0 +1,98 @@
+"""The ingress's pool calls (deployments.ingress.ServeDispatcher) on fake handles, no Ray:
+merged calls are never multiplied into per-request retries, a dead replica is retried
+once and then answered 503, and what a replica raised reaches the client unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from ray.exceptions import ActorDiedError, RayTaskError
+
+from blitz.config import BlitzSettings
+from blitz.encoders.base import Encoded
+from blitz.errors import InputTooLong, InternalError, ModelLoadFailed, Overloaded, Unavailable
+from blitz.schemas import EmbedJob
+from deployments.ingress import ServeDispatcher
+
+
+class FakeHandle:
+    """Stands in for a DeploymentHandle: ``options(...).embed_jobs.remote(jobs)``."""
+
+    def __init__(self, outcomes):
+        self.outcomes = list(outcomes)  # per call: an exception to raise, or None to answer
+        self.calls: list[int] = []
+        self.gate: asyncio.Event | None = None
+
+    def options(self, **_):
+        return self
+
+    @property
+    def embed_jobs(self):
+        return self
+
+    async def remote(self, jobs):
+        self.calls.append(len(jobs))
+        if self.gate is not None:
+            await self.gate.wait()
+        outcome = self.outcomes.pop(0) if self.outcomes else None
+        if outcome is not None:
+            raise outcome
+        return [InputTooLong.at(0, 999, 128) if job.texts == ["too long"] else
+                Encoded(np.ones((len(job), 4), np.float32), np.ones(len(job), np.int64))
+                for job in jobs]
+
+
+
+def dispatcher(handle) -> ServeDispatcher:
+    return ServeDispatcher(BlitzSettings.from_args({"models": [{"id": "m", "source": "fake:4"}]}),
+                           {"cpu": handle})
+
+
+async def _merged(handle, texts):
+    """Submit one job per text while the first calls (two in flight per replica) are held,
+    so the rest merge."""
+    handle.gate = asyncio.Event()
+    d = dispatcher(handle)
+    first = asyncio.gather(*(d.embed("cpu", "m", EmbedJob(texts=[t])) for t in ("1", "2")))
+    await asyncio.sleep(0)
+    rest = [asyncio.ensure_future(d.embed("cpu", "m", EmbedJob(texts=[t]))) for t in texts]
+    await asyncio.sleep(0)
+    handle.gate.set()
+    return [*await first, *await asyncio.gather(*rest, return_exceptions=True)]
+
+
+async def test_concurrent_jobs_merge_and_a_bad_one_fails_alone():
+    handle = FakeHandle([])
+    results = await _merged(handle, ["a", "too long", "b"])
+    assert handle.calls == [1, 1, 3]  # the three that waited went as one call
+    assert isinstance(results[3], InputTooLong)
+    assert all(isinstance(r, Encoded) for i, r in enumerate(results) if i != 3)
+
+
+@pytest.mark.parametrize("error", [Overloaded("full"), ModelLoadFailed("gone", model="m")])
+async def test_a_failed_merged_call_is_not_retried_per_request(error):
+    handle = FakeHandle([None, None, RayTaskError("embed_jobs", "tb", error)])
+    results = await _merged(handle, ["a", "b", "c"])
+    assert handle.calls == [1, 1, 3]  # no second round of three single calls
+    assert all(type(r) is type(error) for r in results[2:])
+
+
+async def test_a_dead_replica_is_retried_once_then_answered_503():
+    handle = FakeHandle([ActorDiedError()])
+    result = await dispatcher(handle).embed("cpu", "m", EmbedJob(texts=["x"]))
+    assert isinstance(result, Encoded) and handle.calls == [1, 1]
+
+    handle = FakeHandle([ActorDiedError(), ActorDiedError()])
+    with pytest.raises(Unavailable) as info:
+        await dispatcher(handle).embed("cpu", "m", EmbedJob(texts=["x"]))
+    assert info.value.status == 503 and info.value.retry_after_s and handle.calls == [1, 1]
+
+
+async def test_an_unexpected_replica_error_is_a_500_without_its_text():
+    handle = FakeHandle([RayTaskError("embed_jobs", "tb", TypeError("'NoneType' is not "
+                                                                     "callable"))])
+    with pytest.raises(InternalError) as info:
+        await dispatcher(handle).embed("cpu", "m", EmbedJob(texts=["x"]))
+    assert "NoneType" not in info.value.to_payload("rid")["error"]["message"]
