@@ -11,6 +11,14 @@ An entry is built in a temporary directory beside its final place and renamed in
 place in one ``os.rename``, under an exclusive ``fcntl.flock``: two processes (or
 threads) preparing the same entry build it once, the second waits and reuses it, and
 nobody ever sees a half-written entry. A finished entry is found without taking the lock.
+
+A finished entry is trusted only while it still looks finished: its ``blitz-entry.json``
+parses, every file it lists under ``contents`` (recorded at build time) has the size it
+was built with, and the caller's ``validate`` (loading the model from it, say) succeeds.
+An entry that fails is logged, moved aside and deleted under the lock, and rebuilt once;
+a rebuilt entry that fails again is a real error. Nobody waits for the lock forever: after
+``lock_timeout`` seconds (``LOCK_TIMEOUT_S`` unless the caller says) the waiter gives up
+with ``ModelLoadFailed`` naming the lock file and the entry.
 """
 
 from __future__ import annotations
@@ -25,11 +33,14 @@ import re
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from blitz.errors import ModelLoadFailed
 
 logger = logging.getLogger("blitz.model_cache")
 
@@ -38,6 +49,13 @@ LOCK_DIR = "locks"
 VERSIONED_LIBRARIES = ("sentence-transformers", "transformers", "torch", "optimum",
                        "optimum-onnx", "onnx", "onnxruntime")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+# How long a process waits for another to finish an entry before giving up. An ONNX export
+# plus int8 quantization and its accuracy checks takes minutes on a small CPU; a download
+# of a large model from object storage can take as long.
+LOCK_TIMEOUT_S = 600.0
+_POLL_S = (0.01, 0.5)  # the first and the longest sleep between tries for a held lock
+_STILL_WAITING_S = 60.0  # log again at this interval while waiting
+Validate = Callable[["CacheEntry"], object]
 
 
 @dataclass(frozen=True)
@@ -85,13 +103,44 @@ def directory_fingerprint(path: Path) -> str:
 
 
 def find_entry(root: Path, area: str, key: str) -> CacheEntry | None:
-    """The finished entry ``area/key`` if there is one; never blocks."""
-    path = root / area / key
+    """The finished entry ``area/key`` if there is one; never blocks.
+
+    A directory whose ``blitz-entry.json`` is missing, unreadable or not a JSON object is
+    not a finished entry (``get_or_build`` rebuilds it).
+    """
+    return _read_entry(root / area / key)[0]
+
+
+def _read_entry(path: Path) -> tuple[CacheEntry | None, str | None]:
+    """The entry at ``path``, or None and what is wrong with what is there (None if nothing)."""
     try:
-        meta = json.loads((path / ENTRY_FILE).read_text())
+        meta = json.loads((path / ENTRY_FILE).read_text(encoding="utf-8"))
     except (FileNotFoundError, NotADirectoryError):
+        there = path.exists() or path.is_symlink()
+        return None, (f"it has no {ENTRY_FILE}" if there else None)
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError included
+        return None, f"its {ENTRY_FILE} is unreadable: {type(exc).__name__}: {exc}"
+    if not isinstance(meta, dict):
+        return None, f"its {ENTRY_FILE} is not a JSON object"
+    return CacheEntry(path, meta, built=False), None
+
+
+def entry_problem(entry: CacheEntry) -> str | None:
+    """What is wrong with ``entry``'s files, or None: each file recorded under ``contents``
+    must still exist with the size it was built with (a cheap check: sizes, not digests)."""
+    contents = entry.meta.get("contents")
+    if contents is None:  # written before contents were recorded: nothing to compare
         return None
-    return CacheEntry(path, meta, built=False)
+    if not isinstance(contents, dict):
+        return f"{ENTRY_FILE} has no valid contents list"
+    for relative, size in sorted(contents.items()):
+        try:
+            actual = (entry.path / relative).stat().st_size
+        except OSError:
+            return f"{relative} is missing"
+        if actual != size:
+            return f"{relative} has {actual} bytes, {size} when it was built"
+    return None
 
 
 def lock_path(root: Path, area: str, key: str) -> Path:
@@ -100,57 +149,148 @@ def lock_path(root: Path, area: str, key: str) -> Path:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, waiting_message: str | None = None) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path``: across processes, and across threads of one."""
+def file_lock(path: Path, waiting_message: str | None = None, *,
+              timeout: float | None = None, what: str | None = None,
+              model: str | None = None) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path``: across processes, and across threads of one.
+
+    Waits at most ``timeout`` seconds (``LOCK_TIMEOUT_S`` when None; ``math.inf`` for no
+    limit), polling with short sleeps (it blocks its thread: never call it on an event
+    loop), then raises ``ModelLoadFailed`` naming the lock file, ``what`` it guards and
+    ``model``. A lock held by a process that died is free again at once (the kernel drops
+    its flock); only a live holder, still working or hung, can make us wait.
+    """
+    limit = LOCK_TIMEOUT_S if timeout is None else float(timeout)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if waiting_message:
-                logger.info(waiting_message)
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        _acquire(handle.fileno(), path, limit, waiting_message, what, model)
         try:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def get_or_build(root: Path, area: str, key: str,
-                 build: Callable[[Path], dict[str, Any]]) -> CacheEntry:
+def _acquire(fd: int, path: Path, limit: float, waiting_message: str | None,
+             what: str | None, model: str | None) -> None:
+    """``flock`` ``fd`` exclusively, trying without blocking until ``limit`` seconds pass."""
+    started = time.monotonic()
+    deadline = started + limit
+    pause, told = _POLL_S[0], None
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        now = time.monotonic()
+        if waiting_message and (told is None or now - told >= _STILL_WAITING_S):
+            waited = f" (waited {now - started:.0f} s of at most {limit:g} s)" if told else ""
+            logger.info("%s%s", waiting_message, waited)
+            told = now
+        if now >= deadline:
+            who = f"model {model!r}: " if model else ""
+            guarded = f" (held while {what} is built)" if what else ""
+            raise ModelLoadFailed(
+                f"{who}gave up after {limit:g} s waiting for the model cache lock "
+                f"{path}{guarded}: another process is still building it, or hung while "
+                f"holding the lock. Find it with `fuser -v {path}` or `lsof {path}` (a "
+                "replica or a `blitz optimize` run), let it finish or stop it, or allow a "
+                "longer lock timeout", model=model)
+        time.sleep(min(pause, deadline - now))
+        pause = min(pause * 2, _POLL_S[1])
+
+
+def get_or_build(root: Path, area: str, key: str, build: Callable[[Path], dict[str, Any]], *,
+                 validate: Validate | None = None, lock_timeout: float | None = None,
+                 model: str | None = None) -> CacheEntry:
     """The entry ``area/key``, building it with ``build(tmp_dir) -> metadata`` if missing.
 
     ``build`` fills ``tmp_dir`` and returns what to record in the entry's metadata; if it
     raises, nothing is cached and the error propagates.
+
+    A found entry must pass ``entry_problem`` and then ``validate(entry)`` (which raises
+    on an entry it cannot use); one that does not is moved aside, deleted and rebuilt,
+    with a warning naming it. A rebuilt entry that fails ``validate`` raises its error.
+    ``lock_timeout`` and ``model`` go to ``file_lock``.
     """
     found = find_entry(root, area, key)
-    if found:
+    if found is not None and _usable(found, validate):
         return found
     area_dir = root / area
     area_dir.mkdir(parents=True, exist_ok=True)
-    with file_lock(lock_path(root, area, key), f"waiting for another process to finish {area}/{key}"):
-        found = find_entry(root, area, key)  # built while we waited for the lock
-        if found:
-            return found
+    with file_lock(lock_path(root, area, key),
+                   f"waiting for another process to finish {area}/{key}",
+                   timeout=lock_timeout, what=f"{area}/{key}", model=model):
+        final = area_dir / key
+        current, problem = _read_entry(final)  # built while we waited for the lock?
+        if problem:
+            logger.warning("model cache entry %s is corrupt (%s); rebuilding it", final, problem)
+        if current is not None and (found is None or current.meta != found.meta):
+            if _usable(current, validate):
+                return current
+        if final.exists() or final.is_symlink():  # corrupt: out of everyone's way, disk freed
+            _discard(area_dir, final, key)
         _remove_abandoned(area_dir, key)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=area_dir))
+        entry = _build(area_dir, key, build)
+    if validate is not None:
+        validate(entry)  # a fresh build that cannot be used is a real error
+    return entry
+
+
+def _usable(entry: CacheEntry, validate: Validate | None) -> bool:
+    """Whether ``entry`` passes its checks; logs why not when it does not."""
+    problem = entry_problem(entry)
+    if problem is None and validate is not None:
         try:
-            started = time.monotonic()
-            meta = dict(build(tmp))
-            meta.setdefault("key", key)
-            meta.setdefault("created", time.time())
-            meta.setdefault("build_seconds", round(time.monotonic() - started, 3))
-            _write_json(tmp / ENTRY_FILE, meta)
-            _fsync_files(tmp)
-            final = area_dir / key
-            if final.exists():  # a directory without a readable entry file: not ours to trust
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            validate(entry)
+        except MemoryError:  # says nothing about the entry; a rebuild would not help
             raise
-        _fsync_dir(area_dir)
-        return CacheEntry(final, meta, built=True)
+        except Exception as exc:  # whatever loading from a corrupt entry raises
+            problem = f"it cannot be used: {type(exc).__name__}: {exc}"
+    if problem is None:
+        return True
+    logger.warning("model cache entry %s is corrupt (%s); rebuilding it", entry.path, problem)
+    return False
+
+
+def _build(area_dir: Path, key: str, build: Callable[[Path], dict[str, Any]]) -> CacheEntry:
+    """Build ``key`` in a temporary dir and rename it into place (the caller holds the lock)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=area_dir))
+    final = area_dir / key
+    try:
+        started = time.monotonic()
+        meta = dict(build(tmp))
+        meta.setdefault("key", key)
+        meta.setdefault("created", time.time())
+        meta.setdefault("build_seconds", round(time.monotonic() - started, 3))
+        meta["build_id"] = uuid.uuid4().hex  # tells this build from a later one of the key
+        meta["contents"] = _contents(tmp)
+        _write_json(tmp / ENTRY_FILE, meta)
+        _fsync_files(tmp)
+        os.rename(tmp, final)  # nothing is there: the caller cleared the way under the lock
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _fsync_dir(area_dir)
+    return CacheEntry(final, meta, built=True)
+
+
+def _discard(area_dir: Path, final: Path, key: str) -> None:
+    """Move a corrupt ``final`` aside in one rename (readers never see it half deleted),
+    then delete it."""
+    aside = area_dir / f".{key}.discarded-{uuid.uuid4().hex[:8]}"
+    os.rename(final, aside)
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        aside.unlink(missing_ok=True)
+
+
+def _contents(directory: Path) -> dict[str, int]:
+    """Relative path -> size of every file of a build but its entry file."""
+    return {file.relative_to(directory).as_posix(): file.stat().st_size
+            for file in sorted(directory.rglob("*"))
+            if file.is_file() and file.name != ENTRY_FILE}
 
 
 def _remove_abandoned(area_dir: Path, key: str) -> None:

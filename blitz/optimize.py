@@ -166,7 +166,7 @@ def enforce_accuracy(spec: ModelSpec, backend: str, report: AccuracyReport) -> N
         raise ModelLoadFailed(
             f"model {spec.id!r}: the {backend} build is not accurate enough to serve: "
             f"{report.describe()} is below accuracy_threshold {threshold}; use a more precise "
-            "cpu_backend ('onnx' or 'torch') or lower accuracy_threshold"
+            "cpu_backend ('onnx' or 'torch') or lower accuracy_threshold", model=spec.id,
         )
 
 
@@ -228,8 +228,16 @@ def onnx_cache_key(spec: ModelSpec, path: Path) -> tuple[str, dict[str, Any]]:
 
 
 def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = None,
-                 progress: Progress | None = None) -> PreparedModel:
-    """Export (and quantize) ``spec`` into the cache, or find it there; enforce its accuracy."""
+                 progress: Progress | None = None, *, lock_timeout: float | None = None,
+                 validate: Callable[[Path, str], object] | None = None) -> PreparedModel:
+    """Export (and quantize) ``spec`` into the cache, or find it there; enforce its accuracy.
+
+    A cached build is checked before it is used: its metadata, its files' sizes, and
+    ``validate(directory, file_name)`` when given (the loaders open the model with it).
+    A build that fails is rebuilt once (``model_cache.get_or_build``). ``lock_timeout``
+    bounds the wait for another process building the same entry
+    (``model_cache.LOCK_TIMEOUT_S`` by default).
+    """
     key, parts = onnx_cache_key(spec, path)
     backend, quantization = spec.cpu_backend, parts["quantization"]
     root = model_cache.cache_root(cache_dir)
@@ -240,13 +248,23 @@ def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = Non
         return {**parts, "model_id": spec.id, "file_name": file_name, "int8_recipe": recipe,
                 "accuracy": report.to_dict()}
 
+    def check(entry: model_cache.CacheEntry) -> None:
+        file_name = str(entry.meta["file_name"])
+        report = AccuracyReport.from_dict(entry.meta["accuracy"])
+        if not (entry.path / file_name).is_file():
+            raise FileNotFoundError(f"{file_name} is missing")
+        if validate is not None and report.passes(spec.accuracy_threshold):
+            validate(entry.path, file_name)  # a build that will be refused is not opened
+
     try:
-        entry = model_cache.get_or_build(root, AREA, key, build)
+        entry = model_cache.get_or_build(root, AREA, key, build, validate=check,
+                                         lock_timeout=lock_timeout, model=spec.id)
     except ModelLoadFailed:
         raise
     except Exception as exc:
         raise ModelLoadFailed(
-            f"model {spec.id!r}: preparing the {backend} build failed: {type(exc).__name__}: {exc}"
+            f"model {spec.id!r}: preparing the {backend} build failed: {type(exc).__name__}: {exc}",
+            model=spec.id,
         ) from exc
     report = AccuracyReport.from_dict(entry.meta["accuracy"])
     prepared = PreparedModel(entry.path, str(entry.meta["file_name"]), backend, quantization,
@@ -260,17 +278,27 @@ def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = Non
 
 
 def load_onnx_sentence_transformer(spec: ModelSpec, path: Path,
-                                   cache_dir: str | Path | None = None) -> SentenceTransformer:
+                                   cache_dir: str | Path | None = None, *,
+                                   lock_timeout: float | None = None) -> SentenceTransformer:
     """``spec`` as a sentence-transformers model on onnxruntime (CPU), prepared and cached."""
-    prepared = prepare_onnx(spec, path, cache_dir)
-    return _open_onnx(spec, prepared.path, prepared.file_name)
+    return _load_onnx(spec, path, cache_dir, lock_timeout)
 
 
-def load_onnx_cross_encoder(spec: ModelSpec, path: Path,
-                            cache_dir: str | Path | None = None) -> CrossEncoder:
+def load_onnx_cross_encoder(spec: ModelSpec, path: Path, cache_dir: str | Path | None = None, *,
+                            lock_timeout: float | None = None) -> CrossEncoder:
     """``spec`` as a sentence-transformers ``CrossEncoder`` on onnxruntime (CPU), cached."""
-    prepared = prepare_onnx(spec, path, cache_dir)
-    return _open_onnx(spec, prepared.path, prepared.file_name)
+    return _load_onnx(spec, path, cache_dir, lock_timeout)
+
+
+def _load_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None,
+               lock_timeout: float | None) -> Any:
+    """Prepare ``spec``'s ONNX build and open it; a cached build that cannot be opened
+    (a truncated graph, say) is rebuilt once, and the model opened then is the one served."""
+    opened: list[Any] = []
+    prepare_onnx(spec, path, cache_dir, lock_timeout=lock_timeout,
+                 validate=lambda directory, file_name: opened.append(
+                     _open_onnx(spec, directory, file_name)))
+    return opened[-1]
 
 
 def onnx_model_kwargs(file_name: str | None = None) -> dict[str, Any]:

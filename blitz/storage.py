@@ -27,14 +27,17 @@ AREA = "sources"
 PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
 
 
-def fetch_to_cache(spec: ModelSpec, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The local copy of ``spec.source``'s prefix, downloading it on the first call."""
+def fetch_to_cache(spec: ModelSpec, cache_dir: str | os.PathLike[str] | None = None, *,
+                   lock_timeout: float | None = None) -> Path:
+    """The local copy of ``spec.source``'s prefix, downloading it on the first call.
+
+    A cached copy missing a file, or with a file of another size than was downloaded, is
+    downloaded again (``model_cache.get_or_build``). ``lock_timeout`` bounds the wait for
+    another process downloading it (``model_cache.LOCK_TIMEOUT_S`` by default).
+    """
     uri = spec.source.rstrip("/")
     root = model_cache.cache_root(cache_dir)
     key = model_cache.entry_key(posixpath.basename(uri) or "source", {"uri": uri})
-    found = model_cache.find_entry(root, AREA, key)
-    if found:
-        return found.path
 
     def build(tmp: Path) -> dict[str, Any]:
         files = download_prefix(spec, uri, tmp)
@@ -42,13 +45,26 @@ def fetch_to_cache(spec: ModelSpec, cache_dir: str | os.PathLike[str] | None = N
                 "bytes": sum(files.values())}
 
     try:
-        return model_cache.get_or_build(root, AREA, key, build).path
+        return model_cache.get_or_build(root, AREA, key, build, validate=_check_files,
+                                        lock_timeout=lock_timeout, model=spec.id).path
     except ModelLoadFailed:
         raise
     except Exception as exc:  # credentials, network, permissions: all mean "cannot load"
         raise ModelLoadFailed(
-            f"model {spec.id!r}: cannot download {uri}: {type(exc).__name__}: {exc}"
+            f"model {spec.id!r}: cannot download {uri}: {type(exc).__name__}: {exc}",
+            model=spec.id,
         ) from exc
+
+
+def _check_files(entry: model_cache.CacheEntry) -> None:
+    """Raise unless every downloaded object is there with its size (entries of any age)."""
+    files = entry.meta["files"]
+    if not isinstance(files, dict) or not files:
+        raise ValueError(f"{model_cache.ENTRY_FILE} lists no downloaded files")
+    for relative, size in files.items():
+        actual = (entry.path / relative).stat().st_size  # FileNotFoundError when missing
+        if actual != size:
+            raise ValueError(f"{relative} has {actual} bytes, {size} when it was downloaded")
 
 
 def download_prefix(spec: ModelSpec, uri: str, target: Path) -> dict[str, int]:
@@ -57,10 +73,12 @@ def download_prefix(spec: ModelSpec, uri: str, target: Path) -> dict[str, int]:
     try:
         listing = fs.find(prefix, detail=True)
     except FileNotFoundError as exc:  # no such bucket or container
-        raise ModelLoadFailed(f"model {spec.id!r}: {uri} does not exist") from exc
+        raise ModelLoadFailed(f"model {spec.id!r}: {uri} does not exist",
+                              model=spec.id) from exc
     objects = {path: info for path, info in listing.items() if info.get("type") != "directory"}
     if not objects:
-        raise ModelLoadFailed(f"model {spec.id!r}: no objects found under {uri}")
+        raise ModelLoadFailed(f"model {spec.id!r}: no objects found under {uri}",
+                              model=spec.id)
     copied: dict[str, int] = {}
     for path, info in sorted(objects.items()):
         relative = _relative(spec, uri, prefix, path)
@@ -71,7 +89,8 @@ def download_prefix(spec: ModelSpec, uri: str, target: Path) -> dict[str, int]:
         expected = info.get("size")
         if expected is not None and int(expected) != size:
             raise ModelLoadFailed(
-                f"model {spec.id!r}: {uri}/{relative} downloaded {size} of {expected} bytes")
+                f"model {spec.id!r}: {uri}/{relative} downloaded {size} of {expected} bytes",
+                model=spec.id)
         copied[relative] = size
     return copied
 
@@ -95,7 +114,7 @@ def _open(spec: ModelSpec, uri: str) -> tuple[Any, str]:
         package = PACKAGES.get(protocol, protocol)
         raise ModelLoadFailed(
             f"model {spec.id!r}: {protocol}:// sources need the {package!r} package; "
-            f"pip install {package}"
+            f"pip install {package}", model=spec.id,
         ) from exc
 
 
@@ -105,5 +124,6 @@ def _relative(spec: ModelSpec, uri: str, prefix: str, path: str) -> str:
     relative = path[len(prefix):].lstrip("/") if path.startswith(prefix + "/") else (
         posixpath.basename(path))  # the URI names one object
     if not relative or ".." in relative.split("/"):
-        raise ModelLoadFailed(f"model {spec.id!r}: unsafe object name {path!r} under {uri}")
+        raise ModelLoadFailed(f"model {spec.id!r}: unsafe object name {path!r} under {uri}",
+                              model=spec.id)
     return relative

@@ -1,4 +1,10 @@
-"""Cross-encoder backend on sentence-transformers' ``CrossEncoder``: scores (query, doc) pairs."""
+"""Cross-encoder backend on sentence-transformers' ``CrossEncoder``: scores (query, doc) pairs.
+
+Token counts come from tokenizing the query once and the documents once (without special
+tokens): a pair has ``query + document + num_special_tokens_to_add(pair=True)`` tokens.
+A pair longer than ``max_seq_length`` loses the end of its document, never its query
+(``truncation="only_second"``); a query that leaves no room for a document is refused.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from blitz.encoders.base import Encoded, Encoder, check_lengths
+from blitz.errors import InvalidValue
 
 
 class CrossEncoderEncoder(Encoder):
@@ -14,30 +21,46 @@ class CrossEncoderEncoder(Encoder):
 
     def __init__(self, model_id: str, model: Any, *, max_seq_length: int | None = None,
                  batch_size: int = 32):
-        limit = max_seq_length or model.max_length or 512
-        model.max_length = limit
+        limit = max_seq_length or model.max_seq_length or 512
+        model.max_seq_length = limit
         super().__init__(model_id, limit)
         self.model = model
         self.tokenizer = model.tokenizer
         self.device = str(model.device)
         self.batch_size = batch_size
+        # the document is cut, the query kept; max_length as the counts assume
+        self._processing = {"text": {"truncation": "only_second", "max_length": limit}}
 
     @property
     def dimension(self) -> None:
         return None
 
     def score(self, query: str, documents: list[str], *, truncate: bool = True) -> Encoded:
-        ids = self.tokenizer([query] * len(documents), documents, add_special_tokens=True,
-                             truncation=False, return_attention_mask=False,
-                             return_token_type_ids=False)["input_ids"]
-        lengths = np.fromiter((len(r) for r in ids), dtype=np.int64, count=len(ids))
-        counts = check_lengths(lengths, self.max_seq_length, truncate)
+        limit = self.max_seq_length
+        specials = self.tokenizer.num_special_tokens_to_add(pair=True)
+        query_tokens = len(self._ids([query])[0])
+        if query_tokens + specials >= limit:  # not one document token would fit beside it
+            raise InvalidValue(
+                f"the query has {query_tokens} tokens; with {specials} special tokens and a "
+                f"document it cannot fit in model {self.model_id!r}'s max_seq_length of "
+                f"{limit}: shorten it to at most {limit - specials - 1} tokens",
+                param="query")
         if not documents:
-            return Encoded(np.zeros(0, np.float32), counts, 0)
+            return Encoded(np.zeros(0, np.float32), np.zeros(0, np.int64), 0)
+        lengths = np.fromiter((len(ids) for ids in self._ids(documents)), dtype=np.int64,
+                              count=len(documents)) + (query_tokens + specials)
+        counts = check_lengths(lengths, limit, truncate)
         scores = self.model.predict([(query, d) for d in documents], batch_size=self.batch_size,
-                                    convert_to_numpy=True, show_progress_bar=False)
+                                    convert_to_numpy=True, show_progress_bar=False,
+                                    processing_kwargs=self._processing)
         scores = np.asarray(scores, dtype=np.float32).reshape(len(documents), -1)[:, 0]
         return Encoded(scores, counts, int(counts.sum()))
+
+    def _ids(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text alone, without special tokens or truncation."""
+        return self.tokenizer(texts, add_special_tokens=False, truncation=False,
+                              return_attention_mask=False, return_token_type_ids=False,
+                              verbose=False)["input_ids"]
 
     def close(self) -> None:
         self.model = None

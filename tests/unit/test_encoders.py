@@ -93,6 +93,119 @@ def test_cross_encoder_scores_pairs(tmp_path):
         ce.embed(["x"], normalize=True)
 
 
+CE_LIMIT = 64
+
+
+@pytest.fixture(scope="module")
+def ce_dir(tmp_path_factory):
+    return build_tiny_cross_encoder(tmp_path_factory.mktemp("tiny") / "ce",
+                                    max_seq_length=CE_LIMIT)
+
+
+@pytest.fixture(scope="module")
+def ce(ce_dir):
+    return load_encoder(ModelSpec(id="ce", source=str(ce_dir), kind="cross-encoder",
+                                  max_seq_length=CE_LIMIT))
+
+
+class SpyTokenizer:
+    """The tokenizer, recording every text it is asked to tokenize."""
+
+    def __init__(self, inner):
+        self.inner, self.texts, self.calls = inner, [], 0
+
+    def __call__(self, text, text_pair=None, **kwargs):
+        self.calls += 1
+        self.texts.extend([text] if isinstance(text, str) else text)
+        if text_pair is not None:
+            self.texts.extend([text_pair] if isinstance(text_pair, str) else text_pair)
+            return self.inner(text, text_pair, **kwargs)
+        return self.inner(text, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_cross_encoder_scores_and_counts_match_the_pairs(ce, ce_dir):
+    from sentence_transformers import CrossEncoder
+
+    query = "where is the train station"
+    documents = ["the station is north of the river", "bananas", "trains leave hourly " * 3,
+                 "a"]
+    got = ce.score(query, documents)
+    reference = CrossEncoder(str(ce_dir), device="cpu", local_files_only=True)
+    expected = reference.predict([(query, d) for d in documents], show_progress_bar=False)
+    np.testing.assert_array_equal(got.values, np.asarray(expected, dtype=np.float32))
+    pair_tokens = [len(ce.tokenizer(query, d)["input_ids"]) for d in documents]
+    assert got.token_counts.tolist() == pair_tokens and max(pair_tokens) < CE_LIMIT
+    assert got.padded_tokens == sum(pair_tokens)
+    assert ce.score(query, []).values.shape == (0,)
+
+
+WORDS = "the of and to in is was for on that with as by at from his her they this which".split()
+
+
+def _words(count: int, reverse: bool = False) -> str:
+    """``count`` words, one token each."""
+    words = WORDS[::-1] if reverse else WORDS
+    return " ".join(words[i % len(words)] for i in range(count))
+
+
+def test_cross_encoder_cuts_the_document_and_keeps_the_query(ce, monkeypatch):
+    seen: list[list[int]] = []  # the input ids the model is given
+    preprocess = ce.model.preprocess
+
+    def spy(inputs, *args, **kwargs):
+        features = preprocess(inputs, *args, **kwargs)
+        seen.extend(features["input_ids"].tolist())
+        return features
+
+    monkeypatch.setattr(ce.model, "preprocess", spy)
+    query = _words(40)  # 43 tokens with [CLS] and two [SEP]: more than half the limit, so
+    room = CE_LIMIT - 43  # longest_first would cut the query to about half the limit too
+    long, fitting = _words(200, reverse=True), _words(room, reverse=True)
+    got = ce.score(query, [long])
+    assert got.token_counts.tolist() == [CE_LIMIT]  # min(pair tokens, max_seq_length)
+    cut = ce.score(query, [fitting], truncate=False)  # no truncation: what the model should see
+    assert cut.token_counts.tolist() == [CE_LIMIT]
+    assert seen[0] == seen[1] and len(seen[0]) == CE_LIMIT
+    query_ids = ce.tokenizer(query, add_special_tokens=False)["input_ids"]
+    assert seen[0][1:41] == query_ids  # the whole query, then the start of the document
+    np.testing.assert_array_equal(got.values, cut.values)
+    assert ce.score(query, ["word", long]).token_counts.tolist() == [44, CE_LIMIT]
+    with pytest.raises(InputTooLong, match=f"input 1 has 243 tokens.*{CE_LIMIT}") as info:
+        ce.score(query, ["word", long], truncate=False)
+    assert info.value.index == 1 and info.value.tokens == 243
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_cross_encoder_refuses_a_query_that_leaves_no_room(ce, truncate):
+    ok = ce.score("word " * (CE_LIMIT - 4), ["word " * 10], truncate=True)  # one doc token
+    assert ok.token_counts.tolist() == [CE_LIMIT]
+    with pytest.raises(InvalidValue, match=f"query has {CE_LIMIT - 3} tokens.*at most "
+                                           f"{CE_LIMIT - 4} tokens") as info:
+        ce.score("word " * (CE_LIMIT - 3), ["word"], truncate=truncate)
+    assert info.value.param == "query" and info.value.status == 422
+
+
+def test_cross_encoder_tokenizes_the_query_once(ce, monkeypatch):
+    spy = SpyTokenizer(ce.tokenizer)
+    monkeypatch.setattr(ce, "tokenizer", spy)
+    documents = [f"document number {i} about trains" for i in range(500)]
+    query = "word " * 50
+    got = ce.score(query, documents)
+    assert spy.texts.count(query) == 1 and spy.calls == 2  # the query, then all documents
+    assert got.values.shape == (500,) and (got.token_counts <= CE_LIMIT).all()
+    assert got.token_counts[0] == len(spy.inner(query, documents[0])["input_ids"])
+
+    spy.texts.clear()
+    spy.calls = 0
+    huge = "word " * 100_000
+    with pytest.raises(InvalidValue, match="query has 100000 tokens"):
+        ce.score(huge, documents)
+    assert spy.texts == [huge] and spy.calls == 1  # refused before any pair is built
+
+
 def test_length_batches_group_similar_lengths_within_budget():
     lengths = [5, 100, 6, 90, 7, 95]
     batches = length_batches(lengths, token_budget=300)
@@ -107,9 +220,9 @@ def test_holder_frees_the_model_once(tiny_dir):
     holder = ModelHolder(load_encoder(ModelSpec(id="t", source=str(tiny_dir))), released.append)
     holder.__del__()
     holder.__del__()  # Ray calls it on eviction, Python again on collection
-    assert released == ["t"] and holder.encoder is None
+    assert released == ["t"] and holder.evicted
     with pytest.raises(RuntimeError, match="evicted"):
-        holder.get()
+        holder.acquire()
     del holder
     gc.collect()
     assert released == ["t"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -153,6 +154,58 @@ def test_plain_transformers_checkpoint_gets_the_spec_pooling(tiny_dir, tmp_path)
     torch = load_encoder(spec.model_copy(update={"cpu_backend": "torch"}))
     np.testing.assert_allclose(onnx.embed(TEXTS, normalize=True).values,
                                torch.embed(TEXTS, normalize=True).values, atol=1e-5)
+
+
+# --- corrupt cache entries --------------------------------------------------------------
+
+@pytest.mark.parametrize("corruption", ["truncated graph", "garbled graph", "garbage entry file"])
+def test_a_corrupt_cached_build_is_rebuilt(tiny_dir, tmp_path, caplog, monkeypatch, corruption):
+    spec = _spec(tiny_dir)
+    expected = load_encoder(spec, cache_dir=tmp_path).embed(TEXTS, normalize=True).values
+    [entry] = _entries(tmp_path)
+    before = json.loads((entry / model_cache.ENTRY_FILE).read_text())
+    graph = entry / optimize.ONNX_FILE
+    data = graph.read_bytes()
+    if corruption == "truncated graph":  # a copy cut short: the recorded size tells
+        graph.write_bytes(data[: len(data) // 2])
+    elif corruption == "garbled graph":  # same size: only onnxruntime failing to load tells
+        graph.write_bytes(b"\x07" * len(data))
+    else:
+        (entry / model_cache.ENTRY_FILE).write_text('{"format": 3, "file_na')
+    exports = []
+    real_export = optimize._export_onnx
+    monkeypatch.setattr(optimize, "_export_onnx",
+                        lambda *a: exports.append(1) or real_export(*a))
+
+    with caplog.at_level(logging.WARNING, logger="blitz.model_cache"):
+        again = load_encoder(spec, cache_dir=tmp_path)
+    assert len(exports) == 1
+    assert f"model cache entry {entry} is corrupt" in caplog.text and "rebuilding" in caplog.text
+    np.testing.assert_allclose(again.embed(TEXTS, normalize=True).values, expected, atol=1e-6)
+    assert _entries(tmp_path) == [entry]  # rebuilt in place, the bad copy gone
+    after = json.loads((entry / model_cache.ENTRY_FILE).read_text())
+    assert after["build_id"] != before["build_id"] and graph.read_bytes() == data
+
+    load_encoder(spec, cache_dir=tmp_path)  # and from now on it is found again
+    assert len(exports) == 1
+
+
+def test_a_build_that_cannot_be_loaded_twice_is_an_error(tiny_dir, tmp_path, monkeypatch):
+    spec = _spec(tiny_dir)
+    load_encoder(spec, cache_dir=tmp_path)
+    exports = []
+    real_export = optimize._export_onnx
+    monkeypatch.setattr(optimize, "_export_onnx",
+                        lambda *a: exports.append(1) or real_export(*a))
+
+    def unloadable(*_args):
+        raise RuntimeError("onnxruntime cannot load this graph")
+
+    monkeypatch.setattr(optimize, "_open_onnx", unloadable)
+    with pytest.raises(ModelLoadFailed, match="'tiny'.*cannot load this graph") as caught:
+        load_encoder(spec, cache_dir=tmp_path)
+    assert caught.value.model == "tiny"
+    assert len(exports) == 1  # one rebuild, then the error; no loop
 
 
 # --- concurrency ------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from blitz import model_cache
 from blitz.encoders import load_encoder
 from blitz.errors import ModelLoadFailed
 from blitz.model_cache import ENTRY_FILE
@@ -94,6 +96,34 @@ def test_a_cache_hit_never_contacts_the_server(s3, tmp_path):
     assert second == first
     encoder = load_encoder(_spec("s3://models/tiny"), cache_dir=tmp_path)
     assert encoder.embed(["still served"], normalize=True).values.shape == (1, 32)
+
+
+@pytest.mark.parametrize("corruption", ["truncated", "missing"])
+def test_a_damaged_copy_is_downloaded_again(s3, tiny_dir, tmp_path, caplog, corruption):
+    first = fetch_to_cache(_spec("s3://models/tiny"), tmp_path)
+    weights = first / "model.safetensors"
+    if corruption == "truncated":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        weights.unlink()
+    with caplog.at_level(logging.WARNING, logger="blitz.model_cache"):
+        again = fetch_to_cache(_spec("s3://models/tiny"), tmp_path)
+    assert again == first and f"model cache entry {first} is corrupt" in caplog.text
+    assert weights.read_bytes() == (tiny_dir / "model.safetensors").read_bytes()
+    assert [p.name for p in (tmp_path / "sources").iterdir()] == [first.name]
+    assert load_encoder(_spec("s3://models/tiny"), cache_dir=tmp_path).embed(
+        ["repaired"], normalize=True).values.shape == (1, 32)
+
+
+def test_a_download_held_up_elsewhere_times_out(tmp_path):
+    spec = _spec("s3://models/tiny")
+    uri = spec.source
+    key = model_cache.entry_key("tiny", {"uri": uri})
+    lock = model_cache.lock_path(tmp_path, "sources", key)
+    with model_cache.file_lock(lock), pytest.raises(ModelLoadFailed) as caught:
+        fetch_to_cache(spec, tmp_path, lock_timeout=0.2)  # never reaches the (absent) server
+    assert str(lock) in caught.value.message and "'remote'" in caught.value.message
+    assert caught.value.model == "remote"
 
 
 def test_concurrent_fetches_download_once(s3, tmp_path):

@@ -1,0 +1,197 @@
+"""The model cache on its own: corrupt entries are rebuilt, a held lock is given up on."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from blitz import model_cache
+from blitz.errors import ModelLoadFailed
+
+AREA, KEY = "fake-area", "fake-key"
+PAYLOAD = b"weights " * 512
+
+
+class Builder:
+    """A build function that writes a payload file and counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, tmp: Path) -> dict:
+        self.calls += 1
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "weights.bin").write_bytes(PAYLOAD)
+        (tmp / "config.json").write_text('{"ok": true}')
+        return {"build": self.calls}
+
+
+def _payload_is_intact(entry: model_cache.CacheEntry) -> None:
+    """A loader: raises, as a real one would, when the payload is not what was built."""
+    if (entry.path / "sub" / "weights.bin").read_bytes() != PAYLOAD:
+        raise ValueError("cannot parse weights.bin")
+
+
+def _build(root: Path, builder: Builder, **kwargs) -> model_cache.CacheEntry:
+    return model_cache.get_or_build(root, AREA, KEY, builder, validate=_payload_is_intact,
+                                    **kwargs)
+
+
+def _names(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / AREA).iterdir())
+
+
+def test_an_entry_records_its_contents_and_is_reused(tmp_path):
+    builder = Builder()
+    first = _build(tmp_path, builder)
+    assert first.built and first.meta["contents"] == {
+        "config.json": 12, "sub/weights.bin": len(PAYLOAD)}
+    again = _build(tmp_path, builder)
+    assert not again.built and again.meta == first.meta and builder.calls == 1
+
+
+@pytest.mark.parametrize("corruption", [
+    "garbage entry file", "entry file not an object", "no entry file", "truncated file",
+    "missing file", "same size, unreadable",
+])
+def test_a_corrupt_entry_is_rebuilt_once(tmp_path, caplog, corruption):
+    builder = Builder()
+    entry = _build(tmp_path, builder)
+    weights = entry.path / "sub" / "weights.bin"
+    if corruption == "garbage entry file":
+        (entry.path / model_cache.ENTRY_FILE).write_text('{"key": "fake-key", "crea')
+    elif corruption == "entry file not an object":
+        (entry.path / model_cache.ENTRY_FILE).write_text("[]")
+    elif corruption == "no entry file":
+        (entry.path / model_cache.ENTRY_FILE).unlink()
+    elif corruption == "truncated file":
+        weights.write_bytes(PAYLOAD[:100])
+    elif corruption == "missing file":
+        weights.unlink()
+    else:  # only loading it tells
+        weights.write_bytes(b"\0" * len(PAYLOAD))
+
+    with caplog.at_level(logging.WARNING, logger="blitz.model_cache"):
+        rebuilt = _build(tmp_path, builder)
+    assert rebuilt.built and rebuilt.meta["build"] == 2 and builder.calls == 2
+    assert rebuilt.path == entry.path and weights.read_bytes() == PAYLOAD
+    assert str(entry.path) in caplog.text and "rebuil" in caplog.text
+    assert _names(tmp_path) == [KEY]  # the bad copy is gone, no temp dir left
+    assert not _build(tmp_path, builder).built and builder.calls == 2
+
+
+def test_a_rebuilt_entry_that_still_fails_is_an_error(tmp_path):
+    builder = Builder()
+    _build(tmp_path, builder)
+
+    def never(entry: model_cache.CacheEntry) -> None:
+        raise ValueError("this loader refuses everything")
+
+    with pytest.raises(ValueError, match="refuses everything"):
+        model_cache.get_or_build(tmp_path, AREA, KEY, builder, validate=never)
+    assert builder.calls == 2  # rebuilt once, not in a loop
+
+
+def test_an_entry_rebuilt_by_someone_else_is_not_discarded(tmp_path, monkeypatch):
+    """Two processes find the same corrupt entry: the second reuses the first's rebuild."""
+    builder = Builder()
+    entry = _build(tmp_path, builder)
+    (entry.path / "sub" / "weights.bin").write_bytes(b"\0" * len(PAYLOAD))
+    real_lock = model_cache.file_lock
+
+    def lock_after_another_rebuild(*args, **kwargs):
+        # between our failed check and our lock, another process rebuilds the entry
+        monkeypatch.setattr(model_cache, "file_lock", real_lock)
+        other = Builder()
+        other.calls = 10
+        model_cache.get_or_build(tmp_path, AREA, KEY, other, validate=_payload_is_intact)
+        return real_lock(*args, **kwargs)
+
+    monkeypatch.setattr(model_cache, "file_lock", lock_after_another_rebuild)
+    got = _build(tmp_path, builder)
+    assert not got.built and got.meta["build"] == 11 and builder.calls == 1
+
+
+def test_entries_without_recorded_contents_still_load(tmp_path):
+    """Entries written before ``contents`` was recorded are checked by loading alone."""
+    builder = Builder()
+    entry = _build(tmp_path, builder)
+    meta = json.loads((entry.path / model_cache.ENTRY_FILE).read_text())
+    del meta["contents"]
+    (entry.path / model_cache.ENTRY_FILE).write_text(json.dumps(meta))
+    assert not _build(tmp_path, builder).built
+
+
+# --- the lock timeout -------------------------------------------------------------------
+
+_HOLDER = """
+import fcntl, sys, time
+handle = open(sys.argv[1], "a+b")
+fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_lock_held_by_a_hung_process_times_out(tmp_path):
+    lock = model_cache.lock_path(tmp_path, AREA, KEY)
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(lock)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        builder = Builder()
+        started = time.monotonic()
+        with pytest.raises(ModelLoadFailed) as caught:
+            _build(tmp_path, builder, lock_timeout=0.3, model="tiny")
+        waited = time.monotonic() - started
+    finally:
+        holder.kill()
+        holder.wait()
+    assert 0.3 <= waited < 5 and builder.calls == 0
+    message = caught.value.message
+    assert "'tiny'" in message and str(lock) in message and f"{AREA}/{KEY}" in message
+    assert "0.3 s" in message and "fuser" in message
+    assert caught.value.status == 424 and caught.value.model == "tiny"
+    # the holder is gone, so the lock is free again
+    assert _build(tmp_path, builder, lock_timeout=0.3).built
+
+
+def test_a_waiter_gets_the_lock_when_a_thread_lets_go_in_time(tmp_path):
+    lock = model_cache.lock_path(tmp_path, AREA, KEY)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with model_cache.file_lock(lock):
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(10)
+    with pytest.raises(ModelLoadFailed, match="gave up after 0.2 s"):
+        with model_cache.file_lock(lock, timeout=0.2):
+            pass
+    threading.Timer(0.2, release.set).start()
+    with model_cache.file_lock(lock, timeout=10):  # waits for the holder, then gets it
+        assert release.is_set()
+    thread.join()
+
+
+def test_the_default_timeout_is_the_module_constant(tmp_path, monkeypatch):
+    monkeypatch.setattr(model_cache, "LOCK_TIMEOUT_S", 0.1)
+    lock = model_cache.lock_path(tmp_path, AREA, KEY)
+    with model_cache.file_lock(lock):
+        with pytest.raises(ModelLoadFailed, match="0.1 s"):
+            _build(tmp_path, Builder())
+
+
+def test_lock_waits_never_block_forever_by_default():
+    assert 60 <= model_cache.LOCK_TIMEOUT_S < float("inf")
