@@ -137,4 +137,4 @@ def summarize(recorder: Recorder, duration_s: float, client_cpu_s: float = 0.0,
 
 
 def _pct(part: float | None, whole: float | None) -> float | None:
-    return None if part is None or not whole else max(0.0, 100 * part / whole)
+    return None if part is None or not whole else min(100.0, max(0.0, 100 * part / whole))
