@@ -6,10 +6,25 @@
 # the default Python proxy). These variables must be set before Ray starts, so they are
 # exported here; `serve deploy` to a running cluster needs them on `ray start` too (see
 # README). Set BLITZ_FAST_PATH=0 for Serve's default proxy.
+#
+# Start and stop (scripts/lifecycle.py, README "Start and stop"): a stale HAProxy left
+# by an earlier run is stopped first, and a port held by anything else is refused with
+# a message. `serve run` runs in its own session; Ctrl-C, SIGINT, SIGTERM or SIGHUP to
+# this script stops it and every process it started (Ray, HAProxy): Serve's own
+# shutdown first (~10 s), SIGTERM after BLITZ_STOP_GRACE_S (15), SIGKILL 5 s later.
+# BLITZ_SERVE_CONFIG picks another config file; BLITZ_SKIP_INSTALL=1 skips install.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
+if [ "${BLITZ_SKIP_INSTALL:-0}" != "1" ] || [ ! -x .venv/bin/serve ]; then
+  bash scripts/install.sh
+fi
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"
 export TOKENIZERS_PARALLELISM=false
 source scripts/fast-path.env.sh
-exec .venv/bin/serve run serve_config.yaml "$@"
+# With HAProxy, Serve holds a stopping ingress replica open for at least this long so
+# that load balancers can drop it (Ray's default 30 s makes Serve's own shutdown take
+# ~35 s). HAProxy here is local and reloads in about a second.
+if [ "${BLITZ_FAST_PATH:-1}" = "1" ]; then
+  export RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S="${RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S:-5}"
+fi
+exec .venv/bin/python scripts/lifecycle.py run "${BLITZ_SERVE_CONFIG:-serve_config.yaml}" "$@"

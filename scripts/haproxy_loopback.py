@@ -1,0 +1,200 @@
+"""HAProxy wrapper behind scripts/haproxy-loopback (RAY_SERVE_HAPROXY_BINARY_PATH).
+
+Ray 2.60 starts HAProxy as `<binary> -db -f <config> [-dR] [-sf <pids>] [-x <socket>]`
+and writes its stats (`listen stats`, `bind *:8404`) and Prometheus (`frontend
+prometheus`, `bind :9101`) sections on every interface, with an admin socket that any
+local user may write to (`stats socket ... mode 666 level admin`). For each config
+given with -f this rewrites, in place:
+
+- every bind of a section that serves HAProxy's stats page (`stats enable`/`stats
+  uri`) or the Prometheus exporter, whatever its host form (`*:P`, `:P`, `0.0.0.0:P`,
+  `[::]:P`, `:::P`, `ipv6@...`, trailing options kept), to 127.0.0.1;
+- the admin socket's mode to 600 (`level admin` stays: Ray's reloads pass listening
+  sockets with `-x`, which needs `expose-fd listeners`, which needs `level admin`).
+
+Every other line, the serving frontend's bind included, stays exactly as Ray wrote
+it. The result is checked; if it is not right the wrapper exits 2 with a message and
+HAProxy is not started. Then it execs the real binary (BLITZ_HAPROXY_REAL) in its own
+process, so Ray's pid checks see HAProxy. Calls without -f (`-v`) pass straight
+through. Standard library only: runs under `python -I -S`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import sys
+import tempfile
+
+SECTIONS = {"global", "defaults", "frontend", "backend", "listen", "peers", "resolvers",
+            "userlist", "program", "http-errors", "ring", "mailers", "cache",
+            "log-forward", "crt-store", "traces"}
+ADMIN_MARKERS = ("stats enable", "stats uri", "prometheus-exporter")
+TCP_PREFIXES = {"", "ipv4", "ipv6", "tcp", "tcp4", "tcp6"}
+LOCAL_PREFIXES = {"unix", "abns", "abnsz"}
+SAFE_MODE = "600"
+GUARD = "BLITZ_HAPROXY_LOOPBACK_ACTIVE"
+BIND = re.compile(r"^(\s*bind\s+)(\S+)(.*)$", re.DOTALL)
+MODE = re.compile(r"(\smode\s+)([0-7]+)")
+SOCKET = re.compile(r"^(\s*stats\s+socket\s+\S+)")
+
+
+class Refused(Exception):
+    pass
+
+
+def _words(line: str) -> list[str]:
+    return line.split("#", 1)[0].split()
+
+
+def _sections(lines: list[str]) -> list[tuple[str, list[int]]]:
+    """(section keyword, line indexes) for every section, in order."""
+    out: list[tuple[str, list[int]]] = [("", [])]
+    for i, line in enumerate(lines):
+        words = _words(line)
+        if words and words[0] in SECTIONS:
+            out.append((words[0], []))
+        out[-1][1].append(i)
+    return out
+
+
+def _admin_binds(lines: list[str]) -> list[int]:
+    """Indexes of the bind lines of the stats and Prometheus sections."""
+    found = []
+    for _, idx in _sections(lines):
+        text = [" ".join(_words(lines[i])) for i in idx]
+        if any(marker in t for t in text for marker in ADMIN_MARKERS):
+            found += [i for i in idx if _words(lines[i])[:1] == ["bind"]]
+    return found
+
+
+def _socket_lines(lines: list[str]) -> list[int]:
+    return [i for i, line in enumerate(lines) if _words(line)[:2] == ["stats", "socket"]]
+
+
+def _split(addr: str) -> tuple[str, str, str] | None:
+    """(prefix, host, port) of a TCP address; None for anything else."""
+    prefix, _, rest = addr.rpartition("@")
+    if prefix not in TCP_PREFIXES or ":" not in rest:
+        return None
+    host, _, port = rest.rpartition(":")
+    return prefix, host, port
+
+
+def _is_local(addr: str) -> bool:
+    prefix = addr.partition("@")[0] if "@" in addr else ""
+    if addr.startswith("/") or prefix in LOCAL_PREFIXES:
+        return True
+    parts = _split(addr)
+    if parts is None:
+        return False
+    host = parts[1].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _to_loopback(addr: str) -> str:
+    if _is_local(addr):
+        return addr
+    parts = _split(addr)
+    return addr if parts is None else f"127.0.0.1:{parts[2]}"
+
+
+def rewrite(text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    for i in _admin_binds(lines):
+        m = BIND.match(lines[i])
+        if m:
+            addrs = [_to_loopback(a) for a in m.group(2).split(",")]
+            lines[i] = m.group(1) + ",".join(dict.fromkeys(addrs)) + m.group(3)
+    for i in _socket_lines(lines):
+        if MODE.search(lines[i]):
+            lines[i] = MODE.sub(lambda m: m.group(1) + SAFE_MODE, lines[i], count=1)
+        else:
+            lines[i] = SOCKET.sub(lambda m: f"{m.group(1)} mode {SAFE_MODE}", lines[i])
+    return "".join(lines)
+
+
+def verify(before: str, after: str) -> None:
+    old, new = before.splitlines(), after.splitlines()
+    if len(old) != len(new):
+        raise Refused("the rewrite changed the number of lines")
+    binds, sockets = set(_admin_binds(new)), set(_socket_lines(new))
+    for i in sorted(binds):
+        m = BIND.match(new[i])
+        bad = [a for a in (m.group(2).split(",") if m else ["?"]) if not _is_local(a)]
+        if bad:
+            raise Refused(f"stats/metrics bind on a non-loopback address: {new[i].strip()!r}")
+    for i in sorted(sockets):
+        words = _words(new[i])
+        path = words[2] if len(words) > 2 else ""
+        if not (path.startswith("/") or path.startswith("unix@")):
+            raise Refused(f"admin socket is not a unix socket path: {new[i].strip()!r}")
+        m = MODE.search(new[i])
+        if not m or int(m.group(2), 8) & 0o077:
+            raise Refused(f"admin socket is open to other users: {new[i].strip()!r}")
+    for i, (a, b) in enumerate(zip(old, new, strict=True)):
+        if a != b and i not in binds and i not in sockets:
+            raise Refused(f"line {i + 1} outside the stats/metrics binds changed: {a!r}")
+
+
+def config_paths(args: list[str]) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-f"]
+
+
+def secure(path: str) -> None:
+    if not os.path.isfile(path):
+        raise Refused(f"config {path!r} is not a file")
+    with open(path) as f:
+        before = f.read()
+    after = rewrite(before)
+    verify(before, after)
+    if after == before:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".haproxy-loopback.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(after)
+        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def real_binary() -> str:
+    real = os.environ.get("BLITZ_HAPROXY_REAL", "")
+    if not real:
+        raise Refused("BLITZ_HAPROXY_REAL is not set (source scripts/fast-path.env.sh)")
+    here = os.path.dirname(os.path.realpath(__file__))
+    own = {os.path.realpath(__file__), os.path.join(here, "haproxy-loopback")}
+    if os.path.realpath(real) in own or os.environ.get(GUARD):
+        raise Refused(f"BLITZ_HAPROXY_REAL={real!r} leads back to this wrapper; "
+                      "set it to the real haproxy binary")
+    if not (os.path.isfile(real) and os.access(real, os.X_OK)):
+        raise Refused(f"BLITZ_HAPROXY_REAL={real!r} is not an executable file")
+    return real
+
+
+def main(args: list[str]) -> int:
+    try:
+        real = real_binary()
+        for path in config_paths(args):
+            secure(path)
+    except (Refused, OSError) as e:
+        print(f"haproxy-loopback: refusing to start HAProxy: {e}", file=sys.stderr)
+        return 2
+    os.environ[GUARD] = "1"
+    os.execv(real, [real, *args])
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

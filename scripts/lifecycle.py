@@ -1,0 +1,325 @@
+"""Start and stop `serve run` cleanly, HAProxy included (scripts/serve.sh, scripts/stop.sh).
+
+    python scripts/lifecycle.py run CONFIG [serve run args...]
+        `check`, then `serve run CONFIG` in its own session; on SIGINT/SIGTERM/SIGHUP
+        (or when it ends) stop every process of that session, HAProxy included.
+    python scripts/lifecycle.py check CONFIG
+        `reap`, then refuse (exit 1) if a port the server needs is held.
+    python scripts/lifecycle.py reap
+        Stop stale HAProxy processes: those whose config lies in Serve's HAProxy
+        directory (Ray 2.60: /tmp/haproxy-serve/<node id>/haproxy.cfg, from
+        RAY_SERVE_HAPROXY_CONFIG_FILE_LOC) and whose Ray node (raylet) is gone or
+        whose parent is pid 1.
+
+Why: Ray starts HAProxy from its HAProxyManager actor; when `serve run` is stopped
+without Serve's own shutdown (a signal to one pid, a killed process group) HAProxy can
+outlive Ray, holding the ports, and the next start fails ("HAProxy crashed during
+startup: ... Address already in use"). Linux only (reads /proc), like Serve's HAProxy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+GRACE_S = float(os.environ.get("BLITZ_STOP_GRACE_S", "15"))  # Serve's own shutdown
+TERM_S = 5.0  # then SIGTERM to `serve run`, then SIGKILL to whatever is left
+PR_SET_PDEATHSIG = 1
+
+
+def log(msg: str) -> None:
+    print(f"lifecycle: {msg}", file=sys.stderr, flush=True)
+
+
+# --- processes --------------------------------------------------------------------------
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _read(pid: int, name: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _cmdline(pid: int) -> list[str]:
+    return [a.decode(errors="replace") for a in _read(pid, "cmdline").split(b"\0") if a]
+
+
+def _ppid(pid: int) -> int:
+    stat = _read(pid, "stat")
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return int(fields[1]) if len(fields) > 1 else 0
+
+
+def _alive(pid: int) -> bool:
+    stat = _read(pid, "stat")
+    return bool(stat) and stat[stat.rfind(b")") + 2:][:1] != b"Z"
+
+
+def _session(sid: int) -> list[int]:
+    out = []
+    for pid in _pids():
+        try:
+            if os.getsid(pid) == sid and pid != os.getpid() and _alive(pid):
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _wait_gone(pids_fn, deadline: float) -> list[int]:
+    left = pids_fn()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = pids_fn()
+    return left
+
+
+# --- HAProxy ----------------------------------------------------------------------------
+
+def haproxy_dir() -> str:
+    loc = os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "/tmp/haproxy-serve/haproxy.cfg")
+    return os.path.realpath(os.path.dirname(loc))
+
+
+def serve_haproxies() -> list[tuple[int, str]]:
+    """(pid, config path) of this user's HAProxy processes with a config in Serve's dir."""
+    root, found = haproxy_dir() + os.sep, []
+    for pid in _pids():
+        if b"haproxy" not in _read(pid, "comm") or not _alive(pid):
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        args = _cmdline(pid)
+        for flag, value in zip(args, args[1:], strict=False):
+            if flag == "-f" and os.path.realpath(value).startswith(root):
+                found.append((pid, value))
+                break
+    return found
+
+
+def live_nodes() -> set[str]:
+    nodes = set()
+    for pid in _pids():
+        if _read(pid, "comm").strip() == b"raylet":
+            nodes |= {a.split("=", 1)[1] for a in _cmdline(pid) if a.startswith("--node_id=")}
+    return nodes
+
+
+def stop_pids(pids: list[int], what: str) -> None:
+    _signal(pids, signal.SIGTERM)
+    left = _wait_gone(lambda: [p for p in pids if _alive(p)], time.monotonic() + 5)
+    if left:
+        log(f"{what} {left} ignored SIGTERM; sending SIGKILL")
+        _signal(left, signal.SIGKILL)
+        _wait_gone(lambda: [p for p in left if _alive(p)], time.monotonic() + 2)
+
+
+def reap() -> int:
+    nodes, stale = live_nodes(), []
+    for pid, cfg in serve_haproxies():
+        node = os.path.basename(os.path.dirname(cfg))
+        if node not in nodes or _ppid(pid) == 1:
+            why = "its Ray node is gone" if node not in nodes else "its parent is gone"
+            log(f"stopping stale HAProxy pid {pid} ({why}; config {cfg})")
+            stale.append(pid)
+    if stale:
+        stop_pids(stale, "stale HAProxy")
+    return len(stale)
+
+
+# --- ports ------------------------------------------------------------------------------
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return False
+            raise
+    return True
+
+
+def _listener_pids(port: int) -> list[int]:
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{cols[9]}]")
+    owners = []
+    for pid in _pids():
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                    owners.append(pid)
+                    break
+            except OSError:
+                pass
+    return owners
+
+
+def will_attach() -> bool:
+    """Whether `serve run` will join a running cluster instead of starting Ray."""
+    address = os.environ.get("RAY_ADDRESS", "")
+    if address:
+        return address != "local"
+    tmp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    return os.path.exists(os.path.join(tmp, "ray", "ray_current_cluster"))
+
+
+def needed_ports(config: str) -> list[tuple[str, int, str]]:
+    import yaml
+
+    with open(config) as f:
+        http = (yaml.safe_load(f) or {}).get("http_options") or {}
+    host = http.get("host") or "127.0.0.1"
+    ports = [("0.0.0.0" if host in ("*", "::") else host, int(http.get("port", 8000)),
+              f"HTTP, http_options.port in {config}")]
+    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+        local = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH", "").endswith("haproxy-loopback")
+        side = "127.0.0.1" if local else "0.0.0.0"
+        for var, default, what in (("RAY_SERVE_HAPROXY_STATS_PORT", 8404, "HAProxy stats"),
+                                   ("RAY_SERVE_HAPROXY_METRICS_PORT", 9101, "HAProxy metrics")):
+            ports.append((side, int(os.environ.get(var, default)), f"{what}, {var}"))
+    return ports
+
+
+def check(config: str) -> bool:
+    reap()
+    if will_attach():
+        log("joining the running Ray cluster (RAY_ADDRESS or `ray start`): its Serve "
+            "owns the ports; not checking them")
+        return True
+    ok, serving = True, dict(serve_haproxies())
+    for host, port, what in needed_ports(config):
+        try:
+            if _port_free(host, port):
+                continue
+        except OSError as e:
+            log(f"cannot check port {port} on {host} ({what}): {e}; going ahead")
+            continue
+        ok = False
+        for pid in _listener_pids(port) or [None]:
+            if pid in serving:
+                log(f"port {port} ({what}) is held by HAProxy pid {pid} of a running Ray "
+                    f"node ({serving[pid]}): another scripts/serve.sh or a `ray start` "
+                    "cluster serves there. Stop it (Ctrl-C or SIGTERM to its serve.sh; "
+                    "bash scripts/stop.sh for `ray start`) or change the port; not starting.")
+            else:
+                who = f"pid {pid} ({' '.join(' '.join(_cmdline(pid)).split())[:120]})" if pid else \
+                    "a process this user cannot see"
+                log(f"port {port} ({what}) is in use by {who}. Stop it or change the "
+                    "port; not starting.")
+    return ok
+
+
+# --- run --------------------------------------------------------------------------------
+
+def _child_setup() -> None:
+    # Background jobs of a non-interactive shell start with SIGINT ignored, and Python
+    # then never raises KeyboardInterrupt: give `serve run` its default handlers. If
+    # this supervisor is killed outright, `serve run` gets SIGTERM (and Ray with it).
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def stop_run(child: subprocess.Popen, hurry: list[bool]) -> float:
+    """Stop `serve run` and everything in its session; seconds taken."""
+    start, sid = time.monotonic(), child.pid
+    members = lambda: _session(sid)  # noqa: E731
+    if child.poll() is None and not hurry[0]:
+        child.send_signal(signal.SIGINT)  # Serve's own shutdown, HAProxy included
+        _wait_gone(lambda: [] if hurry[0] else members(), start + GRACE_S)
+    if child.poll() is None and not hurry[0]:
+        log(f"still running after {GRACE_S:.0f} s; sending SIGTERM to serve run")
+        child.terminate()
+        _wait_gone(lambda: [] if hurry[0] else members(), time.monotonic() + TERM_S)
+    left = members()
+    if left:
+        log(f"killing {len(left)} remaining process(es) of this run: {left}")
+        _signal(left, signal.SIGKILL)
+        _wait_gone(members, time.monotonic() + 5)
+    child.wait()
+    reap()
+    return time.monotonic() - start
+
+
+def run(config: str, extra: list[str]) -> int:
+    requested: list[int] = []
+    hurry = [False]
+
+    def on_signal(signum, _frame):
+        if requested:
+            hurry[0] = True
+        requested.append(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    if not check(config):
+        return 1
+    if requested:
+        return 0
+    serve = os.path.join(os.path.dirname(sys.executable), "serve")
+    child = subprocess.Popen([serve, "run", config, *extra], start_new_session=True,
+                             preexec_fn=_child_setup)
+    while child.poll() is None and not requested:
+        time.sleep(0.2)
+    if requested:
+        log(f"{signal.Signals(requested[0]).name}: stopping serve run and every "
+            "process it started (a second signal skips the graceful part)")
+    else:
+        log(f"serve run exited with {child.returncode}; cleaning up what it left")
+    took = stop_run(child, hurry)
+    log(f"stopped in {took:.1f} s")
+    return 0 if requested else (child.returncode or 0)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["reap"] and len(argv) == 1:
+        reap()
+        return 0
+    if argv[:1] == ["check"] and len(argv) == 2:
+        return 0 if check(argv[1]) else 1
+    if argv[:1] == ["run"] and len(argv) >= 2:
+        return run(argv[1], argv[2:])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
