@@ -3,12 +3,14 @@
 # Usage: bash loadtest/before_after.sh BEFORE_REF [OUT_DIR]   (after `bash scripts/install.sh`)
 # Each tree is served with serve_config.yaml on the fast path, in turn; the earlier one
 # from a git worktree with this tree's .venv (PYTHONPATH points Ray's workers at it).
+# ROUNDS=N (default 2) alternates the trees N times (before, after, before, after, ...)
+# and reports each side's mean, so a drift in machine load hits both sides alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 BEFORE="${1:?usage: before_after.sh BEFORE_REF [OUT_DIR]}"
 OUT="${2:-results/before-after-$(date +%Y%m%d-%H%M%S)}"
-DUR="${DUR:-20}"; WARM="${WARM:-5}"
+DUR="${DUR:-20}"; WARM="${WARM:-5}"; ROUNDS="${ROUNDS:-2}"
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY="$ROOT/.venv/bin/python"
@@ -18,7 +20,7 @@ ln -s "$ROOT/.venv" "$TREE/.venv"
 trap 'git worktree remove --force "$TREE" >/dev/null 2>&1 || true' EXIT
 wait_for() { for _ in $(seq 1 180); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
 
-serve_and_measure() {  # $1: label, $2: tree
+serve_and_measure() {  # $1: label (side-round), $2: tree
   ( cd "$2" && export PYTHONPATH="$2" && source scripts/fast-path.env.sh \
       && exec setsid "$ROOT/.venv/bin/serve" run serve_config.yaml ) > "$OUT/$1-serve.log" 2>&1 &
   local pid=$!
@@ -40,20 +42,24 @@ serve_and_measure() {  # $1: label, $2: tree
   sleep 2
 }
 
-serve_and_measure before "$TREE"
-serve_and_measure after "$ROOT"
+for round in $(seq 1 "$ROUNDS"); do
+  serve_and_measure "before-r$round" "$TREE"
+  serve_and_measure "after-r$round" "$ROOT"
+done
 "$PY" - "$OUT" <<'PY'
-import json, sys
+import json, statistics, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-print("| model | profile | before emb/s | after emb/s | after / before |")
+print("| model | profile | before emb/s (per round) | after emb/s (per round) | after / before (means) |")
 print("|---|---|---|---|---|")
 for model in ("minilm", "minilm-int8"):
     for profile in ("single", "batch32"):
         rate = {}
         for side in ("before", "after"):
-            report = json.loads((out / f"{side}-{model}-{profile}.json").read_text())
-            rate[side] = report["results"][0]["embeddings_per_s"]
-        print(f"| {model} | {profile} | {rate['before']:.1f} | {rate['after']:.1f} | "
-              f"{rate['after'] / rate['before']:.2f}x |")
+            rate[side] = [json.loads(f.read_text())["results"][0]["embeddings_per_s"]
+                          for f in sorted(out.glob(f"{side}-r*-{model}-{profile}.json"))]
+        means = {side: statistics.mean(values) for side, values in rate.items()}
+        cells = {side: " / ".join(f"{v:.1f}" for v in values) for side, values in rate.items()}
+        print(f"| {model} | {profile} | {cells['before']} | {cells['after']} | "
+              f"{means['after'] / means['before']:.2f}x |")
 PY
