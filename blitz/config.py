@@ -134,6 +134,12 @@ class BlitzSettings(_Settings):
     def registry(self) -> Registry:
         return Registry(self.models)
 
+    def pool(self, name: str) -> PoolSettings:
+        """The settings of the pool named ``name`` ("cpu" or "gpu")."""
+        if name not in ("cpu", "gpu"):
+            raise ValueError(f"no pool {name!r}: pools are 'cpu' and 'gpu'")
+        return self.gpu_pool if name == "gpu" else self.cpu_pool
+
     def resolved_cache_dir(self) -> Path:
         chosen = self.cache_dir or os.environ.get(CACHE_DIR_ENV)
         return Path(chosen).expanduser() if chosen else Path.home() / ".cache" / "blitz"

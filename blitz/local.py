@@ -24,7 +24,7 @@ class LocalDispatcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="blitz-local")
 
     def max_batch(self, pool: str) -> int:
-        return (self.settings.gpu_pool if pool == "gpu" else self.settings.cpu_pool).max_batch_size
+        return self.settings.pool(pool).max_batch_size
 
     async def _run(self, model_id: str, fn_name: str, *args, **kwargs) -> Encoded:
         loop = asyncio.get_running_loop()

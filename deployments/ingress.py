@@ -59,7 +59,7 @@ class ServeDispatcher:
         self._lanes: dict[tuple[str, str], Batcher] = {}
 
     def _pool(self, pool: str) -> PoolSettings:
-        return self.settings.gpu_pool if pool == "gpu" else self.settings.cpu_pool
+        return self.settings.pool(pool)
 
     def max_batch(self, pool: str) -> int:
         return self._pool(pool).max_batch_size

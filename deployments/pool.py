@@ -49,7 +49,7 @@ class ModelPool:
         self.settings = BlitzSettings.from_args(settings)
         self.registry = self.settings.registry()
         self.pool = pool
-        self.pool_settings = self.settings.gpu_pool if pool == "gpu" else self.settings.cpu_pool
+        self.pool_settings = self.settings.pool(pool)
         self.device = resolve_device("cuda" if pool == "gpu" else "cpu")
         self.cache_dir = self.settings.resolved_cache_dir()
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"blitz-{pool}")
