@@ -1,0 +1,120 @@
+"""The shape of ``blitz/``: lower layers never call up, no Ray, small modules.
+
+Every import counts: module level, inside functions, under ``TYPE_CHECKING``. Importing
+``blitz.a.b`` imports the package ``blitz.a`` first, so it counts as an import of both.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "blitz"
+MAX_LINES = 400
+
+
+def _name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported(path: Path) -> set[str]:
+    """Every module name the file at ``path`` imports, wherever the import statement is."""
+    return imports_in(path.read_text(encoding="utf-8"), _name(path), path.name == "__init__.py")
+
+
+def imports_in(text: str, name: str, is_package: bool) -> set[str]:
+    """Every module name the source ``text`` of module ``name`` imports."""
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from . import x, from ..a import b
+                parts = package.split(".")
+                anchor = parts[: len(parts) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            else:
+                base = node.module or ""
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # maybe submodules
+    return found
+
+
+def blitz_graph() -> dict[str, set[str]]:
+    """module -> the blitz modules it imports (with their parent packages)."""
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        targets = set()
+        for module in imported(path):
+            parts = module.split(".")
+            targets.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        graph[name] = {t for t in targets if t in MODULES and t != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path that ends where it starts, or None."""
+    done: set[str] = set()
+    path: list[str] = []
+    on_path: set[str] = set()
+
+    def visit(node: str) -> list[str] | None:
+        if node in on_path:
+            return [*path[path.index(node):], node]
+        if node in done:
+            return None
+        path.append(node)
+        on_path.add(node)
+        for target in sorted(graph.get(node, ())):
+            cycle = visit(target)
+            if cycle:
+                return cycle
+        path.pop()
+        on_path.discard(node)
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        cycle = visit(start)
+        if cycle:
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_reports_the_path():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_imports_inside_functions_and_type_checking_count():
+    text = ("from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from blitz import errors\n"
+            "def f():\n    from .base import Encoder\n    import ray.serve\n")
+    found = imports_in(text, "blitz.encoders.loading", is_package=False)
+    assert {"blitz.errors", "blitz.encoders.base", "ray.serve"} <= found
+
+
+def test_no_import_cycle_among_blitz_modules():
+    cycle = find_cycle(blitz_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_blitz_never_imports_ray():
+    offenders = {name: sorted(m for m in imported(path) if m == "ray" or m.startswith("ray."))
+                 for name, path in MODULES.items()}
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_stay_small(name):
+    lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{name} has {lines} lines (at most {MAX_LINES})"
