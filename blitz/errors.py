@@ -1,18 +1,27 @@
 """One error hierarchy, one status table.
 
-    BlitzError                      500 internal_error (never shows its text)
-     ├── BadRequest                 400 invalid_request_error / bad_request
-     ├── Unauthorized               401 authentication_error / invalid_api_key
-     ├── NotFound                   404 not_found_error / not_found
-     │    └── UnknownModel          404 not_found_error / model_not_found
-     ├── PayloadTooLarge            413 invalid_request_error / payload_too_large
-     │    └── InputTooLong          413 invalid_request_error / input_too_long
-     ├── InvalidValue               422 invalid_request_error / invalid_value
+Errors are grouped by who caused them, which is not the same as whether their text may
+be shown (``expose``, stated on every class): a ``ClientError`` is the request's fault
+(4xx) and says what to change; a ``RetryLater`` is the service's state (503 with
+``Retry-After``), told in words written for the client; a ``ModelLoadFailed`` and an
+``InternalError`` carry server-side detail (paths, exception text) that stays in the log.
+
+    BlitzError                      500 internal_error                    expose=False
+     ├── ClientError                (the request's fault)                 expose=True
+     │    ├── BadRequest            400 invalid_request_error / bad_request
+     │    ├── Unauthorized          401 authentication_error / invalid_api_key
+     │    ├── NotFound              404 not_found_error / not_found
+     │    │    └── UnknownModel     404 not_found_error / model_not_found
+     │    ├── PayloadTooLarge       413 invalid_request_error / payload_too_large
+     │    │    └── InputTooLong     413 invalid_request_error / input_too_long
+     │    └── InvalidValue          422 invalid_request_error / invalid_value
+     ├── RetryLater                 (the service's state, + Retry-After)  expose=True
+     │    ├── Overloaded            503 overloaded_error / overloaded     Retry-After: 1
+     │    ├── Unavailable           503 unavailable_error / unavailable   Retry-After: 2
+     │    │    └── TimedOut         503 unavailable_error / timeout       Retry-After: 2
+     │    └── NotReady              503 unavailable_error / not_ready     Retry-After: 5
      ├── ModelLoadFailed            424 model_load_error / model_load_failed (fixed text)
-     ├── Overloaded                 503 overloaded_error / overloaded     + Retry-After
-     ├── Unavailable                503 unavailable_error / unavailable   + Retry-After
-     │    └── TimedOut              503 unavailable_error / timeout       + Retry-After
-     └── NotReady                   503 unavailable_error / not_ready     + Retry-After
+     └── InternalError              500 internal_error (the request id only)
 
 Every error renders as OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 Errors cross Ray process boundaries, so each one pickles with its fields intact.
@@ -30,7 +39,7 @@ class BlitzError(Exception):
     type: str = "internal_error"
     code: str = "internal_error"
     expose: bool = False  # whether ``message`` may be sent to the client
-    retry_after_s: int | None = None  # sent as ``Retry-After`` when set
+    retry_after_s: int | None = None  # sent as ``Retry-After`` when set (RetryLater only)
 
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
@@ -53,35 +62,41 @@ class BlitzError(Exception):
 
 
 class ClientError(BlitzError):
-    """An error caused by the request; its message is written for the client."""
+    """Caused by the request (4xx); its message says what to change, for the client."""
 
     expose = True
 
 
 class BadRequest(ClientError):
     status, type, code = 400, "invalid_request_error", "bad_request"
+    expose = True
 
 
 class Unauthorized(ClientError):
     status, type, code = 401, "authentication_error", "invalid_api_key"
+    expose = True
 
 
 class NotFound(ClientError):
     status, type, code = 404, "not_found_error", "not_found"
+    expose = True
 
 
 class UnknownModel(NotFound):
     code = "model_not_found"
+    expose = True
 
 
 class PayloadTooLarge(ClientError):
     status, type, code = 413, "invalid_request_error", "payload_too_large"
+    expose = True
 
 
 class InputTooLong(PayloadTooLarge):
     """One input has more tokens than the model takes and the request said ``truncate: false``."""
 
     code = "input_too_long"
+    expose = True
 
     def __init__(self, message: str, param: str | None = None, index: int = 0,
                  tokens: int = 0, limit: int = 0):
@@ -106,6 +121,42 @@ class InputTooLong(PayloadTooLarge):
 
 class InvalidValue(ClientError):
     status, type, code = 422, "invalid_request_error", "invalid_value"
+    expose = True
+
+
+class RetryLater(BlitzError):
+    """The service cannot answer now (503); the same request may succeed after
+    ``retry_after_s``. Not the request's fault; the message, written for the client,
+    names no server internals."""
+
+    status, type, code = 503, "unavailable_error", "unavailable"
+    expose = True
+    retry_after_s = 2
+
+
+class Overloaded(RetryLater):
+    status, type, code = 503, "overloaded_error", "overloaded"
+    expose = True
+    retry_after_s = 1
+
+
+class Unavailable(RetryLater):
+    """A pool replica died or could not be reached; retrying shortly is safe."""
+
+    status, type, code = 503, "unavailable_error", "unavailable"
+    expose = True
+    retry_after_s = 2
+
+
+class TimedOut(Unavailable):
+    code = "timeout"
+    expose = True
+
+
+class NotReady(RetryLater):
+    status, type, code = 503, "unavailable_error", "not_ready"
+    expose = True
+    retry_after_s = 5
 
 
 class ModelLoadFailed(BlitzError):
@@ -113,6 +164,7 @@ class ModelLoadFailed(BlitzError):
     goes to the server log; the client reads only which model failed and the request id."""
 
     status, type, code = 424, "model_load_error", "model_load_failed"
+    expose = False  # public_message() is the fixed text
 
     def __init__(self, message: str, param: str | None = None, model: str | None = None):
         super().__init__(message, param)
@@ -126,29 +178,10 @@ class ModelLoadFailed(BlitzError):
         return f"{which} failed to load; the server log has the cause"
 
 
-class Overloaded(ClientError):
-    status, type, code = 503, "overloaded_error", "overloaded"
-    retry_after_s = 1
-
-
-class Unavailable(ClientError):
-    """A pool replica died or could not be reached; retrying shortly is safe."""
-
-    status, type, code = 503, "unavailable_error", "unavailable"
-    retry_after_s = 2
-
-
-class TimedOut(Unavailable):
-    code = "timeout"
-
-
-class NotReady(ClientError):
-    status, type, code = 503, "unavailable_error", "not_ready"
-    retry_after_s = 5
-
-
 class InternalError(BlitzError):
     """An unexpected failure; the client sees only the request id."""
+
+    expose = False
 
 
 ECHO_CHARS = 64
@@ -161,8 +194,12 @@ def echo(value: object, limit: int = ECHO_CHARS) -> str:
 
 
 def as_blitz_error(exc: BaseException) -> BlitzError:
-    """The ``BlitzError`` to answer for ``exc``; anything unknown is an ``InternalError``."""
-    cause = getattr(exc, "cause", None)  # Ray wraps remote errors; the original rides along
+    """The ``BlitzError`` to answer for ``exc``; anything unknown is an ``InternalError``.
+
+    The one place that unwraps an error raised in another process: Ray wraps it (a
+    ``RayTaskError``) and the original rides along as ``.cause``.
+    """
+    cause = getattr(exc, "cause", None)
     if isinstance(cause, BlitzError):
         return cause
     if isinstance(exc, BlitzError):
