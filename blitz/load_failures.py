@@ -16,12 +16,20 @@ from blitz.errors import BlitzError, ModelLoadFailed
 logger = logging.getLogger("blitz.models")
 
 
-def as_load_failure(model_id: str, exc: BaseException) -> ModelLoadFailed:
-    """The one ``ModelLoadFailed`` for ``exc``: its full text stays server-side."""
+def as_load_failure(model_id: str, exc: BaseException,
+                    source: str | None = None) -> ModelLoadFailed:
+    """The ``ModelLoadFailed`` for whatever loading ``model_id`` (from ``source``) raised.
+
+    The one place a load failure is made: lower layers raise specific errors (or a
+    ``ModelLoadFailed`` that says what is wrong), and the loader and the pool pass them
+    here. Its full text (paths, exception text) stays server-side.
+    """
     if isinstance(exc, ModelLoadFailed):
         return ModelLoadFailed(exc.message, exc.param, model=model_id)
     detail = exc.message if isinstance(exc, BlitzError) else f"{type(exc).__name__}: {exc}"
-    return ModelLoadFailed(f"model {model_id!r} failed to load: {detail}", model=model_id)
+    origin = f" from {source}" if source else ""
+    return ModelLoadFailed(f"model {model_id!r} failed to load{origin}: {detail}",
+                           model=model_id)
 
 
 class LoadFailures:

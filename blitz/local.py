@@ -10,8 +10,8 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from blitz.config import BlitzSettings
-from blitz.encoders import Encoder, load_encoder
-from blitz.encoders.base import Encoded
+from blitz.encoders.base import Encoded, Encoder
+from blitz.encoders.loading import load_encoder
 from blitz.schemas import EmbedJob, RerankJob
 
 

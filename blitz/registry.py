@@ -20,17 +20,42 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from blitz.errors import ModelLoadFailed, UnknownModel, echo
+from blitz.storage import fetch_to_cache
 
 Kind = Literal["embedding", "cross-encoder"]
 CpuBackend = Literal["torch", "torch-bf16", "onnx", "onnx-int8"]
 GpuDtype = Literal["float16", "bfloat16", "float32"]
-OBJECT_STORE_SCHEMES = ("s3://", "gs://", "az://", "abfs://")
+OBJECT_STORES = ("s3", "gs", "az", "abfs")
+_PREFIXED = ("package", "hf", "fake")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+
+class Location(NamedTuple):
+    """A source split once: ``scheme`` is package, hf, fake, one of ``OBJECT_STORES``, or
+    dir (a local directory); ``rest`` is what follows ``<scheme>:`` (``<scheme>://`` for
+    object storage), or the whole path for dir."""
+
+    scheme: str
+    rest: str
+
+    @property
+    def is_local(self) -> bool:
+        """Whether the files are on this machine already (a directory or a package)."""
+        return self.scheme in ("dir", "package")
+
+
+def parse_source(source: str) -> Location:
+    scheme, colon, rest = source.partition(":")
+    if colon and scheme in _PREFIXED:
+        return Location(scheme, rest)
+    if colon and scheme in OBJECT_STORES and rest.startswith("//"):
+        return Location(scheme, rest[2:])
+    return Location("dir", source)
 
 
 class ModelSpec(BaseModel):
@@ -66,21 +91,26 @@ class ModelSpec(BaseModel):
     @field_validator("source")
     @classmethod
     def _valid_source(cls, value: str) -> str:
-        if value.startswith("package:") and not value[len("package:"):].strip():
+        scheme, rest = parse_source(value)
+        if scheme == "package" and not rest.strip():
             raise ValueError("package: source needs a module name")
-        if value.startswith("hf:") and "/" not in value:
+        if scheme == "hf" and "/" not in rest:
             raise ValueError(f"hf: source {value!r} must be hf:<org>/<name>")
-        if value.startswith("fake:") and not re.fullmatch(r"\d+(:\d+(\.\d+)?)?", value[5:]):
+        if scheme == "fake" and not re.fullmatch(r"\d+(:\d+(\.\d+)?)?", rest):
             raise ValueError(f"fake: source {value!r} must be fake:<dimension>[:<load seconds>]")
         return value
 
+    def location(self) -> Location:
+        """``source`` as (scheme, rest)."""
+        return parse_source(self.source)
+
     @property
     def is_fake(self) -> bool:
-        return self.source.startswith("fake:")
+        return self.location().scheme == "fake"
 
     def fake_params(self) -> tuple[int, float]:
         """A fake source's (dimension, load seconds)."""
-        dimension, _, load_s = self.source[5:].partition(":")
+        dimension, _, load_s = self.location().rest.partition(":")
         return int(dimension), float(load_s or 0)
 
 
@@ -114,28 +144,29 @@ class Registry:
 
 
 def resolve_source(spec: ModelSpec, cache_dir: str | os.PathLike | None = None) -> Path:
-    """A local directory holding ``spec``'s weights; raises ``ModelLoadFailed`` if none."""
-    source = spec.source
-    if source.startswith("package:"):
-        module_name = source[len("package:"):]
+    """A local directory holding ``spec``'s weights; raises ``ModelLoadFailed`` if none.
+
+    Object-storage sources are downloaded into the model cache under ``cache_dir``
+    (``model_cache.cache_root``'s default when None).
+    """
+    scheme, rest = spec.location()
+    if scheme == "package":
         try:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(rest)
         except ImportError as exc:
             raise ModelLoadFailed(
-                f"model {spec.id!r}: package {module_name!r} is not installed ({exc})"
+                f"model {spec.id!r}: package {rest!r} is not installed ({exc})", model=spec.id
             ) from exc
         getter = getattr(module, "get_model_path", None)
         path = Path(getter()) if callable(getter) else Path(module.__file__).parent / "model"
         return _existing_dir(spec, path)
-    if source.startswith("hf:"):
-        return _from_hub(spec, source[3:])
-    if source.startswith(OBJECT_STORE_SCHEMES):
-        from blitz.storage import fetch_to_cache  # fsspec is only needed for these
-
-        return fetch_to_cache(spec, cache_dir)
-    if source.startswith("fake:"):
+    if scheme == "hf":
+        return _from_hub(spec, rest)
+    if scheme in OBJECT_STORES:
+        return fetch_to_cache(spec.id, spec.source, cache_dir)
+    if scheme == "fake":
         raise ValueError("fake sources have no files")
-    return _existing_dir(spec, Path(source).expanduser())
+    return _existing_dir(spec, Path(rest).expanduser())
 
 
 def preflight_source(spec: ModelSpec) -> None:
@@ -143,13 +174,14 @@ def preflight_source(spec: ModelSpec) -> None:
 
     Cheap (no weights are read); object-storage and hub sources are checked when loaded.
     """
-    if not spec.source.startswith(("hf:", "fake:", *OBJECT_STORE_SCHEMES)):
+    if spec.location().is_local:
         resolve_source(spec)
 
 
 def _existing_dir(spec: ModelSpec, path: Path) -> Path:
     if not path.is_dir():
-        raise ModelLoadFailed(f"model {spec.id!r}: directory {str(path)!r} does not exist")
+        raise ModelLoadFailed(f"model {spec.id!r}: directory {str(path)!r} does not exist",
+                              model=spec.id)
     return path
 
 
@@ -163,7 +195,7 @@ def _from_hub(spec: ModelSpec, repo_id: str) -> Path:
         hint = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if offline else ""
         raise ModelLoadFailed(
             f"model {spec.id!r}: cannot fetch hf:{repo_id} from the Hugging Face hub{hint}: "
-            f"{type(exc).__name__}"
+            f"{type(exc).__name__}", model=spec.id,
         ) from exc
 
 
@@ -173,7 +205,7 @@ def read_dimension(spec: ModelSpec) -> int | None:
         return spec.dimension
     if spec.is_fake:
         return spec.fake_params()[0]
-    if spec.kind == "cross-encoder" or spec.source.startswith(("hf:", *OBJECT_STORE_SCHEMES)):
+    if spec.kind == "cross-encoder" or not spec.location().is_local:
         return None
     try:
         path = resolve_source(spec)

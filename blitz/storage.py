@@ -21,39 +21,33 @@ from typing import Any
 
 from blitz import model_cache
 from blitz.errors import ModelLoadFailed
-from blitz.registry import ModelSpec
 
 AREA = "sources"
 PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
 
 
-def fetch_to_cache(spec: ModelSpec, cache_dir: str | os.PathLike[str] | None = None, *,
-                   lock_timeout: float | None = None) -> Path:
-    """The local copy of ``spec.source``'s prefix, downloading it on the first call.
+def fetch_to_cache(model_id: str, uri: str, cache_dir: str | os.PathLike[str] | None = None,
+                   *, lock_timeout: float | None = None) -> Path:
+    """The local copy of the prefix ``uri`` (model ``model_id``'s source), downloading it
+    on the first call into the cache at ``cache_dir`` (``model_cache.cache_root``).
 
     A cached copy missing a file, or with a file of another size than was downloaded, is
     downloaded again (``model_cache.get_or_build``). ``lock_timeout`` bounds the wait for
-    another process downloading it (``model_cache.LOCK_TIMEOUT_S`` by default).
+    another process downloading it (``model_cache.LOCK_TIMEOUT_S`` by default). What the
+    store or the network raise (credentials, permissions, ...) propagates as it is; the
+    loader makes it a ``ModelLoadFailed``.
     """
-    uri = spec.source.rstrip("/")
+    uri = uri.rstrip("/")
     root = model_cache.cache_root(cache_dir)
     key = model_cache.entry_key(posixpath.basename(uri) or "source", {"uri": uri})
 
     def build(tmp: Path) -> dict[str, Any]:
-        files = download_prefix(spec, uri, tmp)
-        return {"uri": uri, "model_id": spec.id, "files": files,
+        files = download_prefix(model_id, uri, tmp)
+        return {"uri": uri, "model_id": model_id, "files": files,
                 "bytes": sum(files.values())}
 
-    try:
-        return model_cache.get_or_build(root, AREA, key, build, validate=_check_files,
-                                        lock_timeout=lock_timeout, model=spec.id).path
-    except ModelLoadFailed:
-        raise
-    except Exception as exc:  # credentials, network, permissions: all mean "cannot load"
-        raise ModelLoadFailed(
-            f"model {spec.id!r}: cannot download {uri}: {type(exc).__name__}: {exc}",
-            model=spec.id,
-        ) from exc
+    return model_cache.get_or_build(root, AREA, key, build, validate=_check_files,
+                                    lock_timeout=lock_timeout, model=model_id).path
 
 
 def _check_files(entry: model_cache.CacheEntry) -> None:
@@ -67,21 +61,21 @@ def _check_files(entry: model_cache.CacheEntry) -> None:
             raise ValueError(f"{relative} has {actual} bytes, {size} when it was downloaded")
 
 
-def download_prefix(spec: ModelSpec, uri: str, target: Path) -> dict[str, int]:
+def download_prefix(model_id: str, uri: str, target: Path) -> dict[str, int]:
     """Copy every object under ``uri`` into ``target``; returns relative path -> bytes."""
-    fs, prefix = _open(spec, uri)
+    fs, prefix = _open(model_id, uri)
     try:
         listing = fs.find(prefix, detail=True)
     except FileNotFoundError as exc:  # no such bucket or container
-        raise ModelLoadFailed(f"model {spec.id!r}: {uri} does not exist",
-                              model=spec.id) from exc
+        raise ModelLoadFailed(f"model {model_id!r}: {uri} does not exist",
+                              model=model_id) from exc
     objects = {path: info for path, info in listing.items() if info.get("type") != "directory"}
     if not objects:
-        raise ModelLoadFailed(f"model {spec.id!r}: no objects found under {uri}",
-                              model=spec.id)
+        raise ModelLoadFailed(f"model {model_id!r}: no objects found under {uri}",
+                              model=model_id)
     copied: dict[str, int] = {}
     for path, info in sorted(objects.items()):
-        relative = _relative(spec, uri, prefix, path)
+        relative = _relative(model_id, uri, prefix, path)
         destination = target.joinpath(*PurePosixPath(relative).parts)
         destination.parent.mkdir(parents=True, exist_ok=True)
         fs.get_file(path, str(destination))
@@ -89,8 +83,8 @@ def download_prefix(spec: ModelSpec, uri: str, target: Path) -> dict[str, int]:
         expected = info.get("size")
         if expected is not None and int(expected) != size:
             raise ModelLoadFailed(
-                f"model {spec.id!r}: {uri}/{relative} downloaded {size} of {expected} bytes",
-                model=spec.id)
+                f"model {model_id!r}: {uri}/{relative} downloaded {size} of {expected} bytes",
+                model=model_id)
         copied[relative] = size
     return copied
 
@@ -103,7 +97,7 @@ def storage_options(protocol: str) -> dict[str, Any]:
     return {}
 
 
-def _open(spec: ModelSpec, uri: str) -> tuple[Any, str]:
+def _open(model_id: str, uri: str) -> tuple[Any, str]:
     import fsspec
 
     protocol = uri.split("://", 1)[0]
@@ -113,17 +107,17 @@ def _open(spec: ModelSpec, uri: str) -> tuple[Any, str]:
     except ImportError as exc:
         package = PACKAGES.get(protocol, protocol)
         raise ModelLoadFailed(
-            f"model {spec.id!r}: {protocol}:// sources need the {package!r} package; "
-            f"pip install {package}", model=spec.id,
+            f"model {model_id!r}: {protocol}:// sources need the {package!r} package; "
+            f"pip install {package}", model=model_id,
         ) from exc
 
 
-def _relative(spec: ModelSpec, uri: str, prefix: str, path: str) -> str:
+def _relative(model_id: str, uri: str, prefix: str, path: str) -> str:
     """``path`` relative to the prefix, refusing anything that would leave the target."""
     prefix = prefix.rstrip("/")
     relative = path[len(prefix):].lstrip("/") if path.startswith(prefix + "/") else (
         posixpath.basename(path))  # the URI names one object
     if not relative or ".." in relative.split("/"):
-        raise ModelLoadFailed(f"model {spec.id!r}: unsafe object name {path!r} under {uri}",
-                              model=spec.id)
+        raise ModelLoadFailed(f"model {model_id!r}: unsafe object name {path!r} under {uri}",
+                              model=model_id)
     return relative

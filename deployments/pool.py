@@ -22,12 +22,12 @@ from ray import serve
 
 from blitz.batching import Batcher
 from blitz.config import BlitzSettings
-from blitz.encoders import load_encoder, resolve_device
 from blitz.encoders.base import Encoded, Encoder
 from blitz.encoders.holder import ModelFreed, ModelHolder
-from blitz.errors import TimedOut, Unavailable
+from blitz.encoders.loading import load_encoder, resolve_device
+from blitz.errors import ModelLoadFailed, TimedOut, Unavailable
 from blitz.load_failures import LoadFailures, as_load_failure
-from blitz.registry import preflight_source
+from blitz.registry import ModelSpec, preflight_source
 from blitz.schemas import EmbedJob, RerankJob
 from deployments.logs import route_library_logs_to_serve
 from deployments.metrics import metrics
@@ -84,17 +84,21 @@ class ModelPool:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            error = as_load_failure(model_id, exc)
-            self.failures.remember(model_id, error)
-            metrics.model_loads.inc(tags={"model": model_id, "pool": self.pool,
-                                          "result": "failed"})
-            raise error from exc
+            raise self._load_failed(spec, exc) from exc
         seconds = time.perf_counter() - started
         metrics.model_load_seconds.observe(seconds, tags={"model": model_id, "pool": self.pool})
         metrics.model_loads.inc(tags={"model": model_id, "pool": self.pool, "result": "loaded"})
         logger.info("loaded model %r on %s in %.2fs", model_id, self.device, seconds)
         self.loaded.append(model_id)
         return ModelHolder(encoder, on_release=self._released)
+
+    def _load_failed(self, spec: ModelSpec, exc: BaseException) -> ModelLoadFailed:
+        """The one way a failed load ends: one ``ModelLoadFailed``, remembered for
+        ``load_failure_ttl_s`` and counted."""
+        error = as_load_failure(spec.id, exc, spec.source)
+        self.failures.remember(spec.id, error)
+        metrics.model_loads.inc(tags={"model": spec.id, "pool": self.pool, "result": "failed"})
+        return error
 
     def _released(self, model_id: str) -> None:
         if model_id in self.loaded:
@@ -108,12 +112,11 @@ class ModelPool:
         missing, fails here, before Serve's multiplexer evicts a healthy model for it."""
         if model_id not in self.loaded:
             self.failures.check(model_id)
+            spec = self.registry.get(model_id)  # an unknown id is a 404, not a failed load
             try:
-                preflight_source(self.registry.get(model_id))
+                preflight_source(spec)
             except Exception as exc:
-                error = as_load_failure(model_id, exc)
-                self.failures.remember(model_id, error)
-                raise error from exc
+                raise self._load_failed(spec, exc) from exc
         return await self.get_model(model_id)
 
     async def _run(self, model_id: str, fn) -> Any:

@@ -2,7 +2,7 @@
 
     python -m loadtest.backends [--batches 1,32,128] [--threads 2] [--json out.json]
 
-Every backend is loaded through ``blitz.encoders.load_encoder`` from ModelSpecs that
+Every backend is loaded through ``blitz.encoders.loading.load_encoder`` from ModelSpecs that
 differ only in ``cpu_backend``, so the numbers are those of the code the server runs
 (tokenization, length-sorted micro-batches and all). Throughput is texts per second at
 each batch size, the best of several interleaved rounds (other work on the machine
@@ -70,15 +70,16 @@ def corpus(n: int) -> list[str]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from blitz import optimize
-    from blitz.encoders import load_encoder
+    from blitz.cpu_features import cpu_supports_bf16, quantization_target
+    from blitz.encoders.loading import load_encoder
     from blitz.model_cache import library_versions
     from blitz.registry import ModelSpec
+    from loadtest.throughput import compare_throughput
 
     torch.set_num_threads(args.threads)  # ONNX sessions take the same count at load
     backends = (args.backends.split(",") if args.backends else
                 ["torch", "onnx", "onnx-int8"] + (
-                    ["torch-bf16"] if optimize.cpu_supports_bf16() else []))
+                    ["torch-bf16"] if cpu_supports_bf16() else []))
     if backends[0] != "torch":
         backends = ["torch", *[b for b in backends if b != "torch"]]
     batches = [int(b) for b in args.batches.split(",")]
@@ -104,8 +105,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     throughput: dict[str, dict[str, float]] = {b: {} for b in backends}
     for batch in batches:
         print(f"measuring {batch} texts/call ...", file=sys.stderr, flush=True)
-        rates = optimize.compare_throughput(encoders, texts, batch, rounds=args.rounds,
-                                            seconds=args.seconds)
+        rates = compare_throughput(encoders, texts, batch, rounds=args.rounds,
+                                   seconds=args.seconds)
         for backend, rate in rates.items():
             throughput[backend][str(batch)] = round(rate, 1)
 
@@ -114,8 +115,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.source,
         "cpu": _cpu_name(),
         "threads": {"torch": torch.get_num_threads(), "onnxruntime": args.threads},
-        "int8_target": optimize.quantization_target(),
-        "native_bf16": optimize.cpu_supports_bf16(),
+        "int8_target": quantization_target(),
+        "native_bf16": cpu_supports_bf16(),
         "corpus": {"texts": len(texts), "tokens_min": int(tokens.min()),
                    "tokens_mean": round(float(tokens.mean()), 1),
                    "tokens_max": int(tokens.max())},

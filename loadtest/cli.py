@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     inproc = sub.add_parser("inprocess", help="the encode ceiling, with no server",
                             description="Embeds the corpus in this process through "
-                            "blitz.encoders.load_encoder and through plain "
+                            "blitz.encoders.loading.load_encoder and through plain "
                             "SentenceTransformer.encode, for each call size.")
     inproc.add_argument("--backend", choices=["torch", "torch-bf16", "onnx", "onnx-int8"],
                         default="torch", help="the ModelSpec cpu_backend (default: %(default)s)")

@@ -2,7 +2,7 @@
 
 Two engines on the same texts and call sizes:
 
-- ``blitz``: ``blitz.encoders.load_encoder(spec).embed(texts, normalize=True)``, the code
+- ``blitz``: ``blitz.encoders.loading.load_encoder(spec).embed(texts, normalize=True)``, the code
   a pool replica runs (token-budget micro-batches, the spec's CPU backend);
 - ``sentence-transformers``: plain ``SentenceTransformer.encode`` in float32 with its
   default ``batch_size=32``, what a naive server calls.
@@ -68,7 +68,7 @@ def measure(embed: EmbedFn, texts: list[str], texts_per_call: int, seconds: floa
 
 
 def blitz_embed(model_id: str, source: str, backend: str) -> EmbedFn:
-    from blitz.encoders import load_encoder
+    from blitz.encoders.loading import load_encoder
     from blitz.registry import ModelSpec
 
     encoder = load_encoder(ModelSpec(id=model_id, source=source, cpu_backend=backend))

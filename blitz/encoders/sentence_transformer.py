@@ -19,7 +19,7 @@ class SentenceTransformerEncoder(Encoder):
     kind = "embedding"
 
     def __init__(self, model_id: str, model: Any, *, max_seq_length: int | None = None,
-                 token_budget: int = 8192, output_dtype: torch.dtype | None = None):
+                 token_budget: int):
         limit = max_seq_length or model.max_seq_length or 512
         model.max_seq_length = limit
         super().__init__(model_id, limit)

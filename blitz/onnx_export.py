@@ -1,0 +1,333 @@
+"""ONNX builds for the CPU pool: export, dynamic int8 quantization, and their cache entry.
+
+A build is prepared once per (source files, backend, quantization, library versions)
+into the model cache (``blitz.model_cache``, area ``optimized``) and opened through
+sentence-transformers' own ONNX backend, so the encoders call it exactly as they call a
+torch model: ``model(features)["sentence_embedding"]`` or ``predict``.
+
+int8 builds are dynamic quantizations of the weights (per channel, configured for this
+CPU's instructions, ``blitz.cpu_features.quantization_target``) after onnxruntime's
+transformer fusions. Recipes go from fast to conservative (``INT8_RECIPES``); the first
+whose accuracy meets the spec's threshold is kept.
+
+Every build is checked against torch fp32 by the accuracy guard (``blitz.accuracy``)
+while it is built. The numbers are recorded in the cache entry, so a cached build is not
+checked again on each load, and one that failed is never served (unless its threshold
+is lowered).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from blitz import model_cache
+from blitz.accuracy import AccuracyReport, compare, cut, enforce_accuracy, probe
+from blitz.cpu_features import quantization_target
+from blitz.encoders.models import (
+    onnx_model_kwargs,
+    open_onnx_file,
+    open_torch_bi_encoder,
+    open_torch_cross_encoder,
+    wrap,
+)
+from blitz.registry import ModelSpec
+
+logger = logging.getLogger("blitz.onnx_export")
+
+AREA = "optimized"
+CACHE_FORMAT = 3  # bump when how entries are built, laid out or checked changes
+ONNX_FILE = "onnx/model.onnx"
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    """An ONNX build in the cache, ready to open."""
+
+    path: Path
+    file_name: str  # relative to ``path``, e.g. onnx/model_qint8_avx512_vnni.onnx
+    backend: str
+    quantization: str | None
+    int8_recipe: str | None  # which weights are int8 (see INT8_RECIPES)
+    accuracy: AccuracyReport
+    built: bool  # True when this call built it
+    build_seconds: float
+
+
+def onnx_cache_key(spec: ModelSpec, path: Path) -> tuple[str, dict[str, Any]]:
+    """The cache key of ``spec``'s ONNX build from the files at ``path``, and what it covers."""
+    backend = spec.cpu_backend
+    if not backend.startswith("onnx"):
+        raise ValueError(f"model {spec.id!r} has cpu_backend {backend!r}, not an ONNX one")
+    quantization = quantization_target() if backend == "onnx-int8" else None
+    parts = {
+        "format": CACHE_FORMAT, "kind": spec.kind, "source": spec.source,
+        "files": model_cache.directory_fingerprint(path), "pooling": spec.pooling,
+        "backend": backend, "quantization": quantization,
+        "versions": model_cache.library_versions(),
+        # the int8 recipe is the first that meets the threshold, so it is part of the key
+        "threshold": spec.accuracy_threshold if quantization else None,
+    }
+    label = f"{_source_name(spec)}-{backend}" + (f"-{quantization}" if quantization else "")
+    return model_cache.entry_key(label, parts), parts
+
+
+def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = None,
+                 progress: Progress | None = None, *, lock_timeout: float | None = None,
+                 validate: Callable[[Path, str], object] | None = None) -> PreparedModel:
+    """Export (and quantize) ``spec`` into the cache, or find it there; enforce its accuracy.
+
+    A cached build is checked before it is used: its metadata, its files' sizes, and
+    ``validate(directory, file_name)`` when given (``load_onnx`` opens the model with it).
+    A build that fails is rebuilt once (``model_cache.get_or_build``). ``lock_timeout``
+    bounds the wait for another process building the same entry
+    (``model_cache.LOCK_TIMEOUT_S`` by default). What the export raises propagates.
+    """
+    key, parts = onnx_cache_key(spec, path)
+    backend, quantization = spec.cpu_backend, parts["quantization"]
+    say = progress or (lambda stage: logger.info("model %r: %s", spec.id, stage))
+
+    def build(tmp: Path) -> dict[str, Any]:
+        file_name, report, recipe = _build_onnx(spec, path, tmp, quantization, say)
+        return {**parts, "model_id": spec.id, "file_name": file_name, "int8_recipe": recipe,
+                "accuracy": report.to_dict()}
+
+    def check(entry: model_cache.CacheEntry) -> None:
+        file_name = str(entry.meta["file_name"])
+        report = AccuracyReport.from_dict(entry.meta["accuracy"])
+        if not (entry.path / file_name).is_file():
+            raise FileNotFoundError(f"{file_name} is missing")
+        if validate is not None and report.passes(spec.accuracy_threshold):
+            validate(entry.path, file_name)  # a build that will be refused is not opened
+
+    entry = model_cache.get_or_build(model_cache.cache_root(cache_dir), AREA, key, build,
+                                     validate=check, lock_timeout=lock_timeout, model=spec.id)
+    report = AccuracyReport.from_dict(entry.meta["accuracy"])
+    prepared = PreparedModel(entry.path, str(entry.meta["file_name"]), backend, quantization,
+                             entry.meta.get("int8_recipe"), report, entry.built,
+                             float(entry.meta.get("build_seconds", 0.0)))
+    if not entry.built:
+        logger.info("model %r: %s build found in the cache at %s", spec.id, backend, entry.path)
+    described = f"{backend} ({quantization}, {prepared.int8_recipe})" if quantization else backend
+    enforce_accuracy(spec, described, report)
+    return prepared
+
+
+def load_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = None, *,
+              lock_timeout: float | None = None) -> Any:
+    """``spec``'s ONNX build, prepared and cached, opened on onnxruntime (CPU) as a
+    sentence-transformers model. A cached build that cannot be opened (a truncated
+    graph, say) is rebuilt once, and the model opened then is the one returned."""
+    opened: list[Any] = []
+    prepare_onnx(spec, path, cache_dir, lock_timeout=lock_timeout,
+                 validate=lambda directory, file_name: opened.append(
+                     open_onnx_file(spec, directory, file_name)))
+    return opened[-1]
+
+
+def _build_onnx(spec: ModelSpec, path: Path, tmp: Path, quantization: str | None,
+                say: Progress) -> tuple[str, AccuracyReport, str | None]:
+    """Fill ``tmp`` with the ONNX build; returns its file, accuracy and int8 recipe."""
+    say("exporting to ONNX")
+    model = _export_onnx(spec, path)
+    model.save_pretrained(str(tmp))
+    del model
+    say("running torch fp32 on the probe set")
+    torch_model = (open_torch_cross_encoder if spec.kind == "cross-encoder"
+                   else open_torch_bi_encoder)(spec, path)
+    reference = _probe(spec, torch_model)
+    if not quantization:
+        say("checking accuracy against torch fp32")
+        return ONNX_FILE, _accuracy(spec, reference, tmp, ONNX_FILE), None
+
+    file_name = f"onnx/model_qint8_{quantization}.onnx"
+    say("fusing attention, layer norm and GELU for int8")
+    graph = fuse_transformer_ops(tmp / ONNX_FILE, tmp / "onnx" / "fused.onnx")
+    weights = weight_matmuls(graph)
+    note = ""
+    for recipe in INT8_RECIPES:
+        say(f"quantizing to int8 for {quantization}: {recipe.description}{note}")
+        quantize_int8(graph, tmp / file_name, quantization, recipe.excluded(weights))
+        say("checking accuracy against torch fp32")
+        report = _accuracy(spec, reference, tmp, file_name)
+        if report.passes(spec.accuracy_threshold) or recipe is INT8_RECIPES[-1]:
+            break
+        note = (f" (with {recipe.description}: min {report.metric} {cut(report.minimum)} "
+                f"< {spec.accuracy_threshold})")
+    for leftover in {graph, tmp / ONNX_FILE}:  # the int8 entry keeps only the int8 graph
+        leftover.unlink()
+    return file_name, report, recipe.name
+
+
+def _probe(spec: ModelSpec, model: Any) -> np.ndarray:
+    """``model``'s probe answers, run as the CPU pool runs it; the encoder is closed after."""
+    encoder = wrap(spec, model, "cpu")
+    try:
+        return probe(encoder)
+    finally:
+        encoder.close()
+
+
+def _accuracy(spec: ModelSpec, reference: np.ndarray, directory: Path,
+              file_name: str) -> AccuracyReport:
+    return compare(spec.kind, reference, _probe(spec, open_onnx_file(spec, directory, file_name)))
+
+
+def _source_name(spec: ModelSpec) -> str:
+    return PurePosixPath(spec.location().rest.rstrip("/")).name or "model"
+
+
+# --- export -----------------------------------------------------------------------------
+
+def _export_onnx(spec: ModelSpec, path: Path) -> Any:
+    """The model exported to ONNX by optimum (in memory; ``save_pretrained`` writes it)."""
+    from sentence_transformers import CrossEncoder, SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    kwargs = {**onnx_model_kwargs(), "export": True}
+    with _quiet_export():
+        if spec.kind == "cross-encoder":
+            return CrossEncoder(str(path), backend="onnx", device="cpu", local_files_only=True,
+                                model_kwargs=kwargs)
+        if (path / "modules.json").exists():
+            return SentenceTransformer(str(path), backend="onnx", device="cpu",
+                                       local_files_only=True, model_kwargs=kwargs)
+        word = Transformer(str(path), backend="onnx", model_kwargs=kwargs)
+        pool = Pooling(word.get_embedding_dimension(), spec.pooling or "mean")
+        return SentenceTransformer(modules=[word, pool], device="cpu")
+
+
+class _DropBelow(logging.Filter):
+    """Drops records under ``level`` (from modules whose path contains ``origin``)."""
+
+    def __init__(self, level: int, origin: str = ""):
+        super().__init__()
+        self.level, self.origin = level, origin
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level or self.origin not in record.pathname
+
+
+@contextlib.contextmanager
+def _quiet_export() -> Iterator[None]:
+    """Silence the export's noise that does not apply here.
+
+    sentence-transformers warns that the export should be saved (we save it), transformers
+    that optimum passes ``torch_dtype``, the tracer about constants, and onnxruntime's
+    quantizer logs a line per tensor (and advice) on the root logger. Logger filters apply
+    to records of that very logger only, hence one per module.
+    """
+    quiet = [(logging.getLogger(name), _DropBelow(logging.ERROR)) for name in
+             ("sentence_transformers.backend.utils", "transformers.configuration_utils")]
+    quiet.append((logging.getLogger(), _DropBelow(logging.ERROR, "onnxruntime")))
+    for logger_, drop in quiet:
+        logger_.addFilter(drop)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=".*trace.*")
+            yield
+    finally:
+        for logger_, drop in quiet:
+            logger_.removeFilter(drop)
+
+
+# --- int8 -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Int8Recipe:
+    """Which weights of the graph are quantized to int8 (dynamic quantization).
+
+    Only weights are quantized: MatMuls with a constant second input and the fused
+    Attention's QKV projection. The activation-by-activation MatMuls inside attention,
+    the embeddings (Gather) and Transpose, which onnxruntime would quantize by default,
+    stay in fp32: quantizing them costs accuracy and, on these models, speed.
+    """
+
+    name: str
+    description: str
+    keep_expanding: bool  # keep the expanding MatMuls (FFN up-projections) in fp32
+
+    def excluded(self, weights: list[tuple[str, int, int]]) -> list[str]:
+        return [name for name, rows, cols in weights if self.keep_expanding and cols > rows]
+
+
+INT8_RECIPES = (
+    Int8Recipe("linear", "every linear layer", keep_expanding=False),
+    Int8Recipe("linear-but-ffn-up", "linear layers but the FFN up-projections",
+               keep_expanding=True),
+)
+_FUSABLE = {"bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra"}
+
+
+def fuse_transformer_ops(source: Path, target: Path) -> Path:
+    """``source`` with onnxruntime's transformer fusions applied, written to ``target``.
+
+    Fusing before quantizing lets the Attention op run its QKV projection in int8 as one
+    kernel; the unfused int8 graph defeats onnxruntime's own run-time fusions. Returns
+    ``source`` itself when the architecture is not one the fusions know, or they fail.
+    """
+    config = source.parent.parent / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.exists() else None
+    if model_type not in _FUSABLE or (source.parent / f"{source.name}_data").exists():
+        return source
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    try:
+        with _quiet_export():
+            fused = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0,
+                                   opt_level=0)
+            fused.save_model_to_file(str(target))
+    except Exception as exc:  # the unfused graph is still correct, only slower
+        logger.warning("transformer fusion failed (%s: %s); quantizing the unfused graph",
+                       type(exc).__name__, exc)
+        return source
+    return target
+
+
+def quantize_int8(source: Path, target: Path, cpu: str, exclude: list[str]) -> None:
+    """Dynamic int8 quantization of ``source``'s weights for ``cpu`` (see quantization_target).
+
+    Weight type, symmetry and per-channel scales follow optimum's configuration for that
+    CPU (``AutoQuantizationConfig.<cpu>``).
+    """
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+    config = getattr(AutoQuantizationConfig, cpu)(is_static=False)
+    with _quiet_export():
+        quantize_dynamic(
+            source, target, op_types_to_quantize=["MatMul", "Attention"],
+            per_channel=config.per_channel, reduce_range=config.reduce_range,
+            weight_type=QuantType.QUInt8 if config.weights_dtype == QuantType.QUInt8
+            else QuantType.QInt8,
+            nodes_to_exclude=exclude,
+            use_external_data_format=(source.parent / f"{source.name}_data").exists(),
+            extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT,
+                           "WeightSymmetric": config.weights_symmetric,
+                           "ActivationSymmetric": config.activations_symmetric},
+        )
+
+
+def weight_matmuls(onnx_file: Path) -> list[tuple[str, int, int]]:
+    """(node name, rows, columns) of every MatMul whose second input is a 2-D weight."""
+    import onnx
+
+    graph = onnx.load(str(onnx_file), load_external_data=False).graph
+    shapes = {init.name: tuple(init.dims) for init in graph.initializer}
+    found = []
+    for node in graph.node:
+        shape = shapes.get(node.input[1]) if node.op_type == "MatMul" else None
+        if shape is not None and len(shape) == 2:
+            found.append((node.name, int(shape[0]), int(shape[1])))
+    return found
