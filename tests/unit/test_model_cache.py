@@ -214,3 +214,21 @@ def test_temp_dirs_of_dead_builders_are_cleared(tmp_path):
     abandoned.mkdir(parents=True)
     model_cache.get_or_build(tmp_path, "optimized", "k", lambda tmp: {})
     assert not abandoned.exists()
+
+
+def test_a_waiter_says_what_it_waits_for_and_again_while_it_waits(tmp_path, caplog,
+                                                                  monkeypatch):
+    monkeypatch.setattr(model_cache, "_STILL_WAITING_S", 0.1)
+    lock = model_cache.lock_path(tmp_path, AREA, KEY)
+    caplog.set_level(logging.INFO, logger="blitz.model_cache")
+    with model_cache.file_lock(lock):
+        with pytest.raises(ModelLoadFailed, match="gave up after 0.35 s"):
+            with model_cache.file_lock(lock, "waiting for the other builder", timeout=0.35):
+                pass
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "waiting for the other builder"
+    assert len(lines) >= 3 and all(line.startswith("waiting for the other builder (waited ")
+                                   and line.endswith("of at most 0.35 s)") for line in lines[1:])
+    with model_cache.file_lock(lock, "not logged: nobody holds it", timeout=0):
+        pass
+    assert "nobody holds it" not in caplog.text and len(caplog.records) == len(lines)
