@@ -168,3 +168,10 @@ def as_blitz_error(exc: BaseException) -> BlitzError:
     if isinstance(exc, BlitzError):
         return exc
     return InternalError(f"{type(exc).__name__}: {exc}")
+
+
+class MethodNotAllowed(BlitzError):
+    """A known route called with a method it does not take; the reply's ``Allow`` names them."""
+
+    status, type, code = 405, "invalid_request_error", "method_not_allowed"
+    expose = True
