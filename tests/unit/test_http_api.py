@@ -204,6 +204,8 @@ async def test_routes_are_found_below_the_root_path():
         assert error_of(await c.get("/embed"), 405)
         error = error_of(await c.get("/blitz"), 404)  # a path the prefix alone does not serve
         assert error["code"] == "not_found"
+        r = await c.post("/embed/", json={"texts": ["a"]})  # Starlette's slash redirect
+        assert r.status_code == 307 and r.headers["location"] == "http://blitz/blitz/embed"
 
 
 async def test_unexpected_errors_are_500_with_request_id_and_no_internal_text(client, caplog,
