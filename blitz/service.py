@@ -139,7 +139,7 @@ class EmbeddingService:
         with self._recorded(record, "handle.embed") as record:
             record.texts = (len(token_ids) if token_ids is not None else
                             1 if isinstance(texts, str) else len(texts or ()))
-            record.model = model or ""
+            record.model = model or ""  # observed as "other" if it is unknown
             spec = self.spec(model)
             record.model = spec.id
             if spec.kind != "embedding":
@@ -231,7 +231,7 @@ class EmbeddingService:
         """Score ``documents`` against ``query``, best first; ``record`` as for ``embed``."""
         with self._recorded(record, "handle.rerank") as record:
             record.texts = len(documents or ())
-            record.model = model or ""
+            record.model = model or ""  # observed as "other" if it is unknown
             spec = self.spec(model)
             record.model = spec.id
             limits = self.settings.limits
