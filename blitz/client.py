@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 
 from blitz import codecs
+from blitz.postprocess import OutputDtype
 
 _MSGPACK = codecs.MSGPACK_TYPES[0]
 
@@ -42,13 +43,20 @@ class _Calls:
         return {"method": "POST", "url": url, "content": codecs.pack(body), "headers": headers}
 
     @classmethod
-    def embed(cls, texts: str | list[str], model: str | None, **options: Any) -> dict[str, Any]:
-        return cls._post("/embed", {"texts": texts, **options}, model)
+    def embed(cls, texts: str | list[str], model: str | None, *, normalize: bool | None,
+              truncate: bool | None, dimensions: int | None, dtype: OutputDtype | None,
+              prompt_name: str | None) -> dict[str, Any]:
+        return cls._post("/embed", {"texts": texts, "normalize": normalize,
+                                    "truncate": truncate, "dimensions": dimensions,
+                                    "dtype": dtype, "prompt_name": prompt_name}, model)
 
     @classmethod
-    def rerank(cls, query: str, documents: list[str], model: str | None,
-               **options: Any) -> dict[str, Any]:
-        return cls._post("/rerank", {"query": query, "documents": documents, **options}, model)
+    def rerank(cls, query: str, documents: list[str], model: str | None, *,
+               top_n: int | None, return_documents: bool | None,
+               truncate: bool | None) -> dict[str, Any]:
+        return cls._post("/rerank", {"query": query, "documents": documents, "top_n": top_n,
+                                     "return_documents": return_documents,
+                                     "truncate": truncate}, model)
 
     @staticmethod
     def models() -> dict[str, Any]:
@@ -78,21 +86,30 @@ def _headers(api_key: str | None) -> dict[str, str]:
 
 
 class Client:
-    """Blocking client. ``transport`` accepts any httpx transport (tests use MockTransport)."""
+    """Blocking client. ``transport`` accepts any httpx transport (tests serve the real API).
+
+    The options of ``embed`` and ``rerank`` are the request bodies' (SPEC §6); one left
+    as None is not sent, so the server's default applies."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None,
                  timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
         self._http = httpx.Client(base_url=base_url, headers=_headers(api_key),
                                   timeout=timeout, transport=transport)
 
-    def embed(self, texts: str | list[str], model: str | None = None,
-              **options: Any) -> np.ndarray:
-        return _Calls.embeddings(self._http.request(**_Calls.embed(texts, model, **options)))
+    def embed(self, texts: str | list[str], model: str | None = None, *,
+              normalize: bool | None = None, truncate: bool | None = None,
+              dimensions: int | None = None, dtype: OutputDtype | None = None,
+              prompt_name: str | None = None) -> np.ndarray:
+        request = _Calls.embed(texts, model, normalize=normalize, truncate=truncate,
+                               dimensions=dimensions, dtype=dtype, prompt_name=prompt_name)
+        return _Calls.embeddings(self._http.request(**request))
 
-    def rerank(self, query: str, documents: list[str], model: str | None = None,
-               **options: Any) -> dict[str, Any]:
-        return _Calls.decode(self._http.request(
-            **_Calls.rerank(query, documents, model, **options)))
+    def rerank(self, query: str, documents: list[str], model: str | None = None, *,
+               top_n: int | None = None, return_documents: bool | None = None,
+               truncate: bool | None = None) -> dict[str, Any]:
+        request = _Calls.rerank(query, documents, model, top_n=top_n,
+                                return_documents=return_documents, truncate=truncate)
+        return _Calls.decode(self._http.request(**request))
 
     def models(self) -> list[dict[str, Any]]:
         return _Calls.decode(self._http.request(**_Calls.models()))["data"]
@@ -115,15 +132,20 @@ class AsyncClient:
         self._http = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key),
                                        timeout=timeout, transport=transport)
 
-    async def embed(self, texts: str | list[str], model: str | None = None,
-                    **options: Any) -> np.ndarray:
-        return _Calls.embeddings(
-            await self._http.request(**_Calls.embed(texts, model, **options)))
+    async def embed(self, texts: str | list[str], model: str | None = None, *,
+                    normalize: bool | None = None, truncate: bool | None = None,
+                    dimensions: int | None = None, dtype: OutputDtype | None = None,
+                    prompt_name: str | None = None) -> np.ndarray:
+        request = _Calls.embed(texts, model, normalize=normalize, truncate=truncate,
+                               dimensions=dimensions, dtype=dtype, prompt_name=prompt_name)
+        return _Calls.embeddings(await self._http.request(**request))
 
-    async def rerank(self, query: str, documents: list[str], model: str | None = None,
-                     **options: Any) -> dict[str, Any]:
-        return _Calls.decode(await self._http.request(
-            **_Calls.rerank(query, documents, model, **options)))
+    async def rerank(self, query: str, documents: list[str], model: str | None = None, *,
+                     top_n: int | None = None, return_documents: bool | None = None,
+                     truncate: bool | None = None) -> dict[str, Any]:
+        request = _Calls.rerank(query, documents, model, top_n=top_n,
+                                return_documents=return_documents, truncate=truncate)
+        return _Calls.decode(await self._http.request(**request))
 
     async def models(self) -> list[dict[str, Any]]:
         return _Calls.decode(await self._http.request(**_Calls.models()))["data"]

@@ -12,6 +12,7 @@ be shown (``expose``, stated on every class): a ``ClientError`` is the request's
      │    ├── Unauthorized          401 authentication_error / invalid_api_key
      │    ├── NotFound              404 not_found_error / not_found
      │    │    └── UnknownModel     404 not_found_error / model_not_found
+     │    ├── MethodNotAllowed      405 invalid_request_error / method_not_allowed (+ Allow)
      │    ├── PayloadTooLarge       413 invalid_request_error / payload_too_large
      │    │    └── InputTooLong     413 invalid_request_error / input_too_long
      │    └── InvalidValue          422 invalid_request_error / invalid_value
@@ -84,6 +85,13 @@ class NotFound(ClientError):
 
 class UnknownModel(NotFound):
     code = "model_not_found"
+    expose = True
+
+
+class MethodNotAllowed(ClientError):
+    """A known route called with a method it does not take; the reply's ``Allow`` names them."""
+
+    status, type, code = 405, "invalid_request_error", "method_not_allowed"
     expose = True
 
 

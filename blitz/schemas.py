@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import numpy as np
@@ -136,6 +136,18 @@ class OpenAIEmbeddingRequest(_Request):
                              "lists, all items alike")
         return value
 
+    def texts_or_token_ids(self) -> tuple[list[str], None] | tuple[None, list[list[int]]]:
+        """``input`` as ``(texts, None)`` or ``(None, token-id rows)``: a string is one text,
+        a list of integers one row of token ids."""
+        items: Any = self.input  # ``_one_shape`` made every item alike
+        if isinstance(items, str):
+            return [items], None
+        if items and isinstance(items[0], int):
+            return None, [items]
+        if items and isinstance(items[0], list):
+            return None, items
+        return items, None
+
 
 class RerankRequest(_Request):
     """``POST /rerank`` and ``POST /v1/rerank`` (Cohere/Jina shape)."""
@@ -234,7 +246,6 @@ class RerankResult:
     model: str
     usage: Usage
     pool: str = "cpu"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "results": [h.to_dict() for h in self.results],

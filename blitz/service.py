@@ -2,7 +2,7 @@
 
 A ``Dispatcher`` runs jobs on pools; deployments/ implements it with Serve handles, tests
 with in-process encoders. Every request is checked against the limits here, before any
-model work.
+model work, and its metrics are recorded here, for HTTP requests and handle calls alike.
 """
 
 from __future__ import annotations
@@ -10,19 +10,44 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded
-from blitz.errors import InputTooLong, InvalidValue, NotReady, PayloadTooLarge, echo
+from blitz.errors import (
+    InputTooLong,
+    InvalidValue,
+    NotReady,
+    PayloadTooLarge,
+    as_blitz_error,
+    echo,
+)
 from blitz.postprocess import OutputDtype, quantize, truncate_dimensions
 from blitz.registry import ModelSpec, read_dimension
 from blitz.routing import choose_pool
 from blitz.schemas import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankResult, Usage
 
 logger = logging.getLogger("blitz.service")
+
+Observer = Callable[[str, str, str, int, int], None]
+"""Receives (route, model, pool, status, texts) once per request; every label is bounded."""
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request's facts for the metrics. The service fills ``model``, ``pool`` and
+    ``texts``; whoever made the record observes it once: the HTTP middleware for an HTTP
+    request (it knows the route and the status), the service for a handle call."""
+
+    route: str
+    model: str = ""
+    pool: str = ""
+    texts: int = 0
 
 
 class Dispatcher(Protocol):
@@ -38,10 +63,12 @@ class Dispatcher(Protocol):
 
 
 class EmbeddingService:
-    def __init__(self, settings: BlitzSettings, dispatcher: Dispatcher):
+    def __init__(self, settings: BlitzSettings, dispatcher: Dispatcher,
+                 observer: Observer | None = None):
         self.settings = settings
         self.registry = settings.registry()
         self.dispatcher = dispatcher
+        self.observer = observer
         self.started = int(time.time())
         self._dimensions: dict[str, int | None] = {}
         self._ready: tuple[float, bool] | None = None  # (when checked, answer)
@@ -52,6 +79,31 @@ class EmbeddingService:
     def spec(self, model_id: str | None) -> ModelSpec:
         """The spec for ``model_id``; the configured default when none is given."""
         return self.registry.get(model_id or self.settings.default_model)
+
+    # ---- metrics ---------------------------------------------------------------------
+
+    def observe(self, record: RequestRecord, status: int) -> None:
+        """Hand one finished request to the observer; an unknown model id is "other"."""
+        if self.observer is None:
+            return
+        model = record.model
+        if model and model not in self.registry:
+            model = "other"
+        self.observer(record.route, model, record.pool, status, record.texts)
+
+    @contextmanager
+    def _recorded(self, record: RequestRecord | None, route: str) -> Iterator[RequestRecord]:
+        """The caller's record, or for a handle call a new one, observed here on exit."""
+        if record is not None:
+            yield record
+            return
+        record = RequestRecord(route)
+        try:
+            yield record
+        except Exception as exc:
+            self.observe(record, as_blitz_error(exc).status)
+            raise
+        self.observe(record, 200)
 
     # ---- limits ----------------------------------------------------------------------
 
@@ -78,45 +130,59 @@ class EmbeddingService:
     async def embed(self, texts: str | list[str] | None = None, *, model: str | None = None,
                     token_ids: list[list[int]] | None = None, normalize: bool | None = None,
                     truncate: bool = True, dimensions: int | None = None,
-                    dtype: OutputDtype = "float32",
-                    prompt_name: str | None = None) -> EmbedResult:
-        spec = self.spec(model)
-        if spec.kind != "embedding":
-            raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; use /rerank for it",
-                               param="model")
-        normalize = spec.normalize if normalize is None else normalize
-        if token_ids is not None:
-            self._check_token_ids(token_ids)
-            count = len(token_ids)
-        else:
-            texts = [texts] if isinstance(texts, str) else list(texts or [])
-            self.check_texts(texts)
-            if prompt_name is not None:
-                if prompt_name not in spec.prompts:
-                    known = ", ".join(sorted(spec.prompts)) or "none"
-                    raise InvalidValue(f"prompt_name {echo(prompt_name)!r} is not defined for model "
-                                       f"{spec.id!r}; defined: {known}", param="prompt_name")
-                prefix = spec.prompts[prompt_name]
-                texts = [prefix + t for t in texts]
-            count = len(texts)
-        self._check_dimensions(spec, dimensions)
+                    dtype: OutputDtype = "float32", prompt_name: str | None = None,
+                    record: RequestRecord | None = None) -> EmbedResult:
+        """Embed ``texts`` (or ``token_ids``) with ``model`` (the default when None).
 
-        pool = choose_pool(spec.kind, count, self.dispatcher.pools, self.settings.routing)
-        size = self.dispatcher.max_batch(pool)
-        jobs = [
-            EmbedJob(texts=texts[i:i + size] if texts is not None and token_ids is None
-                     else None,
-                     token_ids=token_ids[i:i + size] if token_ids is not None else None,
-                     normalize=normalize, truncate=truncate)
-            for i in range(0, count, size)
-        ]
-        parts = await self._gather(
-            [self.dispatcher.embed(pool, spec.id, job) for job in jobs], size)
-        values = parts[0].values if len(parts) == 1 else np.concatenate(
-            [p.values for p in parts])
-        tokens = int(sum(int(p.token_counts.sum()) for p in parts))
-        values = quantize(truncate_dimensions(values, dimensions, normalize), dtype)
-        return EmbedResult(values, spec.id, Usage.of(tokens), pool)
+        ``record`` is the HTTP request's record; without one (a handle call) the call is
+        observed here as route ``handle.embed``."""
+        with self._recorded(record, "handle.embed") as record:
+            record.texts = (len(token_ids) if token_ids is not None else
+                            1 if isinstance(texts, str) else len(texts or ()))
+            record.model = model or ""  # observed as "other" if it is unknown
+            spec = self.spec(model)
+            record.model = spec.id
+            if spec.kind != "embedding":
+                raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; use /rerank for it",
+                                   param="model")
+            normalize = spec.normalize if normalize is None else normalize
+            items: list[str] | None = None
+            if token_ids is not None:
+                self._check_token_ids(token_ids)
+                count = len(token_ids)
+            else:
+                items = [texts] if isinstance(texts, str) else list(texts or [])
+                self.check_texts(items)
+                items = self._prompted(spec, items, prompt_name)
+                count = len(items)
+            self._check_dimensions(spec, dimensions)
+
+            pool = choose_pool(spec.kind, count, self.dispatcher.pools, self.settings.routing)
+            size = self.dispatcher.max_batch(pool)
+            jobs = [EmbedJob(texts=items[i:i + size] if items is not None else None,
+                             token_ids=token_ids[i:i + size] if token_ids is not None else None,
+                             normalize=normalize, truncate=truncate)
+                    for i in range(0, count, size)]
+            parts = await self._gather(
+                [self.dispatcher.embed(pool, spec.id, job) for job in jobs], size)
+            values = parts[0].values if len(parts) == 1 else np.concatenate(
+                [p.values for p in parts])
+            tokens = int(sum(int(p.token_counts.sum()) for p in parts))
+            values = quantize(truncate_dimensions(values, dimensions, normalize), dtype)
+            record.pool = pool
+            return EmbedResult(values, spec.id, Usage.of(tokens), pool)
+
+    @staticmethod
+    def _prompted(spec: ModelSpec, texts: list[str], prompt_name: str | None) -> list[str]:
+        """``texts`` behind the model's prompt ``prompt_name``, when one is asked for."""
+        if prompt_name is None:
+            return texts
+        if prompt_name not in spec.prompts:
+            known = ", ".join(sorted(spec.prompts)) or "none"
+            raise InvalidValue(f"prompt_name {echo(prompt_name)!r} is not defined for model "
+                               f"{spec.id!r}; defined: {known}", param="prompt_name")
+        prefix = spec.prompts[prompt_name]
+        return [prefix + t for t in texts]
 
     def _check_token_ids(self, token_ids: list[list[int]]) -> None:
         limits = self.settings.limits
@@ -147,48 +213,56 @@ class EmbeddingService:
     @staticmethod
     async def _gather(calls: list, chunk_size: int) -> list[Encoded]:
         """Run chunk calls in parallel; an over-long input is reported at its request index."""
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        for k, res in enumerate(results):
-            if isinstance(res, InputTooLong):
-                raise res.shifted(k * chunk_size)
+        parts: list[Encoded] = []
+        for k, res in enumerate(await asyncio.gather(*calls, return_exceptions=True)):
             if isinstance(res, BaseException):
+                error = as_blitz_error(res)  # what a pool replica raised arrives wrapped
+                if isinstance(error, InputTooLong):
+                    raise error.shifted(k * chunk_size)
                 raise res
-        return results  # type: ignore[return-value]
+            parts.append(res)
+        return parts
 
     # ---- rerank ----------------------------------------------------------------------
 
     async def rerank(self, query: str, documents: list[str], *, model: str | None = None,
                      top_n: int | None = None, return_documents: bool = False,
-                     truncate: bool = True) -> RerankResult:
-        spec = self.spec(model)
-        limits = self.settings.limits
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidValue("query must be a non-empty string", param="query")
-        if len(query) > limits.max_chars_per_text:
-            raise PayloadTooLarge(f"query has {len(query)} characters; the limit "
-                                  f"max_chars_per_text is {limits.max_chars_per_text}",
-                                  param="query")
-        self.check_texts(documents, "documents")
-        if top_n is not None:
-            if top_n < 1:
-                raise InvalidValue("top_n must be at least 1", param="top_n")
-            if top_n > limits.max_top_n:
-                raise PayloadTooLarge(f"top_n={top_n}; the limit max_top_n is "
-                                      f"{limits.max_top_n}", param="top_n")
+                     truncate: bool = True, record: RequestRecord | None = None) -> RerankResult:
+        """Score ``documents`` against ``query``, best first; ``record`` as for ``embed``."""
+        with self._recorded(record, "handle.rerank") as record:
+            record.texts = len(documents or ())
+            record.model = model or ""  # observed as "other" if it is unknown
+            spec = self.spec(model)
+            record.model = spec.id
+            limits = self.settings.limits
+            if not isinstance(query, str) or not query.strip():
+                raise InvalidValue("query must be a non-empty string", param="query")
+            if len(query) > limits.max_chars_per_text:
+                raise PayloadTooLarge(f"query has {len(query)} characters; the limit "
+                                      f"max_chars_per_text is {limits.max_chars_per_text}",
+                                      param="query")
+            self.check_texts(documents, "documents")
+            if top_n is not None:
+                if top_n < 1:
+                    raise InvalidValue("top_n must be at least 1", param="top_n")
+                if top_n > limits.max_top_n:
+                    raise PayloadTooLarge(f"top_n={top_n}; the limit max_top_n is "
+                                          f"{limits.max_top_n}", param="top_n")
 
-        pool = choose_pool(spec.kind, len(documents), self.dispatcher.pools,
-                           self.settings.routing)
-        size = self.dispatcher.max_batch(pool)
-        jobs = [RerankJob(query, documents[i:i + size], truncate)
-                for i in range(0, len(documents), size)]
-        parts = await self._gather(
-            [self.dispatcher.rerank(pool, spec.id, job) for job in jobs], size)
-        scores = np.concatenate([p.values for p in parts])
-        tokens = int(sum(int(p.token_counts.sum()) for p in parts))
-        order = np.argsort(-scores, kind="stable")[: top_n or len(documents)]
-        hits = [RerankHit(int(i), float(scores[i]),
-                          documents[i] if return_documents else None) for i in order]
-        return RerankResult(hits, spec.id, Usage.of(tokens), pool)
+            pool = choose_pool(spec.kind, len(documents), self.dispatcher.pools,
+                               self.settings.routing)
+            size = self.dispatcher.max_batch(pool)
+            jobs = [RerankJob(query, documents[i:i + size], truncate)
+                    for i in range(0, len(documents), size)]
+            parts = await self._gather(
+                [self.dispatcher.rerank(pool, spec.id, job) for job in jobs], size)
+            scores = np.concatenate([p.values for p in parts])
+            tokens = int(sum(int(p.token_counts.sum()) for p in parts))
+            order = np.argsort(-scores, kind="stable")[: top_n or len(documents)]
+            hits = [RerankHit(int(i), float(scores[i]),
+                              documents[i] if return_documents else None) for i in order]
+            record.pool = pool
+            return RerankResult(hits, spec.id, Usage.of(tokens), pool)
 
     # ---- readiness -------------------------------------------------------------------
 

@@ -15,14 +15,13 @@ from ray.serve.exceptions import (
     RequestCancelledError,
 )
 from ray.serve.handle import DeploymentHandle
-from starlette.requests import Request
-from starlette.responses import Response
 
 from blitz.batching import Batcher
-from blitz.config import BlitzSettings, PoolSettings
+from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded
-from blitz.errors import BlitzError, InternalError, Overloaded, TimedOut, Unavailable
+from blitz.errors import Overloaded, TimedOut, Unavailable
 from blitz.http_api import HttpApi
+from blitz.postprocess import OutputDtype
 from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
 from blitz.service import EmbeddingService
 from deployments.logs import route_library_logs_to_serve
@@ -49,7 +48,8 @@ class ServeDispatcher:
     Concurrent embedding jobs for one pool and model go through one ``Batcher``: they
     become one pool call (``embed_jobs``) that answers each job on its own. A replica
     that dies mid-call is retried once (embedding and scoring are idempotent), then
-    answered 503 with Retry-After; a full queue is a 503 at once.
+    answered 503 with Retry-After; a full queue is a 503 at once. What a replica raised
+    arrives as Ray's ``RayTaskError`` and is passed on: ``as_blitz_error`` answers its cause.
     """
 
     def __init__(self, settings: BlitzSettings, handles: dict[str, DeploymentHandle]):
@@ -58,11 +58,8 @@ class ServeDispatcher:
         self.pools = frozenset(handles)
         self._lanes: dict[tuple[str, str], Batcher] = {}
 
-    def _pool(self, pool: str) -> PoolSettings:
-        return self.settings.pool(pool)
-
     def max_batch(self, pool: str) -> int:
-        return self._pool(pool).max_batch_size
+        return self.settings.pool(pool).max_batch_size
 
     async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
         handle = self.handles[pool].options(multiplexed_model_id=model_id)
@@ -74,12 +71,8 @@ class ServeDispatcher:
                 raise Overloaded(f"the {pool} pool is at capacity; retry shortly") from exc
             except RequestCancelledError:
                 raise asyncio.CancelledError() from None
-            except RayTaskError as exc:  # the replica raised: answer what it raised
-                cause = exc.cause
-                if isinstance(cause, BlitzError):
-                    raise cause from None
-                raise InternalError(f"{pool} pool {method}: {type(cause).__name__}: "
-                                    f"{cause}") from exc
+            except RayTaskError:  # the replica raised: no retry, the same job would fail
+                raise
             except REPLICA_FAILURES as exc:
                 if attempt == 1:
                     metrics.pool_failures.inc(tags={"pool": pool, "outcome": "retried"})
@@ -94,7 +87,7 @@ class ServeDispatcher:
         key = (pool, model_id)
         lane = self._lanes.get(key)
         if lane is None:
-            settings = self._pool(pool)
+            settings = self.settings.pool(pool)
             lane = self._lanes[key] = Batcher(
                 lambda jobs: self._call(pool, model_id, "embed_jobs", jobs),
                 max_batch=settings.max_batch_size,
@@ -115,24 +108,35 @@ class ServeDispatcher:
 
 
 @serve.deployment
+@serve.ingress()  # HTTP: the ASGI app from __serve_build_asgi_app__, no adapter in between
 class Ingress:
     def __init__(self, settings: dict[str, Any], cpu_pool: DeploymentHandle,
                  gpu_pool: DeploymentHandle | None = None):
         route_library_logs_to_serve()
         self.settings = BlitzSettings.from_args(settings)
         handles = {"cpu": cpu_pool} | ({"gpu": gpu_pool} if gpu_pool is not None else {})
-        self.service = EmbeddingService(self.settings, ServeDispatcher(self.settings, handles))
-        self.api = HttpApi(self.service, observe=metrics.observe_request)
+        self.service = EmbeddingService(self.settings, ServeDispatcher(self.settings, handles),
+                                        observer=metrics.observe_request)
+        self.api = HttpApi(self.service)
 
-    async def __call__(self, request: Request) -> Response:
-        return await self.api(request)
+    def __serve_build_asgi_app__(self) -> HttpApi:
+        return self.api
 
-    async def embed(self, texts: str | list[str], model: str | None = None,
-                    **options: Any) -> EmbedResult:
-        """Handle API: ``await handle.embed.remote(texts, model="minilm")``."""
-        return await self.service.embed(texts, model=model, **options)
+    async def embed(self, texts: str | list[str], model: str | None = None, *,
+                    normalize: bool | None = None, truncate: bool = True,
+                    dimensions: int | None = None, dtype: OutputDtype = "float32",
+                    prompt_name: str | None = None) -> EmbedResult:
+        """Handle API: ``await handle.embed.remote(texts, model="minilm")``; the options
+        are ``POST /embed``'s."""
+        return await self.service.embed(texts, model=model, normalize=normalize,
+                                        truncate=truncate, dimensions=dimensions, dtype=dtype,
+                                        prompt_name=prompt_name)
 
-    async def rerank(self, query: str, documents: list[str], model: str | None = None,
-                     **options: Any) -> RerankResult:
-        """Handle API: ``await handle.rerank.remote(query, documents, model=...)``."""
-        return await self.service.rerank(query, documents, model=model, **options)
+    async def rerank(self, query: str, documents: list[str], model: str | None = None, *,
+                     top_n: int | None = None, return_documents: bool = False,
+                     truncate: bool = True) -> RerankResult:
+        """Handle API: ``await handle.rerank.remote(query, documents, model=...)``; the
+        options are ``POST /rerank``'s."""
+        return await self.service.rerank(query, documents, model=model, top_n=top_n,
+                                         return_documents=return_documents,
+                                         truncate=truncate)

@@ -12,7 +12,9 @@ class BlitzMetrics:
 
     @cached_property
     def requests(self) -> Counter:
-        return Counter("blitz_requests", description="HTTP requests answered",
+        return Counter("blitz_requests",
+                       description="requests answered: HTTP by route, handle calls as "
+                       "handle.embed and handle.rerank",
                        tag_keys=("route", "model", "pool", "status"))
 
     @cached_property

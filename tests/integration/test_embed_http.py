@@ -98,6 +98,40 @@ async def test_handle_api_equals_in_process(blitz_app, reference):
     assert ranked.results[0].index == 1
 
 
+async def test_handle_api_takes_the_native_options_by_name(blitz_app):
+    from ray import serve
+
+    handle = serve.get_app_handle("it-main")
+    result = await handle.embed.remote(TEXTS, model="minilm", dimensions=64, dtype="float16",
+                                       prompt_name="query")
+    assert result.embeddings.shape == (3, 64) and result.embeddings.dtype == np.float16
+    ranked = await handle.rerank.remote("fox", TEXTS, model="minilm", top_n=1,
+                                        return_documents=True)
+    assert len(ranked.results) == 1 and ranked.results[0].document in TEXTS
+    with pytest.raises(TypeError, match="normalise"):
+        await handle.embed.remote(TEXTS, model="minilm", normalise=False)
+    with pytest.raises(TypeError, match="top_k"):
+        await handle.rerank.remote("fox", TEXTS, top_k=1)
+
+
+def test_an_over_long_document_a_pool_raised_is_413_at_its_request_index(http):
+    documents = ["short"] * 16 + ["word " * 2000]  # 17 documents: the last opens chunk two
+    r = http.post("/rerank", json={"query": "q", "documents": documents, "model": "tiny-ce",
+                                   "truncate": False})
+    assert r.status_code == 413, r.text
+    assert r.json()["error"]["code"] == "input_too_long"
+    assert "input 16" in r.json()["error"]["message"]
+
+
+def test_a_wrong_method_is_405_naming_the_allowed_ones(http):
+    r = http.get("/embed")
+    assert r.status_code == 405, r.text
+    assert r.headers["allow"] == "POST" and r.headers["x-request-id"]
+    assert r.json()["error"]["code"] == "method_not_allowed"
+    r = http.delete("/models")
+    assert r.status_code == 405 and set(r.headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
 def test_prompt_name_prefixes_text(http, reference):
     r = http.post("/embed", json={"texts": ["what is a fox"], "prompt_name": "query"},
                   headers={"accept": "application/json"})

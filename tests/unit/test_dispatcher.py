@@ -1,6 +1,7 @@
 """The ingress's pool calls (deployments.ingress.ServeDispatcher) on fake handles, no Ray:
 merged calls are never multiplied into per-request retries, a dead replica is retried
-once and then answered 503, and what a replica raised reaches the client unchanged."""
+once and then answered 503, and what a replica raised reaches the client unchanged
+(``as_blitz_error`` reads it from Ray's wrapper)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from ray.exceptions import ActorDiedError, RayTaskError
 
 from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded
-from blitz.errors import InputTooLong, InternalError, ModelLoadFailed, Overloaded, Unavailable
+from blitz.errors import (
+    InputTooLong,
+    InternalError,
+    ModelLoadFailed,
+    Overloaded,
+    Unavailable,
+    as_blitz_error,
+)
 from blitz.schemas import EmbedJob
 from deployments.ingress import ServeDispatcher
 
@@ -76,7 +84,8 @@ async def test_a_failed_merged_call_is_not_retried_per_request(error):
     handle = FakeHandle([None, None, RayTaskError("embed_jobs", "tb", error)])
     results = await _merged(handle, ["a", "b", "c"])
     assert handle.calls == [1, 1, 3]  # no second round of three single calls
-    assert all(type(r) is type(error) for r in results[2:])
+    assert all(isinstance(r, RayTaskError) for r in results[2:])
+    assert all(as_blitz_error(r) is error for r in results[2:])
 
 
 async def test_a_dead_replica_is_retried_once_then_answered_503():
@@ -93,6 +102,9 @@ async def test_a_dead_replica_is_retried_once_then_answered_503():
 async def test_an_unexpected_replica_error_is_a_500_without_its_text():
     handle = FakeHandle([RayTaskError("embed_jobs", "tb", TypeError("'NoneType' is not "
                                                                      "callable"))])
-    with pytest.raises(InternalError) as info:
+    with pytest.raises(RayTaskError) as info:
         await dispatcher(handle).embed("cpu", "m", EmbedJob(texts=["x"]))
-    assert "NoneType" not in info.value.to_payload("rid")["error"]["message"]
+    error = as_blitz_error(info.value)
+    assert isinstance(error, InternalError) and error.status == 500
+    assert "NoneType" not in error.to_payload("rid")["error"]["message"]
+    assert handle.calls == [1]  # what the replica raised is not retried

@@ -8,7 +8,6 @@ import logging
 import httpx
 import numpy as np
 import pytest
-from starlette.requests import Request
 
 from blitz import codecs
 from blitz.config import BlitzSettings
@@ -19,7 +18,23 @@ from blitz.service import EmbeddingService
 KEY = "sk-test-123"
 
 
-def make_client(extra: dict | None = None, pools=frozenset({"cpu"})) -> httpx.AsyncClient:
+class PoolRecordingDispatcher(LocalDispatcher):
+    """Runs every job on the local encoders and records which pool each was sent to."""
+
+    def __init__(self, settings, pools):
+        super().__init__(settings, pools)
+        self.pools_asked: list[str] = []
+
+    async def embed(self, pool, model_id, job):
+        self.pools_asked.append(pool)
+        return await super().embed(pool, model_id, job)
+
+    async def rerank(self, pool, model_id, job):
+        self.pools_asked.append(pool)
+        return await super().rerank(pool, model_id, job)
+
+
+def make_api(extra: dict | None = None, pools=frozenset({"cpu"})) -> HttpApi:
     settings = BlitzSettings.from_args({
         "models": [{"id": "fake", "source": "fake:16", "max_seq_length": 8},
                    {"id": "fake8", "source": "fake:8"}],
@@ -27,13 +42,14 @@ def make_client(extra: dict | None = None, pools=frozenset({"cpu"})) -> httpx.As
                    "max_body_bytes": 2048, "max_top_n": 3},
         **(extra or {}),
     })
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, pools)))
+    return HttpApi(EmbeddingService(settings, PoolRecordingDispatcher(settings, pools)))
 
-    async def app(scope, receive, send):
-        response = await api(Request(scope, receive))
-        await response(scope, receive, send)
 
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://blitz")
+def make_client(extra: dict | None = None, pools=frozenset({"cpu"}),
+                root_path: str = "") -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(make_api(extra, pools), root_path=root_path),
+        base_url="http://blitz" + root_path)
 
 
 @pytest.fixture
@@ -158,7 +174,38 @@ async def test_malformed_bodies_are_400(client):
                                headers={"content-type": "application/msgpack"}), 400)
     error_of(await client.post("/embed", content=b"{bad json",
                                headers={"content-type": "application/json"}), 400)
-    error_of(await client.get("/embed"), 404)
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("GET", "/embed", {"POST"}), ("PUT", "/v1/embeddings", {"POST"}),
+    ("DELETE", "/rerank", {"POST"}), ("POST", "/models", {"GET", "HEAD"}),
+    ("POST", "/health", {"GET", "HEAD"}),
+])
+async def test_a_wrong_method_is_405_naming_the_allowed_ones(client, method, path, allowed):
+    r = await client.request(method, path)
+    error = error_of(r, 405)
+    assert error["code"] == "method_not_allowed" and error["type"] == "invalid_request_error"
+    assert set(r.headers["allow"].split(", ")) == allowed
+    assert path in error["message"] and method in error["message"]
+
+
+async def test_an_unknown_path_is_404(client):
+    error = error_of(await client.post("/embeddings", json={"texts": ["a"]}), 404)
+    assert error["code"] == "not_found" and "/embeddings" in error["message"]
+
+
+async def test_routes_are_found_below_the_root_path():
+    """Serve mounts the app under its route prefix: the prefix arrives as ``root_path``
+    and the path still holds it (ASGI)."""
+    async with make_client(root_path="/blitz") as c:
+        r = await c.post("/embed", json={"texts": ["a"]}, headers={"accept": "application/json"})
+        assert r.status_code == 200 and np.array(r.json()["embeddings"]).shape == (1, 16)
+        assert (await c.get("/health")).status_code == 200
+        assert error_of(await c.get("/embed"), 405)
+        error = error_of(await c.get("/blitz"), 404)  # a path the prefix alone does not serve
+        assert error["code"] == "not_found"
+        r = await c.post("/embed/", json={"texts": ["a"]})  # Starlette's slash redirect
+        assert r.status_code == 307 and r.headers["location"] == "http://blitz/blitz/embed"
 
 
 async def test_unexpected_errors_are_500_with_request_id_and_no_internal_text(client, caplog,
@@ -198,9 +245,13 @@ async def test_model_header_wins_over_body(client):
 
 
 async def test_routes_to_gpu_pool_when_present():
-    async with make_client({"routing": {"gpu_min_batch": 3}},
-                           pools=frozenset({"cpu", "gpu"})) as c:
+    api = make_api({"routing": {"gpu_min_batch": 3}}, pools=frozenset({"cpu", "gpu"}))
+    asked = api.service.dispatcher.pools_asked
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
+                                 base_url="http://blitz") as c:
         r = await c.post("/embed", json={"texts": ["a", "b"]})
-        assert r.headers["x-blitz-pool"] == "cpu"
+        assert r.headers["x-blitz-pool"] == "cpu" and asked == ["cpu"]
         r = await c.post("/v1/embeddings", json={"input": [[1]] * 4, "model": "fake"})
-        assert r.headers["x-blitz-pool"] == "gpu"
+        assert r.headers["x-blitz-pool"] == "gpu" and asked == ["cpu", "gpu"]
+        r = await c.post("/rerank", json={"query": "q", "documents": ["a"]})
+        assert r.headers["x-blitz-pool"] == "cpu" and asked == ["cpu", "gpu", "cpu"]

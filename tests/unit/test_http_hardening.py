@@ -7,7 +7,6 @@ import logging
 import httpx
 import orjson
 import pytest
-from starlette.requests import Request
 
 from blitz import codecs
 from blitz.config import BlitzSettings
@@ -41,14 +40,9 @@ def build(extra: dict | None = None, fail: Exception | None = None):
         **(extra or {})})
     observed: list[tuple] = []
     dispatcher = CountingDispatcher(settings, fail)
-    api = HttpApi(EmbeddingService(settings, dispatcher),
-                  observe=lambda *labels: observed.append(labels))
-
-    async def app(scope, receive, send):
-        response = await api(Request(scope, receive))
-        await response(scope, receive, send)
-
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://blitz")
+    api = HttpApi(EmbeddingService(settings, dispatcher,
+                                   observer=lambda *labels: observed.append(labels)))
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(api), base_url="http://blitz")
     return client, observed, dispatcher
 
 
@@ -106,15 +100,30 @@ async def test_openai_boolean_input_is_not_token_ids():
 async def test_unknown_routes_and_models_get_bounded_metric_labels():
     client, observed, _ = build()
     async with client:
-        assert (await client.get("/zz" + "z" * 2000)).status_code == 404
+        r = await client.get("/zz" + "z" * 2000)
+        assert r.status_code == 404 and len(r.json()["error"]["message"]) < 200
         r = await client.post("/embed", json={"texts": ["a"], "model": "m" * 2000})
         assert r.status_code == 404
         assert len(r.json()["error"]["message"]) < 200  # the id is echoed truncated
         assert (await client.post("/embed", json={"texts": ["a"]})).status_code == 200
-    routes = [labels[0] for labels in observed]
-    models = [labels[1] for labels in observed]
-    assert routes == ["other", "/embed", "/embed"]
-    assert models == ["", "other", "fake"]
+        assert (await client.get("/embed")).status_code == 405
+    assert observed == [("other", "", "", 404, 0), ("/embed", "other", "", 404, 1),
+                        ("/embed", "fake", "cpu", 200, 1), ("/embed", "", "", 405, 0)]
+
+
+async def test_each_http_request_is_observed_once_with_its_status():
+    client, observed, _ = build({"auth": {"api_keys": ["k-123"]}})
+    async with client:
+        assert (await client.post("/embed", json={"texts": ["a", "b"]})).status_code == 401
+        r = await client.post("/v1/embeddings", json={"input": [[1, 2], [3]]},
+                              headers={"authorization": "Bearer k-123"})
+        assert r.status_code == 200
+        r = await client.post("/rerank", json={"query": "q", "documents": ["a"] * 17},
+                              headers={"authorization": "Bearer k-123"})
+        assert r.status_code == 413
+        assert (await client.get("/health")).status_code == 200
+    assert observed == [("/embed", "", "", 401, 0), ("/v1/embeddings", "fake", "cpu", 200, 2),
+                        ("/rerank", "", "", 413, 0), ("/health", "", "", 200, 0)]
 
 
 # ---- item 4: readiness says nothing internal, is cached, and shares one check -----------

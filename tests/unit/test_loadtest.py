@@ -216,8 +216,7 @@ def blitz_transport(api_keys: list[str] | None = None,
         seen.append(scope["path"])
         if on_request is not None:
             on_request(len(seen))
-        response = await api(Request(scope, receive))
-        await response(scope, receive, send)
+        await api(scope, receive, send)
 
     return httpx.ASGITransport(app), seen
 

@@ -1,0 +1,133 @@
+"""The HTTP API's one middleware: request id, API keys, error replies, timing, metrics.
+
+Pure ASGI around the router, so a request pays for one extra call and one wrapped ``send``:
+it takes the request id and the API key from the headers, answers every error (a route's,
+the router's 404 and 405, its own 401) in Blitz's JSON shape, adds ``x-request-id``,
+``x-compute-time`` and ``x-blitz-pool`` to every reply, and observes each request once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable, Collection
+
+from starlette._utils import get_route_path  # the router's own reading of root_path
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from blitz.config import AuthSettings
+from blitz.errors import (
+    BlitzError,
+    MethodNotAllowed,
+    NotFound,
+    Unauthorized,
+    as_blitz_error,
+    echo,
+)
+from blitz.responses import JSONBytesResponse
+from blitz.service import RequestRecord
+
+logger = logging.getLogger("blitz.http")
+PUBLIC_ROUTES = frozenset({"/health", "/ready"})
+RECORD = "blitz.record"  # scope key of the request's RequestRecord, for the routes
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class RequestMiddleware:
+    """Wraps the router. ``paths`` are the routes' paths: a request to one of them is
+    counted under its path (anything else under "other") and needs a key unless public."""
+
+    def __init__(self, app: ASGIApp, paths: Collection[str], auth: AuthSettings,
+                 observe: Callable[[RequestRecord, int], None]):
+        self.app = app
+        self.paths = frozenset(paths)
+        self.observe = observe
+        keys = auth.resolved_keys()
+        if auth.required and not keys:
+            raise ValueError(
+                "auth.required is true but no API key resolves: set auth.api_keys or "
+                f"${auth.api_keys_env} in the replica's environment "
+                "(runtime_env.env_vars for `serve deploy`)")
+        logger.info("API keys %s", f"on ({len(keys)} key(s))" if keys else
+                    "off: every route is public (set auth.api_keys, or auth.required: true "
+                    "to refuse to start without keys)")
+        self._key_digests = [_digest(k.encode()) for k in keys]
+        self._keyed_paths = self.paths - PUBLIC_ROUTES
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # lifespan: the router's business
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        headers = Headers(scope=scope)
+        given = headers.get("x-request-id", "")
+        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        path = get_route_path(scope)
+        record = RequestRecord(path if path in self.paths else "other")
+        scope[RECORD] = record
+        scope["app"] = self  # so the router raises its 404 and 405, answered below
+        status = 0
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                extra = [(b"x-request-id", request_id.encode()),
+                         (b"x-compute-time", f"{time.perf_counter() - started:.6f}".encode())]
+                if record.pool:
+                    extra.append((b"x-blitz-pool", record.pool.encode()))
+                message["headers"] = [*message.get("headers", ()), *extra]
+            await send(message)
+
+        try:
+            if self._key_digests and path in self._keyed_paths:
+                self._authorize(headers)
+            await self.app(scope, receive, send_with_headers)
+        except Exception as exc:  # the one place errors become replies
+            if status:  # the reply has begun; nothing more can be said
+                raise
+            await self._error_reply(exc, scope, path, request_id)(
+                scope, receive, send_with_headers)
+        self.observe(record, status)
+
+    def _authorize(self, headers: Headers) -> None:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+        given = _digest(token.strip().encode())
+        matched = False
+        for key in self._key_digests:  # digests, all compared: time reveals no key or length
+            matched |= hmac.compare_digest(given, key)
+        if not matched:
+            raise Unauthorized("invalid API key")
+
+    @staticmethod
+    def _error_reply(exc: Exception, scope: Scope, path: str,
+                     request_id: str) -> JSONBytesResponse:
+        headers: dict[str, str] = {}
+        error: BlitzError
+        if isinstance(exc, HTTPException):  # the router's: no such path, or not this method
+            if exc.status_code == 405 and exc.headers:
+                headers["allow"] = exc.headers["Allow"]
+                error = MethodNotAllowed(f"{echo(path)} takes {headers['allow']}, not "
+                                         f"{echo(scope['method'])}")
+            else:
+                error = NotFound(f"no route {echo(scope['method'])} {echo(path)}")
+        else:
+            error = as_blitz_error(exc)
+        if not error.expose:
+            logger.error("request %s failed", request_id, exc_info=exc)
+        if error.retry_after_s is not None:
+            headers["retry-after"] = str(error.retry_after_s)
+        return JSONBytesResponse(error.to_payload(request_id), status_code=error.status,
+                                 headers=headers)
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()

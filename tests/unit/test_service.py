@@ -1,0 +1,95 @@
+"""EmbeddingService and the ingress's handle API on fake encoders, no Ray: each request is
+observed once (handle calls by the service, HTTP requests by the middleware), the handle
+methods take the native API's options by name, and errors a pool raised keep their index."""
+
+from __future__ import annotations
+
+import pytest
+from ray.exceptions import RayTaskError
+
+from blitz.config import BlitzSettings
+from blitz.errors import InputTooLong, UnknownModel
+from blitz.local import LocalDispatcher
+from blitz.service import EmbeddingService, RequestRecord
+from deployments.ingress import Ingress
+
+SETTINGS = BlitzSettings.from_args({
+    "models": [{"id": "fake", "source": "fake:16", "max_seq_length": 8},
+               {"id": "fake8", "source": "fake:8"}],
+    "cpu_pool": {"max_batch_size": 2}})
+
+
+def observed_service(dispatcher=None) -> tuple[EmbeddingService, list[tuple]]:
+    observed: list[tuple] = []
+    service = EmbeddingService(SETTINGS, dispatcher or LocalDispatcher(SETTINGS),
+                               observer=lambda *labels: observed.append(labels))
+    return service, observed
+
+
+class IngressMethods:
+    """The ingress deployment's handle methods on ``service``, without a replica."""
+
+    embed = Ingress.func_or_class.embed
+    rerank = Ingress.func_or_class.rerank
+
+    def __init__(self, service: EmbeddingService):
+        self.service = service
+
+
+async def test_handle_calls_are_observed_once_each_with_their_outcome():
+    service, observed = observed_service()
+    await service.embed(["a", "b", "c"], model="fake8")
+    await service.rerank("q", ["a", "b"])
+    with pytest.raises(UnknownModel):
+        await service.embed("a", model="nope")
+    assert observed == [("handle.embed", "fake8", "cpu", 200, 3),
+                        ("handle.rerank", "fake", "cpu", 200, 2),
+                        ("handle.embed", "other", "", 404, 1)]
+
+
+async def test_a_callers_record_is_filled_not_observed():
+    service, observed = observed_service()
+    record = RequestRecord("/v1/embeddings")
+    await service.embed(token_ids=[[1, 2], [3]], record=record)
+    assert record == RequestRecord("/v1/embeddings", "fake", "cpu", 2)
+    assert observed == []  # its maker (the HTTP middleware) observes it
+
+
+async def test_ingress_handle_methods_take_the_native_options_by_name():
+    service, observed = observed_service()
+    replica = IngressMethods(service)
+    result = await replica.embed(["a"], "fake", dimensions=4, dtype="float16",
+                                 normalize=False, truncate=True)
+    assert result.embeddings.shape == (1, 4) and str(result.embeddings.dtype) == "float16"
+    ranked = await replica.rerank("q", ["a", "b", "c"], model="fake", top_n=1,
+                                  return_documents=True)
+    assert len(ranked.results) == 1 and ranked.results[0].document in {"a", "b", "c"}
+    assert [labels[0] for labels in observed] == ["handle.embed", "handle.rerank"]
+
+
+async def test_a_misspelt_handle_option_is_a_type_error():
+    service, observed = observed_service()
+    replica = IngressMethods(service)
+    with pytest.raises(TypeError, match="normalise"):
+        await replica.embed(["a"], model="fake", normalise=False)
+    with pytest.raises(TypeError, match="top_k"):
+        await replica.rerank("q", ["a"], top_k=1)
+    assert observed == []
+
+
+class WrappingDispatcher(LocalDispatcher):
+    """Answers the second rerank chunk with an over-long input, wrapped as Ray wraps what a
+    replica raised."""
+
+    async def rerank(self, pool, model_id, job):
+        if job.documents[0] == "long":
+            raise RayTaskError("rerank", "tb", InputTooLong.at(0, 999, 8))
+        return await super().rerank(pool, model_id, job)
+
+
+async def test_an_over_long_input_a_pool_raised_is_reported_at_its_request_index():
+    service, observed = observed_service(WrappingDispatcher(SETTINGS))
+    with pytest.raises(InputTooLong) as info:  # batches of 2: "long" opens the second
+        await service.rerank("q", ["a", "b", "long", "c"], model="fake")
+    assert info.value.index == 2
+    assert observed == [("handle.rerank", "fake", "", 413, 4)]
