@@ -41,6 +41,7 @@ from loadtest.naive_server import create_app
 from loadtest.runner import ConfigError, LoadConfig, RunResult, run_load, run_sweep
 from loadtest.stats import Recorder, percentile, summarize
 from loadtest.verify import ReplyChecker, VerificationError
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DIM = 16
@@ -334,14 +335,6 @@ async def test_unreachable_server_is_an_exception_kind():
 
 
 # ---- end to end over TCP: the naive baseline on uvicorn ----------------------------------
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def naive_url() -> Iterator[str]:
