@@ -365,7 +365,7 @@ def test_cpu_probe_counts_descendants_and_the_machine():
         assert busy1 - busy0 >= 0.35 and total1 - total0 >= busy1 - busy0
     finally:
         os.killpg(parent.pid, signal.SIGKILL)
-        parent.wait(10)
+        parent.communicate(timeout=10)
     assert process_tree_cpu_s([parent.pid]) == 0  # gone
 
 
