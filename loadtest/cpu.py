@@ -1,18 +1,14 @@
-"""CPU accounting from /proc (Linux): the server's processes and the whole machine.
+"""CPU accounting (psutil): the server's processes and the whole machine.
 
 On a small or shared machine, requests/s moves with whatever else runs; CPU-ms per
-request of the server's own processes does not, so reports carry both. Elsewhere (no
-/proc) every reading is ``None``.
+request of the server's own processes does not, so reports carry both.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
-PROC = Path("/proc")
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+import psutil
 
 
 @dataclass(frozen=True)
@@ -22,60 +18,44 @@ class CpuSample:
     total_s: float | None  # CPU seconds the machine had (all cores)
 
 
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        text = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2 :].split()  # fields after "pid (comm) "
-
-
-def _children(pids: set[int]) -> set[int]:
-    """``pids`` and every process descended from them."""
-    parents: dict[int, int] = {}
-    for entry in PROC.iterdir():
-        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))):
-            parents[int(entry.name)] = int(fields[1])
-    found = set(pids) & set(parents)
-    grew = True
-    while grew:
-        new = {pid for pid, ppid in parents.items() if ppid in found} - found
-        found |= new
-        grew = bool(new)
-    return found
-
-
 def process_tree_cpu_s(pids: list[int]) -> float:
-    total = 0
-    for pid in _children(set(pids)):
-        fields = _stat_fields(pid)
-        if fields:
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / _TICK
+    """User + system CPU seconds of the live processes ``pids`` and their descendants."""
+    tree: dict[int, psutil.Process] = {}
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            tree.update((p.pid, p) for p in [root, *root.children(recursive=True)])
+        except psutil.Error:  # gone, or not ours to read
+            continue
+    total = 0.0
+    for process in tree.values():
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
-def machine_cpu_s() -> tuple[float, float] | None:
-    """(busy, total) CPU seconds since boot, all cores; None without /proc/stat."""
-    try:
-        first = (PROC / "stat").read_text().splitlines()[0].split()
-    except OSError:
-        return None
-    values = [int(v) for v in first[1:9]]  # user nice system idle iowait irq softirq steal
-    idle = values[3] + values[4]
-    return (sum(values) - idle) / _TICK, sum(values) / _TICK
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds since boot, all cores.
+
+    Idle includes I/O wait; guest time is already part of user time on Linux.
+    """
+    times = psutil.cpu_times()
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    idle = times.idle + getattr(times, "iowait", 0.0)
+    return total - idle, total
 
 
 class CpuProbe:
     def __init__(self, server_pids: list[int] | None = None):
         self.server_pids = server_pids or []
-        self.available = PROC.joinpath("stat").exists()
 
     def sample(self) -> CpuSample:
-        if not self.available:
-            return CpuSample(None, None, None)
-        machine = machine_cpu_s()
+        busy, total = machine_cpu_s()
         server = process_tree_cpu_s(self.server_pids) if self.server_pids else None
-        return CpuSample(server, *(machine or (None, None)))
+        return CpuSample(server, busy, total)
 
 
 def delta(before: CpuSample, after: CpuSample) -> CpuSample:

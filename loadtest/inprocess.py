@@ -18,11 +18,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from loadtest.corpus import batched, sentences
 from loadtest.cpu import machine_cpu_s
 from loadtest.progress import NoProgress, Progress
 from loadtest.report import environment, fmt, markdown_table
-from loadtest.stats import percentile
 
 EmbedFn = Callable[[list[str]], Any]
 
@@ -58,13 +59,13 @@ def measure(embed: EmbedFn, texts: list[str], texts_per_call: int, seconds: floa
     elapsed = time.perf_counter() - start
     machine1, own1 = machine_cpu_s(), time.process_time()
     others = None
-    if machine0 and machine1 and machine1[1] > machine0[1]:
+    if machine1[1] > machine0[1]:
         busy = machine1[0] - machine0[0] - (own1 - own0)
         others = max(0.0, 100 * busy / (machine1[1] - machine0[1]))
-    ms = sorted(1000 * x for x in latencies)
+    ms = 1000 * np.asarray(latencies)
     return CeilingRow(engine, backend, texts_per_call, len(ms), len(ms) * texts_per_call,
-                      elapsed, len(ms) * texts_per_call / elapsed, percentile(ms, 50),
-                      sum(ms) / len(ms), others)
+                      elapsed, len(ms) * texts_per_call / elapsed, float(np.median(ms)),
+                      float(ms.mean()), others)
 
 
 def blitz_embed(model_id: str, source: str, backend: str) -> EmbedFn:

@@ -1,45 +1,38 @@
-"""A one-line progress display on stderr.
+"""A one-line progress display on stderr (tqdm).
 
-On a terminal the line is rewritten in place; otherwise (CI logs, pipes) a full line is
-written every ``log_every_s`` seconds so logs stay readable.
+The line is rewritten in place, at most every ``mininterval`` seconds: often on a
+terminal, every ``log_every_s`` seconds otherwise (CI logs, pipes) so logs stay short.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from typing import TextIO
+
+from tqdm import tqdm
 
 
 class Progress:
     def __init__(self, stream: TextIO | None = None, log_every_s: float = 5.0):
         self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.log_every_s = log_every_s
-        self._last_log = 0.0
-        self._width = 0
+        self.mininterval = 0.1 if self.stream.isatty() else log_every_s
+        self._bar: tqdm | None = None
 
     def update(self, line: str) -> None:
-        if self.tty:
-            pad = " " * max(0, self._width - len(line))
-            self.stream.write(f"\r{line}{pad}")
-            self._width = len(line)
-            self.stream.flush()
-        elif time.monotonic() - self._last_log >= self.log_every_s:
-            self._last_log = time.monotonic()
-            self.stream.write(line + "\n")
-            self.stream.flush()
+        bar = self._show(line)
+        bar.update(0)  # redraws once mininterval has passed since the last time
 
     def done(self, line: str) -> None:
         """End the live line with a final one."""
-        if self.tty:
-            self.update(line)
-            self.stream.write("\n")
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-        self._width = 0
-        self._last_log = 0.0
+        self._show(line).close()  # draws the final line
+        self._bar = None
+
+    def _show(self, line: str) -> tqdm:
+        if self._bar is None:
+            self._bar = tqdm(file=self.stream, bar_format="{desc}",
+                             mininterval=self.mininterval, dynamic_ncols=True)
+        self._bar.set_description_str(line, refresh=False)
+        return self._bar
 
 
 class NoProgress(Progress):

@@ -21,12 +21,13 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import httpx
+import numpy as np
 
 from loadtest.apis import Api, auth_headers, get_api
 from loadtest.corpus import batched, sentences
 from loadtest.cpu import CpuProbe, CpuSample, delta
 from loadtest.progress import NoProgress, Progress
-from loadtest.stats import Recorder, Summary, percentile, summarize
+from loadtest.stats import Recorder, Summary, summarize
 from loadtest.verify import ReplyChecker, VerificationError, exception_kind, http_error_kind
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -197,8 +198,8 @@ class _Run:
         m = self.measured
         where = (f"{m.completed}/{cfg.requests} req" if cfg.requests is not None
                  else f"{min(elapsed, cfg.duration_s or 0):5.1f}/{cfg.duration_s:g}s")
-        recent = sorted(m.latencies_s[-500:])
-        p50 = 1000 * percentile(recent, 50) if recent else math.nan
+        recent = m.latencies_s[-500:]
+        p50 = 1000 * float(np.median(recent)) if recent else math.nan
         return (f"{head} | {where} | {m.ok_count / elapsed:7.1f} req/s "
                 f"{m.embeddings / elapsed:8.1f} emb/s | p50 {p50:6.1f} ms | "
                 f"errors {m.error_count}")

@@ -7,25 +7,11 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from loadtest.cpu import CpuSample
-
-
-def percentile(sorted_values: Sequence[float], p: float) -> float:
-    """The ``p``-th percentile (0-100) of ascending values, interpolated linearly.
-
-    Matches ``numpy.percentile(values, p)`` (its default "linear" method); NaN if empty.
-    """
-    if not 0 <= p <= 100:
-        raise ValueError("p must be within 0..100")
-    if not sorted_values:
-        return math.nan
-    rank = (len(sorted_values) - 1) * p / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
 
 
 @dataclass
@@ -90,7 +76,7 @@ class Summary:
     request_bytes_per_request: float
     client_cpu_ms_per_request: float
     server_cpu_ms_per_request: float | None = None  # with --server-pid
-    machine_busy_pct: float | None = None  # all cores, all processes (Linux)
+    machine_busy_pct: float | None = None  # all cores, all processes
     others_busy_pct: float | None = None  # the part neither the server nor this client used
 
     def to_dict(self) -> dict:
@@ -103,7 +89,6 @@ class Summary:
 
 def summarize(recorder: Recorder, duration_s: float, client_cpu_s: float = 0.0,
               cpu: CpuSample | None = None) -> Summary:
-    ms = sorted(1000 * x for x in recorder.latencies_s)
     n = recorder.ok_count
     per_s = (lambda count: count / duration_s) if duration_s > 0 else (lambda count: 0.0)
     per_request = (lambda total: total / n) if n else (lambda total: 0.0)
@@ -117,11 +102,7 @@ def summarize(recorder: Recorder, duration_s: float, client_cpu_s: float = 0.0,
         requests_per_s=per_s(n),
         embeddings_per_s=per_s(recorder.embeddings),
         tokens_per_s=per_s(recorder.tokens),
-        latency_ms=Latency(
-            mean=sum(ms) / n if n else math.nan,
-            p50=percentile(ms, 50), p95=percentile(ms, 95), p99=percentile(ms, 99),
-            max=ms[-1] if ms else math.nan,
-        ),
+        latency_ms=_latency_ms(recorder.latencies_s),
         reply_bytes_per_request=per_request(recorder.reply_bytes),
         request_bytes_per_request=per_request(recorder.request_bytes),
         client_cpu_ms_per_request=(1000 * client_cpu_s / recorder.completed
@@ -134,6 +115,14 @@ def summarize(recorder: Recorder, duration_s: float, client_cpu_s: float = 0.0,
                          if cpu and cpu.busy_s is not None and cpu.server_s is not None
                          else None),
     )
+
+
+def _latency_ms(latencies_s: list[float]) -> Latency:
+    if not latencies_s:
+        return Latency(math.nan, math.nan, math.nan, math.nan, math.nan)
+    ms = 1000 * np.asarray(latencies_s)
+    p50, p95, p99 = (float(p) for p in np.percentile(ms, [50, 95, 99]))
+    return Latency(float(ms.mean()), p50, p95, p99, float(ms.max()))
 
 
 def _pct(part: float | None, whole: float | None) -> float | None:

@@ -4,21 +4,15 @@ session, started with a logical GPU (SPEC §10), and tiny models built offline."
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
 from tests.tiny_models import build_tiny_bi_encoder, build_tiny_cross_encoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +31,7 @@ def serve_instance():
     import ray
     from ray import serve
 
-    port = _free_port()
+    port = free_port()
     ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1",
                                        "TOKENIZERS_PARALLELISM": "false"}})

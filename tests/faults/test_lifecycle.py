@@ -103,9 +103,10 @@ class Run:
     def __init__(self, name: str, env: dict, port: int, logs: Path):
         self.name, self.port, self.log = name, port, logs / f"serve-{name}.log"
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(["bash", "scripts/serve.sh"], cwd=ROOT, env=env,
-                                     start_new_session=True, stdout=self.log.open("wb"),
-                                     stderr=subprocess.STDOUT)
+        with self.log.open("wb") as log:  # the child keeps its own copy
+            self.proc = subprocess.Popen(["bash", "scripts/serve.sh"], cwd=ROOT, env=env,
+                                         start_new_session=True, stdout=log,
+                                         stderr=subprocess.STDOUT)
         self.serve_pid: int | None = None
         self.nodes: set[str] = set()
 

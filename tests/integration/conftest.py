@@ -1,6 +1,6 @@
 """The main integration app on the session's shared Ray + Serve instance (tests/conftest.py).
 
-The app under test binds both pools: the GPU pool finds no CUDA here and falls back to
+The app under test binds both pools: on a host without CUDA the GPU pool falls back to
 CPU, which is how routing to it is exercised without a GPU.
 """
 

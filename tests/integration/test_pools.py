@@ -34,11 +34,16 @@ def test_cross_encoder_rerank_goes_to_gpu(http):
     assert scores == sorted(scores, reverse=True)
 
 
-async def test_gpu_pool_falls_back_to_cpu_without_cuda(blitz_app):
+async def test_pools_run_on_their_devices(blitz_app):
     from ray import serve
 
-    stats = await serve.get_deployment_handle("GPUPool", APP).stats.remote()
-    assert stats["pool"] == "gpu" and stats["device"] == "cpu"
+    from blitz.encoders import resolve_device
+
+    cpu = await serve.get_deployment_handle("CPUPool", APP).stats.remote()
+    gpu = await serve.get_deployment_handle("GPUPool", APP).stats.remote()
+    assert (cpu["pool"], cpu["device"]) == ("cpu", "cpu")
+    # CUDA where this host has it (the session's Ray has one GPU for the GPU pool), else CPU
+    assert (gpu["pool"], gpu["device"]) == ("gpu", resolve_device("cuda"))
 
 
 def test_requests_larger_than_the_batch_limit_come_back_in_order(http, reference, tiny_models):

@@ -154,7 +154,7 @@ def test_a_lock_held_by_a_hung_process_times_out(tmp_path):
         waited = time.monotonic() - started
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()
     assert 0.3 <= waited < 5 and builder.calls == 0
     message = caught.value.message
     assert "'tiny'" in message and str(lock) in message and f"{AREA}/{KEY}" in message

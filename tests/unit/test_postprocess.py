@@ -28,9 +28,17 @@ def test_quantization_is_batch_independent_and_keeps_similarity():
     assert q.dtype == np.int8 and np.array_equal(quantize(x[:1], "int8"), q[:1])
     cos = (q[0].astype(np.float32) @ q[1]) / np.linalg.norm(q[0]) / np.linalg.norm(q[1])
     assert abs(cos - float(x[0] @ x[1])) < 0.02
-    u = quantize(x, "uint8")
-    assert u.dtype == np.uint8 and u.min() >= 0
-    assert quantize(x, "float16").dtype == np.float16
+
+
+def test_quantization_scales_rounds_and_clips():
+    x = np.array([[-1.3, -1.0, -0.5, 0.0, 0.25, 0.5, 1.0, 1.2]], dtype=np.float32)
+    assert quantize(x, "int8").tolist() == [[-127, -127, -64, 0, 32, 64, 127, 127]]
+    assert quantize(x, "uint8").tolist() == [[0, 0, 64, 128, 159, 191, 255, 255]]
+    half = quantize(x, "float16")
+    assert half.dtype == np.float16 and half[0, 1:7].tolist() == [-1, -0.5, 0, 0.25, 0.5, 1]
+    assert abs(float(half[0, 0]) + 1.3) < 1e-3
+    with pytest.raises(InvalidValue, match="dtype 'int4'"):
+        quantize(x, "int4")
 
 
 def test_binary_packs_sign_bits():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from pathlib import Path
 
@@ -16,18 +15,13 @@ from blitz.errors import ModelLoadFailed
 from blitz.model_cache import ENTRY_FILE
 from blitz.registry import ModelSpec, resolve_source
 from blitz.storage import _relative, fetch_to_cache, storage_options
+from tests.ports import free_port
 from tests.tiny_models import build_tiny_bi_encoder
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 
 BUCKET = "models"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +32,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def s3(monkeypatch, tiny_dir):
     """A moto S3 server with the tiny model under s3://models/tiny/; stopped afterwards."""
-    port = _free_port()
+    port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
