@@ -158,7 +158,14 @@ def resolve_source(spec: ModelSpec, cache_dir: str | os.PathLike | None = None) 
                 f"model {spec.id!r}: package {rest!r} is not installed ({exc})", model=spec.id
             ) from exc
         getter = getattr(module, "get_model_path", None)
-        path = Path(getter()) if callable(getter) else Path(module.__file__).parent / "model"
+        if callable(getter):
+            path = Path(getter())
+        elif module.__file__ is not None:
+            path = Path(module.__file__).parent / "model"
+        else:
+            raise ModelLoadFailed(
+                f"model {spec.id!r}: package {rest!r} has neither get_model_path() nor a "
+                "model/ folder beside its __init__.py", model=spec.id)
         return _existing_dir(spec, path)
     if scheme == "hf":
         return _from_hub(spec, rest)

@@ -78,7 +78,9 @@ class EmbeddingService:
 
     def spec(self, model_id: str | None) -> ModelSpec:
         """The spec for ``model_id``; the configured default when none is given."""
-        return self.registry.get(model_id or self.settings.default_model)
+        default = self.settings.default_model
+        assert default is not None  # BlitzSettings' validator fills it in
+        return self.registry.get(model_id or default)
 
     # ---- metrics ---------------------------------------------------------------------
 
