@@ -13,7 +13,6 @@ test session's Ray) and free ports for HTTP, HAProxy stats and HAProxy metrics.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -24,33 +23,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.ports import port_free, stable_port
+
 ROOT = Path(__file__).resolve().parents[2]
 READY_S = 120
 STOP_S = 30
 HAPROXY_DIR = Path("/tmp/haproxy-serve")  # Ray 2.60's default (serve_env drops RAY_*)
-
-
-def free_port(taken: set[int]) -> int:
-    """A free port below the ephemeral range (and above Ray's worker ports, 10002-19999):
-    a port the kernel hands out can be taken by one of Ray's own connections before
-    HAProxy binds it."""
-    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for _ in range(500):
-        port = random.randint(20000, max(20001, ephemeral - 1))
-        if port not in taken and port_free(port):
-            taken.add(port)
-            return port
-    pytest.fail("no free port below the ephemeral range")
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def pids() -> list[int]:
@@ -180,7 +158,7 @@ class Run:
 @pytest.fixture(scope="module")
 def ports() -> dict[str, int]:
     taken: set[int] = set()
-    return {name: free_port(taken) for name in ("http", "stats", "metrics")}
+    return {name: stable_port(taken) for name in ("http", "stats", "metrics")}
 
 
 @pytest.fixture(scope="module")
