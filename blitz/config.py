@@ -37,7 +37,6 @@ class PoolSettings(_Settings):
     """One replica pool (bound once as the CPU pool, once as the GPU pool)."""
 
     max_batch_size: int = Field(128, ge=1, description="texts per model call")
-    batch_wait_timeout_s: float = Field(0.005, ge=0, description="wait to fill a batch")
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
     min_replicas: int = Field(1, ge=0)
