@@ -82,24 +82,36 @@ class Batcher(Generic[T, R]):
     async def submit(self, item: T) -> R:
         """The item's result; raises its own error, ``Overloaded`` when the queue is full,
         ``TimedOut`` when its batch overran."""
-        units = self._size(item)
-        if self._waiting_units + units > self.max_waiting and self._waiting_units:
+        (result,) = await self.submit_many([item])
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    async def submit_many(self, items: list[T]) -> list[R | BaseException]:
+        """Several items queued at once, so they can share one batch (a merged call from
+        the hop before); one result or exception per item. Raises ``Overloaded`` for all
+        of them when they do not fit the queue."""
+        units = [self._size(item) for item in items]
+        total = sum(units)
+        if self._waiting_units + total > self.max_waiting and self._waiting_units:
             if self._on_reject is not None:
                 self._on_reject()
             raise Overloaded(f"{self.name}: {self._waiting_units} texts already wait "
                              f"(limit {self.max_waiting}); retry shortly")
-        entry = _Entry(item, units, asyncio.get_running_loop().create_future())
-        self._queue.append(entry)
-        self._waiting_units += units
+        loop = asyncio.get_running_loop()
+        entries = [_Entry(item, n, loop.create_future()) for item, n in zip(items, units)]
+        self._queue.extend(entries)
+        self._waiting_units += total
         self._start_batches()
         try:
-            result = await entry.future
+            for entry in entries:
+                await entry.future
         except asyncio.CancelledError:
-            self._abandon(entry)
+            for entry in entries:  # the awaited one is cancelled already, the rest not yet
+                if entry.future.cancelled() or not entry.future.done():
+                    self._abandon(entry)
             raise
-        if isinstance(result, BaseException):
-            raise result
-        return result
+        return [entry.future.result() for entry in entries]
 
     def _abandon(self, entry: _Entry[T]) -> None:
         entry.future.cancel()

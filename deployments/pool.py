@@ -25,7 +25,7 @@ from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded, Encoder
 from blitz.encoders.holder import ModelFreed, ModelHolder
 from blitz.encoders.loading import load_encoder, resolve_device
-from blitz.errors import ModelLoadFailed, TimedOut, Unavailable
+from blitz.errors import ModelLoadFailed, Overloaded, TimedOut, Unavailable
 from blitz.load_failures import LoadFailures, as_load_failure
 from blitz.registry import ModelSpec, preflight_source
 from blitz.schemas import EmbedJob, RerankJob
@@ -156,16 +156,30 @@ class ModelPool:
 
     async def embed_jobs(self, jobs: list[EmbedJob]) -> list[Encoded | BaseException]:
         """Several requests' jobs in one call (the ingress merges concurrent ones); each
-        gets its own result or error, so one bad input fails alone."""
+        gets its own result or error, so one bad input fails alone. Text jobs enter the
+        model's batcher together, so they can share one batch."""
         model_id = serve.get_multiplexed_model_id()
-        return await asyncio.gather(*(self._embed_one(model_id, job) for job in jobs),
-                                    return_exceptions=True)
+        texts = [i for i, job in enumerate(jobs) if job.token_ids is None]
+        tokens = [i for i, job in enumerate(jobs) if job.token_ids is not None]
 
-    async def _embed_one(self, model_id: str, job: EmbedJob) -> Encoded:
-        if job.token_ids is not None:
-            return await self._run(model_id, lambda encoder: encoder.embed_tokens(
-                job.token_ids, normalize=job.normalize, truncate=job.truncate))
-        return await self._batcher(model_id).submit(job)
+        async def text_jobs() -> list[Encoded | BaseException]:
+            if not texts:
+                return []
+            try:
+                return await self._batcher(model_id).submit_many([jobs[i] for i in texts])
+            except Overloaded as exc:
+                return [exc] * len(texts)
+
+        token_results, text_results = await asyncio.gather(
+            asyncio.gather(*(self._embed_tokens(model_id, jobs[i]) for i in tokens),
+                           return_exceptions=True),
+            text_jobs())
+        results = dict(zip(tokens, token_results)) | dict(zip(texts, text_results))
+        return [results[i] for i in range(len(jobs))]
+
+    async def _embed_tokens(self, model_id: str, job: EmbedJob) -> Encoded:
+        return await self._run(model_id, lambda encoder: encoder.embed_tokens(
+            job.token_ids, normalize=job.normalize, truncate=job.truncate))
 
     def _batcher(self, model_id: str) -> Batcher:
         batcher = self._batchers.get(model_id)

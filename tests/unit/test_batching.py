@@ -170,3 +170,49 @@ async def test_a_wrong_number_of_results_fails_every_item_of_that_batch():
     lane = Batcher(run, max_batch=10, max_waiting=10, size=lambda item: 1)
     with pytest.raises(RuntimeError, match="1 items"):
         await lane.submit(1)
+
+
+async def test_items_submitted_together_share_one_batch_even_when_idle():
+    calls: list[list[int]] = []
+
+    async def run(items):
+        calls.append(list(items))
+        return [i * 10 if i >= 0 else ValueError(f"bad {i}") for i in items]
+
+    lane = Batcher(run, max_batch=3, max_waiting=100, size=lambda item: 1)
+    results = await lane.submit_many([1, -2, 3, 4])
+    assert calls == [[1, -2, 3], [4]]  # one batch up to max_batch, not one per item
+    assert results[0] == 10 and results[2:] == [30, 40]
+    assert isinstance(results[1], ValueError)  # a failed item fails alone, as a value
+    assert lane.waiting == 0
+
+
+async def test_items_submitted_together_are_refused_together_when_they_do_not_fit():
+    run, calls, gate = _gated()
+    lane = Batcher(run, max_batch=10, max_waiting=4, size=lambda item: 1)
+    first = asyncio.ensure_future(lane.submit("first"))
+    await asyncio.sleep(0)
+    queued = asyncio.ensure_future(lane.submit_many(["a", "b"]))
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded):
+        await lane.submit_many(["c", "d", "e"])
+    assert lane.waiting == 2
+    gate.set()
+    assert await first == "first" and await queued == ["a", "b"]
+
+
+async def test_a_cancelled_group_releases_all_its_queued_items():
+    run, calls, gate = _gated()
+    lane = Batcher(run, max_batch=10, max_waiting=10, size=lambda item: 1)
+    first = asyncio.ensure_future(lane.submit("first"))
+    await asyncio.sleep(0)
+    group = asyncio.ensure_future(lane.submit_many(["x", "y", "z"]))
+    await asyncio.sleep(0)
+    assert lane.waiting == 3
+    group.cancel()
+    await asyncio.sleep(0)
+    assert lane.waiting == 0
+    gate.set()
+    assert await first == "first"
+    await asyncio.sleep(0)
+    assert calls == [["first"]]  # none of the group was computed
