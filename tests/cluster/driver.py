@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 PREFIX = "BLITZ-CLUSTER "
@@ -36,6 +37,19 @@ def pool_stats(name: str) -> dict:
     from ray import serve
 
     return serve.get_deployment_handle(name, app_name="blitz").stats.remote().result()
+
+
+def wait_until_alive(count: int, timeout_s: float = 60) -> int:
+    """The number of live nodes once it is ``count`` (Ray's GCS notices a killed node
+    within seconds), or after ``timeout_s``."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = sum(node["Alive"] for node in ray.nodes())
+        if alive == count or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
 
 
 def main() -> None:
@@ -63,7 +77,7 @@ def main() -> None:
             command = line.strip()
             if command == "remove":
                 cluster.remove_node(worker, allow_graceful=False)
-                emit("removed", alive_nodes=sum(n["Alive"] for n in ray.nodes()))
+                emit("removed", alive_nodes=wait_until_alive(1))
             elif command == "stop":
                 break
         serve.shutdown()

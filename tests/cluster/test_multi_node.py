@@ -78,7 +78,8 @@ class ClusterRun:
     def __init__(self, app: dict, log: Path):
         self.temp = tempfile.mkdtemp(prefix="bcl-", dir="/tmp")  # short: Ray's socket paths
         env = {k: v for k, v in os.environ.items() if k not in FAST_PATH_ENV}
-        env.update(RAY_TMPDIR=self.temp, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+        env.update(RAY_TMPDIR=self.temp, RAY_AUTH_MODE="disabled", HF_HUB_OFFLINE="1",
+                   TOKENIZERS_PARALLELISM="false",
                    PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                             env.get("PYTHONPATH")])))
         self.log = log
