@@ -90,7 +90,8 @@ class ClusterRun:
                 env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                 text=True, start_new_session=True)
         self.events: queue.Queue[dict | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -134,6 +135,8 @@ class ClusterRun:
             except ProcessLookupError:
                 pass
         self.proc.wait(10)
+        self.reader.join(10)
+        self.proc.stdout.close()  # type: ignore[union-attr]
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
