@@ -52,6 +52,9 @@ class PoolSettings(_Settings):
     load_failure_ttl_s: float = Field(
         30.0, ge=0, description="a failed model load is answered 424 at once this long")
     torch_threads: int | None = Field(None, ge=1, description="intra-op threads per replica")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources each replica needs (pins "
+        "the pool to nodes started with them, e.g. `ray start --resources`)")
 
     @model_validator(mode="after")
     def _replicas_ordered(self) -> PoolSettings:
@@ -77,6 +80,8 @@ class IngressSettings(_Settings):
     pool_timeout_s: float = Field(
         120.0, gt=0, description="one pool call, model load included; past it: 503")
     ready_cache_s: float = Field(5.0, ge=0, description="how long a /ready answer is reused")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources each ingress replica needs")
 
 
 class Limits(_Settings):

@@ -28,14 +28,19 @@ def _pool_options(name: str, pool: PoolSettings) -> dict[str, Any]:
     actor: dict[str, Any] = {"num_cpus": pool.num_cpus}
     if pool.num_gpus:
         actor["num_gpus"] = pool.num_gpus
+    if pool.resources:
+        actor["resources"] = pool.resources
     return {"name": name, "ray_actor_options": actor, "autoscaling_config": autoscaling,
             "max_ongoing_requests": pool.max_ongoing_requests,
             "max_queued_requests": pool.max_queued_requests}
 
 
 def _ingress_options(ingress: IngressSettings) -> dict[str, Any]:
+    actor: dict[str, Any] = {"num_cpus": ingress.num_cpus}
+    if ingress.resources:
+        actor["resources"] = ingress.resources
     return {"name": "Ingress", "num_replicas": ingress.num_replicas,
-            "ray_actor_options": {"num_cpus": ingress.num_cpus},
+            "ray_actor_options": actor,
             "max_ongoing_requests": ingress.max_ongoing_requests,
             "max_queued_requests": ingress.max_queued_requests}
 

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+import ray
 from ray import serve
 
 from blitz.batching import Batcher
@@ -211,7 +212,8 @@ class ModelPool:
         """What this replica holds: for tests and operators."""
         return {"pool": self.pool, "device": self.device, "loaded": list(self.loaded),
                 "evicted": list(self.evicted), "evictions": self.evictions,
-                "pid": os.getpid(), "rss_bytes": _rss_bytes(),
+                "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                "rss_bytes": _rss_bytes(),
                 "waiting_texts": {m: b.waiting for m, b in self._batchers.items()}}
 
 

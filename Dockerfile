@@ -1,0 +1,49 @@
+# The Blitz image: the README's own install command (scripts/install.sh), then every model
+# in serve_config.yaml prepared with `blitz optimize` into the image's model cache, so a
+# replica starts without building anything. The same image serves on its own
+# (`docker run`) and as the head and worker image of a KubeRay RayService
+# (deploy/kuberay/rayservice.yaml).
+#
+#   docker build -t blitz:0.1.0 .                       # CPU torch, for CPU nodes
+#   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 \
+#       -t blitz:0.1.0-gpu .                            # CUDA torch, for GPU nodes
+#   docker run --rm -p 8000:8000 --shm-size=2g blitz:0.1.0
+FROM python:3.11-slim
+
+# Where install.sh finds torch==2.13.0: the CPU wheel index by default (PyPI's Linux wheel
+# pulls several GB of CUDA packages); a CUDA index for the GPU workers' image.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+
+# wget: KubeRay's default health probes; procps: `ray stop` uses ps
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends wget procps \
+ && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /app
+COPY pyproject.toml README.md serve_config.yaml ./
+COPY scripts ./scripts
+COPY blitz ./blitz
+COPY deployments ./deployments
+COPY loadtest ./loadtest
+RUN PIP_EXTRA_INDEX_URL="$TORCH_INDEX" bash scripts/install.sh
+
+# Ray's processes and Serve's replicas inherit this environment. KubeRay starts Ray from a
+# login shell, whose /etc/profile resets PATH: profile.d puts the venv back.
+ENV PATH=/app/.venv/bin:$PATH \
+    BLITZ_CACHE_DIR=/app/model-cache \
+    HF_HUB_OFFLINE=1 \
+    TOKENIZERS_PARALLELISM=false
+RUN echo 'export PATH=/app/.venv/bin:$PATH' > /etc/profile.d/blitz-venv.sh
+
+# Bake every configured model into $BLITZ_CACHE_DIR (ONNX builds are keyed by CPU target:
+# a node whose CPU differs from the build machine's builds its own copy on first load).
+RUN for model in $(blitz models --config serve_config.yaml --json \
+        | python -c 'import json, sys; print(*(m["id"] for m in json.load(sys.stdin)))'); do \
+      blitz optimize "$model" --config serve_config.yaml --no-speed; \
+    done
+
+# In a container the HTTP proxy must listen beyond loopback for `-p 8000:8000`.
+RUN sed -i 's/^  host: 127.0.0.1$/  host: 0.0.0.0/' serve_config.yaml
+
+EXPOSE 8000
+CMD ["serve", "run", "serve_config.yaml"]

@@ -1,0 +1,73 @@
+"""The deployment files stay in step with serve_config.yaml and the README.
+
+deploy/kuberay/rayservice.yaml carries serve_config.yaml's applications as its
+serveConfigV2, and the Dockerfile runs the README's install command and prepares every
+configured model. Neither is built or applied here (no Docker daemon, no Kubernetes):
+these tests guard against drift, not against a broken cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.metadata
+import re
+from pathlib import Path
+
+import yaml
+
+from blitz.config import BlitzSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def serve_config() -> dict:
+    return yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+
+
+def rayservice() -> dict:
+    return yaml.safe_load((ROOT / "deploy/kuberay/rayservice.yaml").read_text())
+
+
+def test_rayservice_serves_serve_config_applications_with_the_gpu_pool_bound():
+    manifest = rayservice()
+    assert (manifest["apiVersion"], manifest["kind"]) == ("ray.io/v1", "RayService")
+    served = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    expected = copy.deepcopy(serve_config()["applications"])
+    for app in expected:  # the GPU group starts at zero pods: `auto` would never bind it
+        app["args"]["gpu"] = "on"
+    assert served["applications"] == expected
+    for app in served["applications"]:
+        BlitzSettings.from_args(app["args"])  # valid settings, not just valid YAML
+    assert served["http_options"]["host"] == "0.0.0.0"
+    assert (served["http_options"]["request_timeout_s"]
+            == serve_config()["http_options"]["request_timeout_s"])
+
+
+def test_rayservice_cluster_matches_the_installed_ray_and_has_a_gpu_group_from_zero():
+    cluster = rayservice()["spec"]["rayClusterConfig"]
+    assert cluster["rayVersion"] == importlib.metadata.version("ray")
+    groups = {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
+    gpu = groups["gpu"]
+    limits = gpu["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == 1 and gpu["minReplicas"] == 0
+    settings = BlitzSettings.from_args(serve_config()["applications"][0]["args"])
+    assert gpu["maxReplicas"] >= settings.gpu_pool.max_replicas
+    assert groups["cpu"]["minReplicas"] >= 1  # the CPU pool's min_replicas needs a node
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert 8000 in {p["containerPort"] for p in head["ports"]}
+
+
+def test_dockerfile_runs_the_readme_install_and_bakes_every_configured_model():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "bash scripts/install.sh" in dockerfile and "bash scripts/install.sh" in readme
+    assert re.search(r"blitz models --config serve_config\.yaml --json", dockerfile)
+    assert re.search(r'blitz optimize "\$model" --config serve_config\.yaml', dockerfile)
+    assert 'CMD ["serve", "run", "serve_config.yaml"]' in dockerfile
+    # the image opens the proxy beyond loopback by editing this exact line
+    edit = re.search(r"sed -i 's/(.+?)/(.+?)/' serve_config\.yaml", dockerfile)
+    assert edit is not None
+    pattern, replacement = edit.groups()
+    edited = re.sub(pattern, replacement,
+                    (ROOT / "serve_config.yaml").read_text(), flags=re.M)
+    assert yaml.safe_load(edited)["http_options"]["host"] == "0.0.0.0"
