@@ -99,7 +99,7 @@ class Batcher(Generic[T, R]):
             raise Overloaded(f"{self.name}: {self._waiting_units} texts already wait "
                              f"(limit {self.max_waiting}); retry shortly")
         loop = asyncio.get_running_loop()
-        entries = [_Entry(item, n, loop.create_future()) for item, n in zip(items, units)]
+        entries = [_Entry(item, n, loop.create_future()) for item, n in zip(items, units, strict=True)]
         self._queue.extend(entries)
         self._waiting_units += total
         self._start_batches()

@@ -175,7 +175,8 @@ class ModelPool:
             asyncio.gather(*(self._embed_tokens(model_id, jobs[i]) for i in tokens),
                            return_exceptions=True),
             text_jobs())
-        results = dict(zip(tokens, token_results)) | dict(zip(texts, text_results))
+        results = dict(zip(tokens, token_results, strict=True)) | dict(
+            zip(texts, text_results, strict=True))
         return [results[i] for i in range(len(jobs))]
 
     async def _embed_tokens(self, model_id: str, job: EmbedJob) -> Encoded:
