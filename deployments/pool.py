@@ -198,7 +198,8 @@ class ModelPool:
         return {"pool": self.pool, "device": self.device, "loaded": list(self.loaded),
                 "evicted": list(self.evicted), "evictions": self.evictions,
                 "pid": os.getpid(), "rss_bytes": _rss_bytes(),
-                "waiting_texts": {m: b.waiting for m, b in self._batchers.items()}}
+                "waiting_texts": {m: b.waiting for m, b in self._batchers.items()},
+                "running_batches": {m: b.in_flight for m, b in self._batchers.items()}}
 
 
 def _slice(job: EmbedJob, start: int, size: int) -> EmbedJob:
