@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from blitz.model_cache import CACHE_DIR_ENV, cache_root
 from blitz.registry import ModelSpec, Registry
@@ -86,9 +86,14 @@ class PoolSettings(_Settings):
         return self
 
 
+# The GPU pool's own defaults; a partial ``gpu_pool`` in the args keeps those it leaves out.
+GPU_POOL_DEFAULTS: dict[str, Any] = {
+    "max_batch_size": 1024, "num_cpus": 0.5, "num_gpus": 1.0, "min_replicas": 0,
+    "max_replicas": 1, "max_ongoing_requests": 1024, "max_queued_texts": 16384}
+
+
 def _default_gpu_pool() -> PoolSettings:
-    return PoolSettings(max_batch_size=1024, num_cpus=0.5, num_gpus=1.0, min_replicas=0,
-                        max_replicas=1, max_ongoing_requests=1024, max_queued_texts=16384)
+    return PoolSettings(**GPU_POOL_DEFAULTS)
 
 
 class IngressSettings(_Settings):
@@ -146,6 +151,12 @@ class BlitzSettings(_Settings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     cache_dir: str | None = Field(None, description=f"model cache; default ${CACHE_DIR_ENV} "
                                   "or ~/.cache/blitz")
+
+    @field_validator("gpu_pool", mode="before")
+    @classmethod
+    def _gpu_pool_defaults_under(cls, value: Any) -> Any:
+        """``gpu_pool: {max_replicas: 2}`` is still a GPU pool (one GPU, min_replicas 0)."""
+        return {**GPU_POOL_DEFAULTS, **value} if isinstance(value, dict) else value
 
     @model_validator(mode="after")
     def _check_models(self) -> BlitzSettings:

@@ -74,3 +74,11 @@ def test_fake_source_takes_a_load_delay_and_a_batch_delay(monkeypatch):
     results = encoder.embed_many([(["a", "b"], True, True), (["c"], True, True)])
     assert [r.values.shape for r in results] == [(2, 8), (1, 8)]
     assert slept == [0.0, 0.25]  # one delay per batch, not per request
+
+
+def test_a_partial_gpu_pool_keeps_the_gpu_defaults():
+    gpu = BlitzSettings.from_args({"gpu_pool": {"max_replicas": 2}}).gpu_pool
+    assert (gpu.min_replicas, gpu.max_replicas, gpu.num_gpus, gpu.max_batch_size) == \
+        (0, 2, 1.0, 1024)
+    cpu = BlitzSettings.from_args({"cpu_pool": {"max_replicas": 2}}).cpu_pool
+    assert (cpu.min_replicas, cpu.num_gpus, cpu.max_batch_size) == (1, 0.0, 128)
