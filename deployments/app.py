@@ -22,7 +22,10 @@ def cluster_has_gpus() -> bool:
 def _pool_options(name: str, pool: PoolSettings) -> dict[str, Any]:
     autoscaling = {"min_replicas": pool.min_replicas, "max_replicas": pool.max_replicas,
                    "target_ongoing_requests": pool.target_ongoing_requests,
-                   "upscale_delay_s": 5, "downscale_delay_s": 300}
+                   "upscale_delay_s": pool.upscale_delay_s,
+                   "downscale_delay_s": pool.downscale_delay_s,
+                   "downscale_to_zero_delay_s": pool.downscale_to_zero_delay_s,
+                   "look_back_period_s": pool.look_back_period_s}
     if pool.initial_replicas is not None:
         autoscaling["initial_replicas"] = pool.initial_replicas
     actor: dict[str, Any] = {"num_cpus": pool.num_cpus}
@@ -32,7 +35,10 @@ def _pool_options(name: str, pool: PoolSettings) -> dict[str, Any]:
         actor["resources"] = pool.resources
     return {"name": name, "ray_actor_options": actor, "autoscaling_config": autoscaling,
             "max_ongoing_requests": pool.max_ongoing_requests,
-            "max_queued_requests": pool.max_queued_requests}
+            "max_queued_requests": pool.max_queued_requests,
+            "graceful_shutdown_timeout_s": pool.graceful_shutdown_timeout_s,
+            "graceful_shutdown_wait_loop_s": pool.graceful_shutdown_wait_loop_s,
+            "max_surge_percent": pool.max_surge_percent}
 
 
 def _ingress_options(ingress: IngressSettings) -> dict[str, Any]:
@@ -42,7 +48,10 @@ def _ingress_options(ingress: IngressSettings) -> dict[str, Any]:
     return {"name": "Ingress", "num_replicas": ingress.num_replicas,
             "ray_actor_options": actor,
             "max_ongoing_requests": ingress.max_ongoing_requests,
-            "max_queued_requests": ingress.max_queued_requests}
+            "max_queued_requests": ingress.max_queued_requests,
+            "graceful_shutdown_timeout_s": ingress.graceful_shutdown_timeout_s,
+            "graceful_shutdown_wait_loop_s": ingress.graceful_shutdown_wait_loop_s,
+            "max_surge_percent": ingress.max_surge_percent}
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:

@@ -215,7 +215,8 @@ class ModelPool:
                 "evicted": list(self.evicted), "evictions": self.evictions,
                 "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "rss_bytes": _rss_bytes(),
-                "waiting_texts": {m: b.waiting for m, b in self._batchers.items()}}
+                "waiting_texts": {m: b.waiting for m, b in self._batchers.items()},
+                "running_batches": {m: b.in_flight for m, b in self._batchers.items()}}
 
 
 def _slice(job: EmbedJob, start: int, size: int) -> EmbedJob:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 
 import numpy as np
 
@@ -10,11 +11,17 @@ from blitz.encoders.base import Encoded, Encoder, check_lengths, l2_normalize
 
 
 class FakeEncoder(Encoder):
-    """Hash-seeded vectors; tokens are whitespace-separated words plus two specials."""
+    """Hash-seeded vectors; tokens are whitespace-separated words plus two specials.
 
-    def __init__(self, model_id: str, dimension: int, max_seq_length: int = 128):
+    ``batch_s`` makes each batch (``embed_many``) take that long, like a busy model: it
+    blocks the calling thread, which in a pool is the worker thread, never the event loop.
+    """
+
+    def __init__(self, model_id: str, dimension: int, max_seq_length: int = 128,
+                 batch_s: float = 0.0):
         super().__init__(model_id, max_seq_length)
         self._dimension = dimension
+        self._batch_s = batch_s
 
     @property
     def dimension(self) -> int:
@@ -32,6 +39,11 @@ class FakeEncoder(Encoder):
         if normalize and len(texts):
             values = l2_normalize(values)
         return Encoded(values.astype(np.float32), counts, int(counts.sum()))
+
+    def embed_many(self, jobs: list[tuple[list[str], bool, bool]]) -> list[Encoded | Exception]:
+        if self._batch_s:
+            time.sleep(self._batch_s)
+        return super().embed_many(jobs)
 
     def embed_tokens(self, ids: list[list[int]], *, normalize: bool,
                      truncate: bool = True) -> Encoded:

@@ -103,9 +103,9 @@ def load_encoder(spec: ModelSpec, device: str = "cpu",
 
 
 def _fake(spec: ModelSpec) -> Encoder:
-    dimension, load_s = spec.fake_params()
+    dimension, load_s, batch_s = spec.fake_params()
     time.sleep(load_s)  # a slow load, for fault tests (runs on a loader thread)
-    return FakeEncoder(spec.id, dimension, spec.max_seq_length or 128)
+    return FakeEncoder(spec.id, dimension, spec.max_seq_length or 128, batch_s=batch_s)
 
 
 def _checked_bf16(spec: ModelSpec, model: Any, device: str) -> Encoder:

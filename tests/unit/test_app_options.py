@@ -16,7 +16,7 @@ def test_custom_resources_pin_pools_and_ingress_to_nodes_that_have_them():
     gpu = _pool_options("GPUPool", settings.gpu_pool)["ray_actor_options"]
     ingress = _ingress_options(settings.ingress)["ray_actor_options"]
     assert cpu == {"num_cpus": 1.0, "resources": {"head": 0.01}}
-    assert gpu == {"num_cpus": 1.0, "num_gpus": 1, "resources": {"gpu_node": 1}}
+    assert gpu == {"num_cpus": 0.5, "num_gpus": 1, "resources": {"gpu_node": 1}}
     assert ingress == {"num_cpus": 0.5, "resources": {"head": 0.01}}
 
 
