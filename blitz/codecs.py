@@ -1,9 +1,20 @@
-"""Wire codecs: msgpack (msgpack-numpy array layout), JSON, base64 and raw bytes.
+"""Wire codecs: msgpack (two array layouts), JSON, base64 and raw bytes.
 
 Safe for strangers' bytes: no pickle, an allow-list of numeric dtypes, a size check on
-every array, ``max_buffer_size`` and ``strict_map_key`` on every unpack. Arrays use the
-msgpack-numpy map layout (``{b"nd": True, b"type", b"kind", b"shape", b"data"}``) so
-clients that call ``msgpack_numpy.unpackb`` read them too; nothing here patches msgpack.
+every array, ``max_buffer_size`` and ``strict_map_key`` on every unpack; nothing here
+patches msgpack. A reply's array travels in one of two layouts (``ArrayLayout``):
+
+- ``numpy`` (the default): msgpack-numpy's map ``{b"nd": True, b"type", b"kind",
+  b"shape", b"data"}``, so ``msgpack_numpy.unpackb`` and ``unpack`` here rebuild the
+  array. Its keys are msgpack *bin*, which decoders outside Python refuse as map keys
+  (JavaScript's ``@msgpack/msgpack``: "The type of key must be string or number").
+- ``portable``: string keys only; the array is its little-endian C-ordered bytes (bin)
+  beside its ``shape`` (list of ints) and ``dtype`` (numpy's ``dtype.str``: ``"<f4"``,
+  ``"<f2"``, ``"|i1"``, ``"|u1"``), so any msgpack decoder reads it
+  (``portable_array``/``from_portable``).
+
+A client picks the layout with ``Accept: application/msgpack; layout=portable``
+(``choose_reply``) or a route's body field.
 """
 
 from __future__ import annotations
@@ -24,6 +35,8 @@ JSON_TYPE = "application/json"
 RAW_TYPE = "application/octet-stream"
 
 ReplyFormat = Literal["msgpack", "json", "raw"]
+ArrayLayout = Literal["numpy", "portable"]
+ARRAY_LAYOUTS: tuple[ArrayLayout, ...] = ("numpy", "portable")
 
 # dtype.str of every array the codecs accept; object, string and void dtypes never decode.
 ALLOWED_DTYPES = frozenset(
@@ -49,13 +62,17 @@ def _encode_ndarray(obj: Any) -> Any:
 def _decode_ndarray(obj: dict) -> Any:
     if obj.get(b"nd") is not True:
         return obj
-    dtype_str, shape, data = obj.get(b"type"), obj.get(b"shape"), obj.get(b"data")
+    if obj.get(b"kind") not in (b"", "", None):
+        raise BadRequest("array kind must be empty (object arrays are not accepted)")
+    return _checked_array(obj.get(b"type"), obj.get(b"shape"), obj.get(b"data"))
+
+
+def _checked_array(dtype_str: Any, shape: Any, data: Any) -> np.ndarray:
+    """A read-only array over ``data``, after checking dtype, shape and size."""
     if isinstance(dtype_str, bytes):
         dtype_str = dtype_str.decode("ascii", "replace")
     if not isinstance(dtype_str, str) or dtype_str not in ALLOWED_DTYPES:
         raise BadRequest(f"array dtype {dtype_str!r} is not allowed")
-    if obj.get(b"kind") not in (b"", "", None):
-        raise BadRequest("array kind must be empty (object arrays are not accepted)")
     if not isinstance(shape, (list, tuple)) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
@@ -69,6 +86,17 @@ def _decode_ndarray(obj: dict) -> Any:
             f"{math.prod(shape) * dtype.itemsize}"
         )
     return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def portable_array(array: np.ndarray) -> tuple[bytes | memoryview, list[int], str]:
+    """``array`` in the portable layout: (little-endian bytes, shape, ``dtype.str``)."""
+    data = to_raw(array)
+    return data, list(array.shape), array.dtype.newbyteorder("<").str
+
+
+def from_portable(data: Any, shape: Any, dtype: Any) -> np.ndarray:
+    """The array a portable-layout reply carries, checked as on unpack (read-only view)."""
+    return _checked_array(dtype, shape, data)
 
 
 def pack(obj: Any) -> bytes:
@@ -202,17 +230,28 @@ def decode_body(body: bytes, content_type: str | None, max_bytes: int,
 
 def choose_reply_format(accept: str | None, default: ReplyFormat = "msgpack") -> ReplyFormat:
     """The format the client's Accept header prefers; ``default`` when it names none."""
-    best: tuple[float, int, ReplyFormat] | None = None
+    return choose_reply(accept, default)[0]
+
+
+def choose_reply(accept: str | None,
+                 default: ReplyFormat = "msgpack") -> tuple[ReplyFormat, ArrayLayout | None]:
+    """The format the client's Accept header prefers (``default`` when it names none) and
+    the ``layout`` parameter of the msgpack range it chose (None when it names none)."""
+    best: tuple[float, int, ReplyFormat, ArrayLayout | None] | None = None
     for position, part in enumerate((accept or "").split(",")):
         fields = [f.strip() for f in part.split(";")]
         media = fields[0].lower()
-        quality = 1.0
+        quality, layout = 1.0, None
         for f in fields[1:]:
-            if f.startswith("q="):
+            name, _, value = f.partition("=")
+            name, value = name.strip().lower(), value.strip().strip('"')
+            if name == "q":
                 try:
-                    quality = float(f[2:])
+                    quality = float(value)
                 except ValueError:
                     quality = 0.0
+            elif name == "layout" and media in MSGPACK_TYPES:
+                layout = _layout(value)
         fmt: ReplyFormat | None = (
             "msgpack" if media in MSGPACK_TYPES
             else "json" if media in (JSON_TYPE, "text/json")
@@ -220,5 +259,13 @@ def choose_reply_format(accept: str | None, default: ReplyFormat = "msgpack") ->
             else None
         )
         if fmt and quality > 0 and (best is None or (quality, -position) > (best[0], -best[1])):
-            best = (quality, position, fmt)
-    return best[2] if best else default
+            best = (quality, position, fmt, layout)
+    return (best[2], best[3]) if best else (default, None)
+
+
+def _layout(value: str) -> ArrayLayout:
+    for layout in ARRAY_LAYOUTS:
+        if value.lower() == layout:
+            return layout
+    raise BadRequest(f"Accept names layout={value!r}; the msgpack layouts are "
+                     f"{', '.join(ARRAY_LAYOUTS)}", param="accept")

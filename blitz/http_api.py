@@ -84,12 +84,12 @@ class HttpApi:
             req.texts, model=self._model_id(request, req.model), normalize=req.normalize,
             truncate=req.truncate, dimensions=req.dimensions, dtype=req.dtype,
             prompt_name=req.prompt_name, record=_record(request))
-        fmt = codecs.choose_reply_format(request.headers.get("accept"))
+        fmt, accept_layout = codecs.choose_reply(request.headers.get("accept"))
         if fmt == "raw":
             return RawArrayResponse(result.embeddings)
         if fmt == "json":
             return JSONBytesResponse(result.to_native())
-        return MsgpackResponse(result.to_native())
+        return MsgpackResponse(result.to_native(req.layout or accept_layout or "numpy"))
 
     async def openai_embeddings(self, request: Request) -> Response:
         req = OpenAIEmbeddingRequest.parse(await self._body(request), self.settings.limits)
@@ -113,8 +113,8 @@ class HttpApi:
             req.query, req.documents, model=self._model_id(request, req.model),
             top_n=req.top_n, return_documents=req.return_documents, truncate=req.truncate,
             record=_record(request))
-        body = result.to_dict()
-        if codecs.choose_reply_format(request.headers.get("accept"), "json") == "msgpack":
+        body = result.to_dict()  # no arrays: portable in either msgpack layout
+        if codecs.choose_reply(request.headers.get("accept"), "json")[0] == "msgpack":
             return MsgpackResponse(body)
         return JSONBytesResponse(body)
 

@@ -17,6 +17,7 @@ from pydantic import (
     field_validator,
 )
 
+from blitz.codecs import ArrayLayout, portable_array
 from blitz.errors import BadRequest, InvalidValue, PayloadTooLarge
 from blitz.postprocess import OutputDtype
 
@@ -78,6 +79,9 @@ class EmbedRequest(_Request):
     dimensions: StrictInt | None = Field(None, gt=0, description="Matryoshka: keep the first N")
     dtype: OutputDtype = Field("float32", description="float32|float16|int8|uint8|binary|ubinary")
     prompt_name: str | None = Field(None, description="a prompt from the model's spec")
+    layout: ArrayLayout | None = Field(
+        None, description="msgpack reply's array layout: numpy (msgpack-numpy, default) or "
+        "portable (string keys, any language); overrides Accept's layout parameter")
 
 
 class OpenAIEmbeddingRequest(_Request):
@@ -219,10 +223,18 @@ class EmbedResult:
     usage: Usage
     pool: str = "cpu"
 
-    def to_native(self) -> dict[str, Any]:
-        return {"model": self.model, "embeddings": self.embeddings,
-                "shape": list(self.embeddings.shape), "dtype": str(self.embeddings.dtype),
-                "usage": self.usage.to_dict()}
+    def to_native(self, layout: ArrayLayout = "numpy") -> dict[str, Any]:
+        """The reply body. ``numpy``: ``embeddings`` is the array (msgpack-numpy map on
+        msgpack, nested lists on JSON), ``dtype`` its name (``"float32"``). ``portable``:
+        ``embeddings`` is the little-endian bytes and ``dtype`` numpy's ``dtype.str``
+        (``"<f4"``), so any msgpack decoder rebuilds the array from ``shape``."""
+        emb = self.embeddings
+        if layout == "portable":
+            data, shape, dtype = portable_array(emb)
+            return {"model": self.model, "embeddings": data, "shape": shape, "dtype": dtype,
+                    "usage": self.usage.to_dict()}
+        return {"model": self.model, "embeddings": emb, "shape": list(emb.shape),
+                "dtype": str(emb.dtype), "usage": self.usage.to_dict()}
 
 
 @dataclass(frozen=True)

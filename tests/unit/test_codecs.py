@@ -78,6 +78,48 @@ def test_reply_format_negotiation(accept, expected):
     assert codecs.choose_reply_format(accept) == expected
 
 
+@pytest.mark.parametrize(("accept", "expected"), [
+    (None, ("msgpack", None)),
+    ("application/msgpack; layout=portable", ("msgpack", "portable")),
+    ('application/x-msgpack;q=0.9;layout="numpy"', ("msgpack", "numpy")),
+    ("application/json, application/msgpack; layout=Portable; q=0.5", ("json", None)),
+    ("application/json; q=0.1, application/msgpack; layout=portable", ("msgpack", "portable")),
+    ("application/json; layout=whatever", ("json", None)),  # only msgpack ranges have one
+])
+def test_reply_layout_negotiation(accept, expected):
+    assert codecs.choose_reply(accept) == expected
+
+
+def test_an_unknown_layout_in_accept_is_a_bad_request():
+    with pytest.raises(BadRequest, match="numpy, portable"):
+        codecs.choose_reply("application/msgpack; layout=js")
+
+
+@pytest.mark.parametrize("array", [
+    np.arange(6, dtype=np.float32).reshape(2, 3),
+    np.arange(6, dtype=">f4").reshape(2, 3),                 # big-endian: sent little
+    np.arange(12, dtype=np.float16).reshape(3, 4)[:, ::2],   # non-contiguous
+    np.array([[-127, 0, 127]], dtype=np.int8),
+    np.array([[0, 255]], dtype=np.uint8),
+])
+def test_portable_arrays_round_trip(array):
+    data, shape, dtype = codecs.portable_array(array)
+    assert dtype[0] in "<|" and shape == list(array.shape)
+    rebuilt = codecs.from_portable(bytes(data), shape, dtype)
+    assert np.array_equal(rebuilt, array) and rebuilt.dtype == array.dtype.newbyteorder("<")
+
+
+@pytest.mark.parametrize(("data", "shape", "dtype"), [
+    (b"\x00" * 8, [3], "<f4"),       # size mismatch
+    (b"\x00" * 4, [1], "|O"),        # object dtype
+    ("abcd", [1], "<f4"),            # not bytes
+    (b"\x00" * 4, [True], "<f4"),    # boolean in shape
+])
+def test_hostile_portable_arrays_are_rejected(data, shape, dtype):
+    with pytest.raises(BadRequest):
+        codecs.from_portable(data, shape, dtype)
+
+
 def test_json_serializes_numpy_directly_and_base64_is_little_endian():
     arr = np.array([[1.5, -2.0]], dtype=np.float32)
     assert codecs.dumps_json({"e": arr}) == b'{"e":[[1.5,-2.0]]}'
