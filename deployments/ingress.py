@@ -26,7 +26,7 @@ from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
 from blitz.service import EmbeddingService
 from deployments.logs import route_library_logs_to_serve
 from deployments.metrics import metrics
-from deployments.replicas import PoolWaker, running_replicas
+from deployments.replicas import PoolWaker, running_replicas, watch
 
 logger = logging.getLogger("ray.serve")
 
@@ -59,6 +59,8 @@ class ServeDispatcher:
         self.pools = frozenset(handles)
         self._lanes: dict[tuple[str, str], Batcher] = {}
         self._waker = PoolWaker(handles, settings.ingress.pool_timeout_s)
+        for handle in handles.values():
+            watch(handle)
 
     def max_batch(self, pool: str) -> int:
         return self.settings.pool(pool).max_batch_size

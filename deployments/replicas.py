@@ -23,10 +23,16 @@ logger = logging.getLogger("ray.serve")
 _warned: set[str] = set()
 
 
+def watch(handle: DeploymentHandle) -> None:
+    """Create ``handle``'s router now (Serve does it on first use): it subscribes to the
+    replica set, so it knows the running replicas before the first request asks."""
+    if not handle.is_initialized:
+        handle.options()
+
+
 def running_replicas(handle: DeploymentHandle) -> int | None:
     """The running replicas ``handle``'s router knows of; None when it cannot tell."""
-    if not handle.is_initialized:
-        handle.options()  # creates the router, which subscribes to the replica set
+    watch(handle)
     inner = getattr(getattr(handle, "_router", None), "_asyncio_router", None)
     request_router = getattr(inner, "_request_router", None)
     replicas: Any = None
