@@ -1,7 +1,8 @@
 """The ingress's pool calls (deployments.ingress.ServeDispatcher) on fake handles, no Ray:
 merged calls are never multiplied into per-request retries, a dead replica is retried
 once and then answered 503, and what a replica raised reaches the client unchanged
-(``as_blitz_error`` reads it from Ray's wrapper)."""
+(``as_blitz_error`` reads it from Ray's wrapper). A cold pool is woken by one call at a
+time, and a handle whose replicas cannot be read counts as running."""
 
 from __future__ import annotations
 
