@@ -34,6 +34,10 @@ class RoutingSettings(_Settings):
     cross_encoder_pool: Literal["cpu", "gpu"] = Field(
         "gpu", description="where cross-encoder reranks go when a GPU pool exists"
     )
+    cold_gpu: Literal["cpu", "wait"] = Field(
+        "cpu", description="a request bound for a GPU pool with no running replica: 'cpu' "
+        "serves it on the CPU pool and wakes the GPU pool; 'wait' queues it for the cold start"
+    )
 
 
 class PoolSettings(_Settings):

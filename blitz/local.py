@@ -26,6 +26,12 @@ class LocalDispatcher:
     def max_batch(self, pool: str) -> int:
         return self.settings.pool(pool).max_batch_size
 
+    def running_pools(self) -> frozenset[str]:
+        return self.pools  # local pools are names only: always running
+
+    def wake(self, pool: str) -> None:
+        pass
+
     async def _run(self, model_id: str, fn_name: str, *args, **kwargs) -> Encoded:
         loop = asyncio.get_running_loop()
 

@@ -29,13 +29,16 @@ from blitz.errors import (
 )
 from blitz.postprocess import OutputDtype, quantize, truncate_dimensions
 from blitz.registry import ModelSpec, read_dimension
-from blitz.routing import choose_pool
+from blitz.routing import Route, choose_pool
 from blitz.schemas import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankResult, Usage
 
 logger = logging.getLogger("blitz.service")
 
 Observer = Callable[[str, str, str, int, int], None]
 """Receives (route, model, pool, status, texts) once per request; every label is bounded."""
+
+RouteObserver = Callable[[str, str], None]
+"""Receives (pool, reason) once per routing decision; reasons are ``blitz.routing.REASONS``."""
 
 
 @dataclass(slots=True)
@@ -57,6 +60,14 @@ class Dispatcher(Protocol):
 
     def max_batch(self, pool: str) -> int: ...
 
+    def running_pools(self) -> frozenset[str]:
+        """The pools with at least one running replica now; cheap enough for every request."""
+        ...
+
+    def wake(self, pool: str) -> None:
+        """Make ``pool`` start a replica if it has none (returns at once)."""
+        ...
+
     async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded: ...
 
     async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded: ...
@@ -64,11 +75,12 @@ class Dispatcher(Protocol):
 
 class EmbeddingService:
     def __init__(self, settings: BlitzSettings, dispatcher: Dispatcher,
-                 observer: Observer | None = None):
+                 observer: Observer | None = None, route_observer: RouteObserver | None = None):
         self.settings = settings
         self.registry = settings.registry()
         self.dispatcher = dispatcher
         self.observer = observer
+        self.route_observer = route_observer
         self.started = int(time.time())
         self._dimensions: dict[str, int | None] = {}
         self._ready: tuple[float, bool] | None = None  # (when checked, answer)
@@ -106,6 +118,20 @@ class EmbeddingService:
             self.observe(record, as_blitz_error(exc).status)
             raise
         self.observe(record, 200)
+
+    # ---- routing ---------------------------------------------------------------------
+
+    def route(self, kind: str, n_items: int) -> Route:
+        """The pool for this request (``blitz.routing.choose_pool``), observed. A request
+        sent away from a cold GPU pool wakes it: Serve scales a pool from zero only when it
+        sees demand, and this request is not going to be that demand."""
+        route = choose_pool(kind, n_items, self.dispatcher.pools,
+                            self.dispatcher.running_pools(), self.settings.routing)
+        if route.reason == "cold_gpu":
+            self.dispatcher.wake("gpu")
+        if self.route_observer is not None:
+            self.route_observer(route.pool, route.reason)
+        return route
 
     # ---- limits ----------------------------------------------------------------------
 
@@ -159,7 +185,7 @@ class EmbeddingService:
                 count = len(items)
             self._check_dimensions(spec, dimensions)
 
-            pool = choose_pool(spec.kind, count, self.dispatcher.pools, self.settings.routing)
+            pool = self.route(spec.kind, count).pool
             size = self.dispatcher.max_batch(pool)
             jobs = [EmbedJob(texts=items[i:i + size] if items is not None else None,
                              token_ids=token_ids[i:i + size] if token_ids is not None else None,
@@ -251,8 +277,7 @@ class EmbeddingService:
                     raise PayloadTooLarge(f"top_n={top_n}; the limit max_top_n is "
                                           f"{limits.max_top_n}", param="top_n")
 
-            pool = choose_pool(spec.kind, len(documents), self.dispatcher.pools,
-                               self.settings.routing)
+            pool = self.route(spec.kind, len(documents)).pool
             size = self.dispatcher.max_batch(pool)
             jobs = [RerankJob(query, documents[i:i + size], truncate)
                     for i in range(0, len(documents), size)]

@@ -26,6 +26,7 @@ from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
 from blitz.service import EmbeddingService
 from deployments.logs import route_library_logs_to_serve
 from deployments.metrics import metrics
+from deployments.replicas import PoolWaker, running_replicas, watch
 
 logger = logging.getLogger("ray.serve")
 
@@ -57,9 +58,20 @@ class ServeDispatcher:
         self.handles = handles
         self.pools = frozenset(handles)
         self._lanes: dict[tuple[str, str], Batcher] = {}
+        self._waker = PoolWaker(handles, settings.ingress.pool_timeout_s)
+        for handle in handles.values():
+            watch(handle)
 
     def max_batch(self, pool: str) -> int:
         return self.settings.pool(pool).max_batch_size
+
+    def running_pools(self) -> frozenset[str]:
+        """Pools with a running replica, as the handles' routers know them (no call)."""
+        return frozenset(pool for pool, handle in self.handles.items()
+                         if running_replicas(handle) != 0)
+
+    def wake(self, pool: str) -> None:
+        self._waker.wake(pool)
 
     async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
         handle = self.handles[pool].options(multiplexed_model_id=model_id)
@@ -116,7 +128,8 @@ class Ingress:
         self.settings = BlitzSettings.from_args(settings)
         handles = {"cpu": cpu_pool} | ({"gpu": gpu_pool} if gpu_pool is not None else {})
         self.service = EmbeddingService(self.settings, ServeDispatcher(self.settings, handles),
-                                        observer=metrics.observe_request)
+                                        observer=metrics.observe_request,
+                                        route_observer=metrics.observe_route)
         self.api = HttpApi(self.service)
 
     def __serve_build_asgi_app__(self) -> HttpApi:

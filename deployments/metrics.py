@@ -24,8 +24,10 @@ class BlitzMetrics:
 
     @cached_property
     def route_decisions(self) -> Counter:
-        return Counter("blitz_route_decisions", description="requests routed to each pool",
-                       tag_keys=("pool",))
+        return Counter("blitz_route_decisions",
+                       description="routing decisions by pool and reason (blitz.routing: "
+                       "no_gpu, small, size, kind, cold_gpu)",
+                       tag_keys=("pool", "reason"))
 
     @cached_property
     def batch_texts(self) -> Histogram:
@@ -71,8 +73,9 @@ class BlitzMetrics:
         self.requests.inc(tags={**tags, "status": str(status)})
         if n_texts:
             self.texts.inc(n_texts, tags=tags)
-        if pool:
-            self.route_decisions.inc(tags={"pool": pool})
+
+    def observe_route(self, pool: str, reason: str) -> None:
+        self.route_decisions.inc(tags={"pool": pool, "reason": reason})
 
 
 metrics = BlitzMetrics()

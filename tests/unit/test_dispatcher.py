@@ -1,7 +1,8 @@
 """The ingress's pool calls (deployments.ingress.ServeDispatcher) on fake handles, no Ray:
 merged calls are never multiplied into per-request retries, a dead replica is retried
 once and then answered 503, and what a replica raised reaches the client unchanged
-(``as_blitz_error`` reads it from Ray's wrapper)."""
+(``as_blitz_error`` reads it from Ray's wrapper). A cold pool is woken by one call at a
+time, and a handle whose replicas cannot be read counts as running."""
 
 from __future__ import annotations
 
@@ -23,10 +24,14 @@ from blitz.errors import (
 )
 from blitz.schemas import EmbedJob
 from deployments.ingress import ServeDispatcher
+from deployments.replicas import PoolWaker, running_replicas
 
 
 class FakeHandle:
     """Stands in for a DeploymentHandle: ``options(...).embed_jobs.remote(jobs)``."""
+
+    deployment_name = "CPUPool"
+    is_initialized = True
 
     def __init__(self, outcomes):
         self.outcomes = list(outcomes)  # per call: an exception to raise, or None to answer
@@ -108,3 +113,67 @@ async def test_an_unexpected_replica_error_is_a_500_without_its_text():
     assert isinstance(error, InternalError) and error.status == 500
     assert "NoneType" not in error.to_payload("rid")["error"]["message"]
     assert handle.calls == [1]  # what the replica raised is not retried
+
+
+class StatsHandle:
+    """Stands in for a cold pool's handle: ``stats.remote()`` waits for ``gate``, or fails."""
+
+    deployment_name = "GPUPool"
+    is_initialized = True  # and nothing of Ray's router inside
+
+    def __init__(self, fail: bool = False):
+        self.fail = fail
+        self.calls = 0
+        self.gate = asyncio.Event()
+
+    @property
+    def stats(self):
+        return self
+
+    async def remote(self):
+        self.calls += 1
+        if self.fail:
+            raise ActorDiedError()
+        await self.gate.wait()
+        return {}
+
+
+async def _settle():
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_a_cold_pool_is_woken_by_one_call_at_a_time():
+    handle = StatsHandle()
+    waker = PoolWaker({"gpu": handle}, timeout_s=60)
+    for _ in range(3):
+        waker.wake("gpu")
+    await _settle()
+    assert handle.calls == 1  # the queued call is Serve's demand; more add nothing
+    handle.gate.set()  # a replica is up and answered
+    await _settle()
+    assert waker.waking == {}
+    waker.wake("gpu")  # scaled to zero again later: woken again
+    await _settle()
+    assert handle.calls == 2
+
+
+@pytest.mark.parametrize("fail", [True, False])
+async def test_a_wake_that_fails_or_times_out_lets_the_next_request_wake_again(fail):
+    handle = StatsHandle(fail=fail)  # fails at once, or never answers
+    waker = PoolWaker({"gpu": handle}, timeout_s=0.01)
+    waker.wake("gpu")
+    await asyncio.wait_for(asyncio.shield(waker.waking["gpu"]), 5)
+    assert waker.waking == {}
+    waker.wake("gpu")
+    await _settle()
+    assert handle.calls == 2
+    await asyncio.wait_for(asyncio.shield(waker.waking["gpu"]), 5)
+
+
+def test_a_handle_whose_replicas_cannot_be_read_counts_as_running():
+    # a Ray whose router is laid out otherwise: route as the table says, never to "cold"
+    d = ServeDispatcher(BlitzSettings.from_args({"models": [{"id": "m", "source": "fake:4"}]}),
+                        {"cpu": FakeHandle([]), "gpu": StatsHandle()})
+    assert running_replicas(StatsHandle()) is None
+    assert d.running_pools() == {"cpu", "gpu"}

@@ -93,3 +93,65 @@ async def test_an_over_long_input_a_pool_raised_is_reported_at_its_request_index
         await service.rerank("q", ["a", "b", "long", "c"], model="fake")
     assert info.value.index == 2
     assert observed == [("handle.rerank", "fake", "", 413, 4)]
+
+
+class ColdGpuDispatcher(LocalDispatcher):
+    """Both pools exist; the GPU pool has a running replica only once ``warm`` is set.
+    Records the pool each job was sent to and every wake."""
+
+    def __init__(self, settings):
+        super().__init__(settings, frozenset({"cpu", "gpu"}))
+        self.warm = False
+        self.asked: list[str] = []
+        self.woken: list[str] = []
+
+    def running_pools(self):
+        return self.pools if self.warm else frozenset({"cpu"})
+
+    def wake(self, pool):
+        self.woken.append(pool)
+
+    async def embed(self, pool, model_id, job):
+        self.asked.append(pool)
+        return await super().embed(pool, model_id, job)
+
+    async def rerank(self, pool, model_id, job):
+        self.asked.append(pool)
+        return await super().rerank(pool, model_id, job)
+
+
+async def test_a_cold_gpu_pool_is_woken_while_its_requests_are_served_on_the_cpu_pool():
+    settings = BlitzSettings.from_args({
+        "models": [{"id": "fake", "source": "fake:8"},
+                   {"id": "fake-ce", "source": "fake:8", "kind": "cross-encoder"}],
+        "routing": {"gpu_min_batch": 4}})
+    dispatcher = ColdGpuDispatcher(settings)
+    routes: list[tuple[str, str]] = []
+    service = EmbeddingService(settings, dispatcher,
+                               route_observer=lambda *labels: routes.append(labels))
+
+    small = await service.embed(["a", "b"])
+    large = await service.embed(["a", "b", "c", "d", "e"])
+    ranked = await service.rerank("q", ["a"], model="fake-ce")
+    assert (small.pool, large.pool, ranked.pool) == ("cpu", "cpu", "cpu")
+    assert dispatcher.asked == ["cpu", "cpu", "cpu"]
+    assert routes == [("cpu", "small"), ("cpu", "cold_gpu"), ("cpu", "cold_gpu")]
+    assert dispatcher.woken == ["gpu", "gpu"]  # only the requests sent away wake it
+
+    dispatcher.warm = True  # a GPU replica is up
+    large = await service.embed(["a", "b", "c", "d", "e"])
+    ranked = await service.rerank("q", ["a"], model="fake-ce")
+    assert (large.pool, ranked.pool) == ("gpu", "gpu")
+    assert dispatcher.asked[3:] == ["gpu", "gpu"]
+    assert routes[3:] == [("gpu", "size"), ("gpu", "kind")]
+    assert dispatcher.woken == ["gpu", "gpu"]
+
+
+async def test_with_cold_gpu_wait_requests_queue_for_the_gpu_pool_and_wake_nothing():
+    settings = BlitzSettings.from_args({
+        "models": [{"id": "fake", "source": "fake:8"}],
+        "routing": {"gpu_min_batch": 4, "cold_gpu": "wait"}})
+    dispatcher = ColdGpuDispatcher(settings)
+    result = await EmbeddingService(settings, dispatcher).embed(["a", "b", "c", "d"])
+    assert result.pool == "gpu" and dispatcher.asked == ["gpu"]
+    assert dispatcher.woken == []  # the request itself is the demand Serve scales on
