@@ -4,6 +4,8 @@ Measures, per CPU backend, the latency of one one-text ``POST /embed``:
 
 - ``same``: the model is resident and was the last one used;
 - ``switch``: resident, but another model was used last (two models alternate);
+- ``replica-first``: the first model a fresh replica loads (it also pays the one-time
+  imports of the model libraries);
 - ``first-load``: not resident, a free slot (a fresh replica): a load from the warm cache;
 - ``evict-load``: not resident, every slot full: the LRU model is evicted, then the load.
 
@@ -30,7 +32,7 @@ from loadtest.report import fmt, markdown_table
 APP = "blitz-switch"
 BACKENDS = ("torch", "torch-bf16", "onnx-int8")
 IDS_PER_BACKEND = MAX_MODELS_PER_REPLICA + 1  # one more than fits: a load can always evict
-CASES = ("same", "switch", "first-load", "evict-load")
+CASES = ("same", "switch", "replica-first", "first-load", "evict-load")
 
 
 def model_id(backend: str, i: int) -> str:
@@ -46,13 +48,13 @@ class Lru:
         self.evictions = 0
 
     def use(self, model: str) -> str:
-        """Record a request for ``model``; return what it did: same, switch, first-load or
-        evict-load."""
+        """Record a request for ``model``; return what it did: same, switch, replica-first,
+        first-load or evict-load."""
         if model in self.models:
             case = "same" if next(reversed(self.models)) == model else "switch"
             self.models.move_to_end(model)
             return case
-        case = "first-load"
+        case = "first-load" if self.models or self.evictions else "replica-first"
         if len(self.models) >= self.slots:
             self.models.popitem(last=False)
             self.evictions += 1
