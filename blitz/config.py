@@ -21,6 +21,7 @@ API_KEYS_ENV = "BLITZ_API_KEYS"
 # Ray Serve 2.60 pushes autoscaling metrics every 10 s (AutoscalingConfig's deprecated
 # metrics_interval_s); a look-back window must be longer than that.
 AUTOSCALING_METRICS_PUSH_S = 10.0
+MAX_MODELS_PER_REPLICA = 3  # models one pool replica holds (Serve multiplexing, LRU)
 
 
 class _Settings(BaseModel):
@@ -83,6 +84,11 @@ class PoolSettings(_Settings):
     resources: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources each replica needs (pins "
         "the pool to nodes started with them, e.g. `ray start --resources`)")
+    preload: list[str] = Field(
+        default_factory=list,
+        description="model ids each replica loads before it takes traffic (Serve starts "
+        "routing to it, and /ready answers, only after); at most "
+        f"{MAX_MODELS_PER_REPLICA}, the models a replica holds")
 
     @model_validator(mode="after")
     def _replicas_ordered(self) -> PoolSettings:
@@ -90,6 +96,12 @@ class PoolSettings(_Settings):
             raise ValueError("min_replicas must not exceed max_replicas")
         if self.max_queued_texts < self.max_batch_size:
             raise ValueError("max_queued_texts must be at least max_batch_size")
+        if len(set(self.preload)) != len(self.preload):
+            raise ValueError("preload lists a model twice")
+        if len(self.preload) > MAX_MODELS_PER_REPLICA:
+            raise ValueError(f"preload lists {len(self.preload)} models; a replica holds at "
+                             f"most {MAX_MODELS_PER_REPLICA}, so the last loads would evict "
+                             "the first")
         return self
 
 
@@ -123,6 +135,9 @@ class IngressSettings(_Settings):
     max_surge_percent: int = Field(
         100, ge=0, le=100, description="extra ingress replicas started during a redeploy, so "
         "the old ones serve until the new ones are ready")
+    ready_timeout_s: float = Field(
+        5.0, gt=0, description="longest /ready waits for the default model (a pool still "
+        "starting or preloading); past it: 503, and the check goes on for the next probe")
 
 
 class Limits(_Settings):
@@ -176,7 +191,21 @@ class BlitzSettings(_Settings):
             self.default_model = self.models[0].id
         elif self.default_model not in registry:
             raise ValueError(f"default_model {self.default_model!r} is not in models")
+        for name in ("cpu", "gpu"):
+            self._check_preload(name, registry)
         return self
+
+    def _check_preload(self, name: str, registry: Registry) -> None:
+        preload = self.pool(name).preload
+        unknown = [m for m in preload if m not in registry]
+        if unknown:
+            raise ValueError(f"{name}_pool.preload names unknown models: {unknown}")
+        if (name == "cpu" and len(preload) == MAX_MODELS_PER_REPLICA
+                and self.default_model not in preload):
+            raise ValueError(
+                f"cpu_pool.preload fills all {MAX_MODELS_PER_REPLICA} model slots but leaves "
+                f"out the default model {self.default_model!r}, which /ready loads: the "
+                "readiness probe would evict a preloaded model")
 
     @classmethod
     def from_args(cls, args: dict[str, Any] | None) -> BlitzSettings:

@@ -297,22 +297,28 @@ class EmbeddingService:
         """Raise ``NotReady`` unless the default model answers on the CPU pool.
 
         The answer is reused for ``ingress.ready_cache_s``, and concurrent callers share
-        one check, so probes never queue model work. The cause of a failure goes to the
-        log; the client reads only that the default model is not ready.
+        one check, so probes never queue model work. A check that takes longer than
+        ``ingress.ready_timeout_s`` (pool replicas still starting or preloading) answers
+        not ready and goes on; a later probe reads its result. The cause of a failure
+        goes to the log; the client reads only that the default model is not ready.
         """
+        ingress = self.settings.ingress
         now = time.monotonic()
-        if self._ready is not None and now - self._ready[0] < self.settings.ingress.ready_cache_s:
+        if self._ready is not None and now - self._ready[0] < ingress.ready_cache_s:
             ready = self._ready[1]
         else:
             if self._ready_check is None:
                 self._ready_check = asyncio.ensure_future(self._probe_default_model())
             check = self._ready_check
             try:
-                ready = await asyncio.shield(check)
+                ready = await asyncio.wait_for(asyncio.shield(check), ingress.ready_timeout_s)
+            except asyncio.TimeoutError:
+                ready = False  # still checking: not cached, the next probe waits on it
+            else:
+                self._ready = (time.monotonic(), ready)
             finally:
                 if check.done() and self._ready_check is check:
                     self._ready_check = None
-            self._ready = (time.monotonic(), ready)
         if not ready:
             raise NotReady(f"default model {self.settings.default_model!r} is not ready; "
                            "retry shortly")

@@ -22,7 +22,7 @@ import ray
 from ray import serve
 
 from blitz.batching import Batcher
-from blitz.config import BlitzSettings
+from blitz.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from blitz.encoders.base import Encoded, Encoder
 from blitz.encoders.holder import ModelFreed, ModelHolder
 from blitz.encoders.loading import load_encoder, resolve_device
@@ -34,7 +34,6 @@ from deployments.logs import route_library_logs_to_serve
 from deployments.metrics import metrics
 
 logger = logging.getLogger("ray.serve")
-MAX_MODELS_PER_REPLICA = 3
 EVICTIONS_KEPT = 32  # the last evicted ids kept for stats(); the count is kept in full
 LEASE_TRIES = 3  # a model evicted between lookup and use is loaded again this often
 
@@ -46,7 +45,10 @@ def _rss_bytes() -> int:
 
 @serve.deployment
 class ModelPool:
-    def __init__(self, settings: dict[str, Any], pool: str):
+    async def __init__(self, settings: dict[str, Any], pool: str):
+        """Serve awaits this (it accepts an async constructor) before it routes anything
+        here, so the models in the pool's ``preload`` are resident before the first
+        request, and the replica does not start at all if one of them cannot load."""
         self.settings = BlitzSettings.from_args(settings)
         self.registry = self.settings.registry()
         self.pool = pool
@@ -65,6 +67,7 @@ class ModelPool:
         self.loaded: list[str] = []  # resident models, least recently loaded first
         self.evicted: deque[str] = deque(maxlen=EVICTIONS_KEPT)
         self.evictions = 0
+        await self._preload()
 
     # ---- models ----------------------------------------------------------------------
 
@@ -92,6 +95,16 @@ class ModelPool:
         logger.info("loaded model %r on %s in %.2fs", model_id, self.device, seconds)
         self.loaded.append(model_id)
         return ModelHolder(encoder, on_release=self._released)
+
+    async def _preload(self) -> None:
+        """Load the pool's ``preload`` models through ``get_model``, Serve's multiplexed
+        loader, called with the id (there is no request context yet). Serve's LRU then
+        holds them and the replica reports their ids to the controller, so routing sends
+        their requests here."""
+        for model_id in self.pool_settings.preload:
+            await self._holder(model_id)
+        if self.pool_settings.preload:
+            logger.info("%s pool replica preloaded %s", self.pool, self.pool_settings.preload)
 
     def _load_failed(self, spec: ModelSpec, exc: BaseException) -> ModelLoadFailed:
         """The one way a failed load ends: one ``ModelLoadFailed``, remembered for

@@ -23,6 +23,7 @@ from loadtest.runner import (
     run_load,
     run_sweep,
 )
+from loadtest.switch import BACKENDS
 
 T = TypeVar("T")
 API_HELP = """\
@@ -41,6 +42,7 @@ examples:
   python -m loadtest sweep --concurrency 1,2,4,8,16,32,64 --out sweep.json
   python -m loadtest inprocess --backend torch --sizes 1,32,128
   python -m loadtest formats --out formats.json
+  python -m loadtest switch --rounds 5 --out switch.json
   python -m loadtest plot blitz.json naive.json --label blitz --label naive --out cmp.png
 """
 
@@ -168,6 +170,24 @@ def build_parser() -> argparse.ArgumentParser:
                          help="seconds per timing round (default: %(default)s)")
     formats.add_argument("--out", type=Path, help="write the JSON report here")
 
+    switch = sub.add_parser("switch", help="model switch and first-load latency per backend",
+                            description="Starts its own local Ray + Serve with one CPU pool "
+                            "replica and measures one-text requests whose model is resident "
+                            "and last used, resident but not last used, loaded into a free "
+                            "slot, or loaded after an eviction; redeployed every round.")
+    switch.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated CPU backends (default: %(default)s)")
+    switch.add_argument("--rounds", type=int, default=5,
+                        help="measured rounds, one fresh replica each (default: %(default)s)")
+    switch.add_argument("--evictions", type=int, default=5,
+                        help="evicting loads per backend per round (default: %(default)s)")
+    switch.add_argument("--pairs", type=int, default=25,
+                        help="switch/same pairs per backend per round (default: %(default)s)")
+    switch.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the replica (default: %(default)s)")
+    switch.add_argument("--cache-dir", help="Blitz model cache (default: Blitz's own)")
+    switch.add_argument("--out", type=Path, help="write the JSON report here")
+
     plot = sub.add_parser("plot", help="plot one or more sweep reports together")
     plot.add_argument("reports", nargs="+", type=Path, help="JSON reports from `sweep`")
     plot.add_argument("--label", action="append", help="legend label per report, in order")
@@ -289,8 +309,24 @@ def cmd_plot(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
+def cmd_switch(args: argparse.Namespace, progress: Progress) -> int:
+    from loadtest import report, switch
+
+    backends = tuple(b.strip() for b in args.backends.split(",") if b.strip())
+    result = switch.measure(backends, rounds=args.rounds, evictions=args.evictions,
+                            pairs=args.pairs, cache_dir=args.cache_dir, threads=args.threads,
+                            progress=lambda line: print(line, file=sys.stderr))
+    rows = switch.summary(result["samples_ms"])
+    print(switch.markdown(rows))
+    for check in result["checks"]:
+        print(f"warning: {check}", file=sys.stderr)
+    if args.out:
+        report.write_json(args.out, {**result, "summary": rows, **report.environment()})
+    return 1 if result["checks"] else 0
+
+
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "inprocess": cmd_inprocess,
-            "formats": cmd_formats, "plot": cmd_plot}
+            "formats": cmd_formats, "plot": cmd_plot, "switch": cmd_switch}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,70 @@
+"""Preloaded models: resident before their first request, and /ready waits for them
+(an app of its own on the session's shared Ray + Serve instance)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+
+APP = "it-preload"
+PREFIX = "/it-preload"
+PRELOAD = ["tiny-a", "slow"]
+DEADLINE_S = 180  # bound on every wait; a healthy run needs a small part of it
+
+
+def _args(tiny_models, cache_dir) -> dict:
+    return {
+        "models": [{"id": "tiny-a", "source": str(tiny_models["tiny-a"])},
+                   {"id": "slow", "source": "fake:8:6"},  # keeps the replica starting 6 s
+                   {"id": "tiny-b", "source": str(tiny_models["tiny-b"])}],
+        "cache_dir": str(cache_dir),
+        "gpu": "off",
+        "cpu_pool": {"num_cpus": 0.1, "torch_threads": 1, "preload": PRELOAD},
+        "ingress": {"num_cpus": 0.1, "ready_timeout_s": 0.5, "ready_cache_s": 0},
+    }
+
+
+async def _reported_model_ids(deployment: str) -> set[str]:
+    """The model ids the controller hands to routers for the deployment's replicas
+    (Serve's private state: what multiplexed routing reads)."""
+    from ray.serve.context import _get_global_client
+
+    running = await _get_global_client()._controller._all_running_replicas.remote()
+    return {model for deployment_id, replicas in running.items()
+            if deployment_id.app_name == APP and deployment_id.name == deployment
+            for replica in replicas for model in replica.multiplexed_model_ids}
+
+
+async def test_preloaded_models_are_resident_before_any_request_and_ready_waits(
+        serve_instance, tiny_models, tmp_path):
+    from ray import serve
+
+    from deployments.app import build_app
+
+    serve.run_many([serve.RunTarget(build_app(_args(tiny_models, tmp_path)), name=APP,
+                                    route_prefix=PREFIX)],
+                   wait_for_applications_running=False)
+    answers: list[int] = []
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        async with httpx.AsyncClient(base_url=serve_instance + PREFIX, timeout=30) as http:
+            while not answers or answers[-1] != 200:
+                assert time.monotonic() < deadline, f"/ready never answered 200: {answers}"
+                answers.append((await http.get("/ready")).status_code)
+                await asyncio.sleep(0.2)
+            # ready, and no request has named a preloaded model yet
+            pool = serve.get_deployment_handle("CPUPool", APP)
+            stats = await pool.stats.remote()
+            assert stats["loaded"] == PRELOAD and stats["evictions"] == 0
+            while await _reported_model_ids("CPUPool") != set(PRELOAD):
+                assert time.monotonic() < deadline, "the replica never reported its models"
+                await asyncio.sleep(0.2)
+            r = await http.post("/embed", json={"texts": ["x"], "model": "slow"})
+            assert r.status_code == 200
+            assert (await pool.stats.remote())["loaded"] == PRELOAD  # served, not reloaded
+    finally:
+        serve.delete(APP)
+    # /ready answered "not ready" (and did not hang) while the replica preloaded
+    assert 503 in answers and set(answers) <= {404, 503, 200}, answers
