@@ -106,8 +106,9 @@ def test_every_blitz_metric_is_exported_with_bounded_labels_and_sane_values(http
 
 
 def _ray_labels(sample: Sample) -> set[str]:
-    """Labels Ray's exporter adds to every series (session, node, component...)."""
-    return {k for k in sample.labels if k[:1].isupper() or k in {"instance", "job"}}
+    """Labels Ray's exporter adds to every series (SessionName, NodeAddress, Component,
+    Version, and OpenTelemetry's otel_scope_*)."""
+    return {k for k in sample.labels if k[:1].isupper() or k.startswith("otel_scope_")}
 
 
 def _check_buckets(samples: list[Sample], name: str) -> None:
