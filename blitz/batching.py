@@ -13,6 +13,8 @@ One ``Batcher`` per hop and model (the ingress's pool calls, a pool's model call
   item fails alone; if ``run`` itself raises, each item of that batch gets the error.
 - **Timed**: a batch that runs longer than ``timeout_s`` fails its items with
   ``TimedOut`` and frees its slot, so a hung model call cannot hold it forever.
+- **Visible**: ``on_reject`` hears of each refusal and ``on_waiting`` of each change in
+  the units waiting (the metrics' queue depth).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class Batcher(Generic[T, R]):
     def __init__(self, run: RunBatch, *, max_batch: int, max_waiting: int,
                  size: Callable[[T], int] = len, max_in_flight: int = 1,
                  timeout_s: float | None = None, name: str = "batcher",
-                 on_reject: Callable[[], None] | None = None):
+                 on_reject: Callable[[], None] | None = None,
+                 on_waiting: Callable[[int], None] | None = None):
         if max_batch < 1 or max_waiting < 1 or max_in_flight < 1:
             raise ValueError("max_batch, max_waiting and max_in_flight must be at least 1")
         self._run = run
@@ -66,6 +69,7 @@ class Batcher(Generic[T, R]):
         self.name = name
         self._size = size
         self._on_reject = on_reject
+        self._on_waiting = on_waiting
         self._queue: deque[_Entry[T]] = deque()
         self._waiting_units = 0
         self._running: set[_Batch] = set()
@@ -103,6 +107,7 @@ class Batcher(Generic[T, R]):
         self._queue.extend(entries)
         self._waiting_units += total
         self._start_batches()
+        self._waiting_changed()
         try:
             for entry in entries:
                 await entry.future
@@ -117,8 +122,13 @@ class Batcher(Generic[T, R]):
         entry.future.cancel()
         if entry.batch is None:  # still queued: it no longer counts against the bound
             self._waiting_units -= entry.units
+            self._waiting_changed()
         elif entry.batch.task is not None and entry.batch.abandoned():
             entry.batch.task.cancel()  # nobody waits for this batch any more
+
+    def _waiting_changed(self) -> None:
+        if self._on_waiting is not None:
+            self._on_waiting(self._waiting_units)
 
     def _start_batches(self) -> None:
         while len(self._running) < self.max_in_flight:
@@ -171,3 +181,4 @@ class Batcher(Generic[T, R]):
         finally:
             self._running.discard(batch)
             self._start_batches()
+            self._waiting_changed()

@@ -92,8 +92,9 @@ class RequestMiddleware:
         except Exception as exc:  # the one place errors become replies
             if status:  # the reply has begun; nothing more can be said
                 raise
-            await self._error_reply(exc, scope, path, request_id)(
-                scope, receive, send_with_headers)
+            error, reply = self._error_reply(exc, scope, path, request_id)
+            record.error = error.code
+            await reply(scope, receive, send_with_headers)
         self.observe(record, status)
 
     def _authorize(self, headers: Headers) -> None:
@@ -109,7 +110,7 @@ class RequestMiddleware:
 
     @staticmethod
     def _error_reply(exc: Exception, scope: Scope, path: str,
-                     request_id: str) -> JSONBytesResponse:
+                     request_id: str) -> tuple[BlitzError, JSONBytesResponse]:
         headers: dict[str, str] = {}
         error: BlitzError
         if isinstance(exc, HTTPException):  # the router's: no such path, or not this method
@@ -125,8 +126,8 @@ class RequestMiddleware:
             logger.error("request %s failed", request_id, exc_info=exc)
         if error.retry_after_s is not None:
             headers["retry-after"] = str(error.retry_after_s)
-        return JSONBytesResponse(error.to_payload(request_id), status_code=error.status,
-                                 headers=headers)
+        return error, JSONBytesResponse(error.to_payload(request_id),
+                                        status_code=error.status, headers=headers)
 
 
 def _digest(key: bytes) -> bytes:

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -34,23 +34,30 @@ from blitz.schemas import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankRes
 
 logger = logging.getLogger("blitz.service")
 
-Observer = Callable[[str, str, str, int, int], None]
-"""Receives (route, model, pool, status, texts) once per request; every label is bounded."""
-
 RouteObserver = Callable[[str, str], None]
 """Receives (pool, reason) once per routing decision; reasons are ``blitz.routing.REASONS``."""
 
 
 @dataclass(slots=True)
 class RequestRecord:
-    """One request's facts for the metrics. The service fills ``model``, ``pool`` and
-    ``texts``; whoever made the record observes it once: the HTTP middleware for an HTTP
-    request (it knows the route and the status), the service for a handle call."""
+    """One request's facts for the metrics. The service fills ``model``, ``pool``,
+    ``texts`` and ``tokens``; whoever made the record observes it once, with the status
+    and the error's ``code`` when it failed: the HTTP middleware for an HTTP request (it
+    knows the route and the status), the service for a handle call. Every field that
+    becomes a label comes from a closed set (route templates, registry ids, pool names,
+    error codes)."""
 
     route: str
     model: str = ""
     pool: str = ""
     texts: int = 0
+    tokens: int = 0
+    error: str = ""
+    started: float = field(default_factory=time.perf_counter, compare=False, repr=False)
+
+
+Observer = Callable[[RequestRecord, int, float], None]
+"""Receives (record, status, seconds since the record was made) once per request."""
 
 
 class Dispatcher(Protocol):
@@ -100,10 +107,9 @@ class EmbeddingService:
         """Hand one finished request to the observer; an unknown model id is "other"."""
         if self.observer is None:
             return
-        model = record.model
-        if model and model not in self.registry:
-            model = "other"
-        self.observer(record.route, model, record.pool, status, record.texts)
+        if record.model and record.model not in self.registry:
+            record.model = "other"
+        self.observer(record, status, time.perf_counter() - record.started)
 
     @contextmanager
     def _recorded(self, record: RequestRecord | None, route: str) -> Iterator[RequestRecord]:
@@ -115,7 +121,9 @@ class EmbeddingService:
         try:
             yield record
         except Exception as exc:
-            self.observe(record, as_blitz_error(exc).status)
+            error = as_blitz_error(exc)
+            record.error = error.code
+            self.observe(record, error.status)
             raise
         self.observe(record, 200)
 
@@ -197,7 +205,7 @@ class EmbeddingService:
                 [p.values for p in parts])
             tokens = int(sum(int(p.token_counts.sum()) for p in parts))
             values = quantize(truncate_dimensions(values, dimensions, normalize), dtype)
-            record.pool = pool
+            record.pool, record.tokens = pool, tokens
             return EmbedResult(values, spec.id, Usage.of(tokens), pool)
 
     @staticmethod
@@ -288,7 +296,7 @@ class EmbeddingService:
             order = np.argsort(-scores, kind="stable")[: top_n or len(documents)]
             hits = [RerankHit(int(i), float(scores[i]),
                               documents[i] if return_documents else None) for i in order]
-            record.pool = pool
+            record.pool, record.tokens = pool, tokens
             return RerankResult(hits, spec.id, Usage.of(tokens), pool)
 
     # ---- readiness -------------------------------------------------------------------

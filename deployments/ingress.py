@@ -107,7 +107,8 @@ class ServeDispatcher:
                 max_in_flight=CALLS_IN_FLIGHT_PER_REPLICA * settings.max_replicas,
                 timeout_s=self.settings.ingress.pool_timeout_s,
                 name=f"{pool} pool queue for {model_id!r}",
-                on_reject=lambda: metrics.rejected.inc(tags={"hop": "ingress"}))
+                on_reject=lambda: metrics.rejected.inc(tags={"hop": "ingress"}),
+                on_waiting=metrics.waiting("ingress", pool, model_id))
         return await lane.submit(job)
 
     async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded:

@@ -1,10 +1,32 @@
-"""Serve metrics (exported on Ray's metrics port), declared once, created in the replica."""
+"""Serve metrics (exported on Ray's metrics port), declared once, created in the replica.
+
+Ray exports each as ``ray_<name>`` (counters as ``ray_<name>_total``) and adds the
+``deployment``, ``replica`` and ``application`` labels; every label set here takes its
+values from a closed set: route templates (unknown paths are ``other``), registry model
+ids (unknown ids are ``other``), pool names, hops and error codes. ``-`` stands for "not
+known yet" (a request refused before it was routed). deploy/grafana/blitz.json charts
+every metric here, and Serve's own ones in ``SERVE_METRICS_CHARTED``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 
-from ray.serve.metrics import Counter, Histogram
+from ray.serve.metrics import Counter, Gauge, Histogram
+
+from blitz.service import RequestRecord
+
+SERVE_METRICS_CHARTED = (
+    "serve_num_multiplexed_models",  # models resident per pool replica
+    "serve_multiplexed_models_unload_counter",  # LRU unloads per pool replica
+)
+"""Ray Serve's own metrics the dashboard uses, instead of Blitz copies of them."""
+
+RETRY_LATER_REASONS = frozenset({"overloaded", "unavailable", "timeout", "not_ready"})
+"""The ``code`` of each 503 error (blitz/errors.py ``RetryLater``): the reason label."""
+
+LATENCY_BOUNDS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
 
 
 class BlitzMetrics:
@@ -16,6 +38,40 @@ class BlitzMetrics:
                        description="requests answered: HTTP by route, handle calls as "
                        "handle.embed and handle.rerank",
                        tag_keys=("route", "model", "pool", "status"))
+
+    @cached_property
+    def request_seconds(self) -> Histogram:
+        return Histogram("blitz_request_seconds",
+                         description="time from a request's arrival at the ingress to its "
+                         "answer, by route, model and pool",
+                         boundaries=LATENCY_BOUNDS_S, tag_keys=("route", "model", "pool"))
+
+    @cached_property
+    def tokens(self) -> Counter:
+        return Counter("blitz_tokens",
+                       description="tokens the models processed for answered requests "
+                       "(the usage the reply reports); rate() is tokens per second",
+                       tag_keys=("route", "model", "pool"))
+
+    @cached_property
+    def unavailable_replies(self) -> Counter:
+        return Counter("blitz_503_replies",
+                       description="503 replies (with Retry-After) by reason: overloaded, "
+                       "unavailable, timeout, not_ready",
+                       tag_keys=("route", "pool", "reason"))
+
+    @cached_property
+    def waiting_texts(self) -> Gauge:
+        return Gauge("blitz_waiting_texts",
+                     description="texts waiting for a batch, per replica: hop ingress "
+                     "(for a pool call) or pool (for a model call)",
+                     tag_keys=("hop", "pool", "model"))
+
+    @cached_property
+    def model_evictions(self) -> Counter:
+        return Counter("blitz_model_evictions",
+                       description="models evicted from a pool replica and freed",
+                       tag_keys=("model", "pool"))
 
     @cached_property
     def texts(self) -> Counter:
@@ -67,12 +123,25 @@ class BlitzMetrics:
                        "unreachable, by outcome (retried, unavailable)",
                        tag_keys=("pool", "outcome"))
 
-    def observe_request(self, route: str, model: str, pool: str, status: int,
-                        n_texts: int) -> None:
-        tags = {"route": route, "model": model or "-", "pool": pool or "-"}
+    def observe_request(self, record: RequestRecord, status: int, seconds: float) -> None:
+        """The service's observer: one finished request."""
+        tags = {"route": record.route, "model": record.model or "-",
+                "pool": record.pool or "-"}
         self.requests.inc(tags={**tags, "status": str(status)})
-        if n_texts:
-            self.texts.inc(n_texts, tags=tags)
+        self.request_seconds.observe(seconds, tags=tags)
+        if record.texts:
+            self.texts.inc(record.texts, tags=tags)
+        if record.tokens:
+            self.tokens.inc(record.tokens, tags=tags)
+        if status == 503:
+            reason = record.error if record.error in RETRY_LATER_REASONS else "other"
+            self.unavailable_replies.inc(tags={"route": record.route, "pool": tags["pool"],
+                                               "reason": reason})
+
+    def waiting(self, hop: str, pool: str, model: str) -> Callable[[int], None]:
+        """A Batcher's ``on_waiting``: sets the queue-depth gauge of one hop and model."""
+        tags = {"hop": hop, "pool": pool, "model": model}
+        return lambda texts: self.waiting_texts.set(texts, tags=tags)
 
     def observe_route(self, pool: str, reason: str) -> None:
         self.route_decisions.inc(tags={"pool": pool, "reason": reason})

@@ -119,6 +119,7 @@ class ModelPool:
             self.loaded.remove(model_id)
         self.evicted.append(model_id)
         self.evictions += 1
+        metrics.model_evictions.inc(tags={"model": model_id, "pool": self.pool})
         logger.info("evicted model %r", model_id)
 
     async def _holder(self, model_id: str) -> ModelHolder:
@@ -204,7 +205,8 @@ class ModelPool:
                 max_batch=self.pool_settings.max_batch_size,
                 max_waiting=self.pool_settings.max_queued_texts,
                 name=f"{self.pool} pool, model {model_id!r}",
-                on_reject=lambda: metrics.rejected.inc(tags={"hop": self.pool}))
+                on_reject=lambda: metrics.rejected.inc(tags={"hop": self.pool}),
+                on_waiting=metrics.waiting("pool", self.pool, model_id))
         return batcher
 
     async def _embed_batch(self, model_id: str, jobs: list[EmbedJob]) -> list:

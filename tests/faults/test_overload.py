@@ -1,7 +1,9 @@
 """Fault: 256 concurrent 32-text requests against a small pool with short queues.
 
 Every request gets 200 or a 503 with Retry-After (the queues refuse what they cannot
-hold instead of growing), and the next request after the burst is a 200.
+hold instead of growing), and the next request after the burst is a 200. The metrics
+count each refusal once: ``blitz_503_replies`` (reason ``overloaded``) and
+``blitz_rejected`` equal the 503s the clients saw.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import httpx
 
 from tests.faults.conftest import small_app
 from tests.faults.load import LoadRecord, send
+from tests.metrics_scrape import metrics_url, scrape_until, total
 
 APP = "fault-overload"
 REQUESTS = 256
@@ -42,3 +45,13 @@ async def test_overload_answers_200_or_fast_503(deploy, tiny_models):
     assert statuses.get(503, 0) > 0  # the bounds engaged: refused, not queued without end
     assert statuses.get(200, 0) > 0
     assert after.status_code == 200
+
+    refusals = statuses.get(503, 0)
+    assert all('"overloaded"' in o.error for o in record.outcomes if o.status == 503)
+
+    def counted(samples) -> bool:
+        ours = [s for s in samples if s.labels.get("application") == APP]
+        return (total(ours, "ray_blitz_503_replies_total", reason="overloaded") == refusals
+                and total(ours, "ray_blitz_rejected_total") == refusals)
+
+    scrape_until(metrics_url(), counted)

@@ -110,6 +110,22 @@ async def test_a_full_queue_refuses_at_once_and_counts_it():
     assert lane.waiting == 0 and await lane.submit("a") == "a"  # room again
 
 
+async def test_on_waiting_hears_every_change_in_the_queue_depth():
+    run, calls, gate = _gated()
+    depths: list[int] = []
+    lane = Batcher(run, max_batch=4, max_waiting=8, size=len, on_waiting=depths.append)
+    first = asyncio.ensure_future(lane.submit("aa"))  # runs at once: nothing waits
+    await asyncio.sleep(0)
+    queued = [asyncio.ensure_future(lane.submit(t)) for t in ("aaa", "a", "aa")]
+    await asyncio.sleep(0)
+    queued[1].cancel()  # a caller that leaves while queued frees its place
+    await asyncio.sleep(0)
+    assert depths == [0, 3, 4, 6, 5] and lane.waiting == 5
+    gate.set()
+    assert await first == "aa" and await asyncio.gather(queued[0], queued[2]) == ["aaa", "aa"]
+    assert depths[-1] == 0 and lane.waiting == 0 and calls == [["aa"], ["aaa"], ["aa"]]
+
+
 async def test_cancelled_callers_are_dropped_before_their_batch_runs():
     run, calls, gate = _gated()
     lane = Batcher(run, max_batch=10, max_waiting=10, size=lambda item: 1)

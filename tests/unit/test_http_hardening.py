@@ -13,7 +13,7 @@ from blitz.config import BlitzSettings
 from blitz.errors import ModelLoadFailed
 from blitz.http_api import HttpApi
 from blitz.local import LocalDispatcher
-from blitz.service import EmbeddingService
+from blitz.service import EmbeddingService, RequestRecord
 
 MSGPACK = {"content-type": "application/msgpack"}
 
@@ -39,9 +39,12 @@ def build(extra: dict | None = None, fail: Exception | None = None):
         "limits": {"max_texts_per_request": 16, "max_body_bytes": 64 * 1024 * 1024},
         **(extra or {})})
     observed: list[tuple] = []
+
+    def observer(record: RequestRecord, status: int, seconds: float) -> None:
+        observed.append((record.route, record.model, record.pool, status, record.texts))
+
     dispatcher = CountingDispatcher(settings, fail)
-    api = HttpApi(EmbeddingService(settings, dispatcher,
-                                   observer=lambda *labels: observed.append(labels)))
+    api = HttpApi(EmbeddingService(settings, dispatcher, observer=observer))
     client = httpx.AsyncClient(transport=httpx.ASGITransport(api), base_url="http://blitz")
     return client, observed, dispatcher
 

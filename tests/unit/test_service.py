@@ -8,7 +8,7 @@ import pytest
 from ray.exceptions import RayTaskError
 
 from blitz.config import BlitzSettings
-from blitz.errors import InputTooLong, UnknownModel
+from blitz.errors import InputTooLong, Overloaded, UnknownModel
 from blitz.local import LocalDispatcher
 from blitz.service import EmbeddingService, RequestRecord
 from deployments.ingress import Ingress
@@ -20,9 +20,15 @@ SETTINGS = BlitzSettings.from_args({
 
 
 def observed_service(dispatcher=None) -> tuple[EmbeddingService, list[tuple]]:
+    """A service whose observer keeps (route, model, pool, status, texts) per request."""
     observed: list[tuple] = []
+
+    def observer(record: RequestRecord, status: int, seconds: float) -> None:
+        assert seconds >= 0
+        observed.append((record.route, record.model, record.pool, status, record.texts))
+
     service = EmbeddingService(SETTINGS, dispatcher or LocalDispatcher(SETTINGS),
-                               observer=lambda *labels: observed.append(labels))
+                               observer=observer)
     return service, observed
 
 
@@ -50,8 +56,9 @@ async def test_handle_calls_are_observed_once_each_with_their_outcome():
 async def test_a_callers_record_is_filled_not_observed():
     service, observed = observed_service()
     record = RequestRecord("/v1/embeddings")
-    await service.embed(token_ids=[[1, 2], [3]], record=record)
-    assert record == RequestRecord("/v1/embeddings", "fake", "cpu", 2)
+    result = await service.embed(token_ids=[[1, 2], [3]], record=record)
+    assert record == RequestRecord("/v1/embeddings", "fake", "cpu", texts=2,
+                                   tokens=result.usage.prompt_tokens)
     assert observed == []  # its maker (the HTTP middleware) observes it
 
 
@@ -155,3 +162,24 @@ async def test_with_cold_gpu_wait_requests_queue_for_the_gpu_pool_and_wake_nothi
     result = await EmbeddingService(settings, dispatcher).embed(["a", "b", "c", "d"])
     assert result.pool == "gpu" and dispatcher.asked == ["gpu"]
     assert dispatcher.woken == []  # the request itself is the demand Serve scales on
+
+
+class OverloadedDispatcher(LocalDispatcher):
+    async def embed(self, pool, model_id, job):
+        raise RayTaskError("embed_jobs", "tb", Overloaded("the cpu pool is at capacity"))
+
+
+async def test_the_observer_gets_tokens_latency_and_the_error_code():
+    records: list[tuple[RequestRecord, int, float]] = []
+    service = EmbeddingService(SETTINGS, LocalDispatcher(SETTINGS),
+                               observer=lambda *args: records.append(args))
+    result = await service.embed(["a b c", "d"], model="fake8")
+    await service.rerank("q", ["a", "b"], model="fake")
+    service.dispatcher = OverloadedDispatcher(SETTINGS)
+    with pytest.raises(RayTaskError):
+        await service.embed(["a"], model="fake")
+    (embed, s1, t1), (rerank, s2, _), (refused, s3, t3) = records
+    assert (embed.tokens, embed.error, s1) == (result.usage.prompt_tokens, "", 200)
+    assert rerank.tokens > 0 and rerank.error == "" and s2 == 200
+    assert (refused.error, refused.tokens, refused.pool, s3) == ("overloaded", 0, "", 503)
+    assert 0 <= t1 and 0 <= t3

@@ -1,0 +1,128 @@
+"""Blitz's metrics as Prometheus reads them: scraped from the session Ray's metrics agent
+after a few requests, with their names, label sets and values checked.
+
+``blitz_rejected``, ``blitz_pool_failures`` and ``blitz_503_replies`` need a fault to
+appear; tests/faults/test_overload.py checks the first and the last the same way.
+"""
+
+from __future__ import annotations
+
+from blitz.routing import REASONS
+from tests.integration.conftest import APP
+from tests.metrics_scrape import (
+    SERVE_LABELS,
+    Sample,
+    declared_metrics,
+    exported_names,
+    metrics_url,
+    scrape_until,
+    total,
+)
+
+NEED_A_FAULT = {"blitz_rejected", "blitz_pool_failures", "blitz_503_replies"}
+ROUTES = {"/embed", "/v1/embeddings", "/rerank", "/v1/rerank", "/models", "/v1/models",
+          "/health", "/ready", "other", "handle.embed", "handle.rerank"}
+MODELS = {"minilm", "minilm-int8", "tiny-a", "tiny-b", "tiny-c", "tiny-ce", "broken", "slow"}
+BOUNDED = {"route": ROUTES, "model": MODELS | {"other", "-"}, "pool": {"cpu", "gpu", "-"},
+           "hop": {"ingress", "cpu", "gpu", "cpu-serve-queue", "gpu-serve-queue", "pool"},
+           "status": {str(s) for s in (200, 400, 401, 404, 405, 413, 422, 424, 500, 503)},
+           "result": {"loaded", "failed"}, "outcome": {"retried", "unavailable"},
+           "reason": {"overloaded", "unavailable", "timeout", "not_ready", "other"}
+           | set(REASONS)}
+SMALL = ["a short text", "another one"]  # 2 texts: the CPU pool
+LARGE = [f"text number {i} of a batch" for i in range(12)]  # 12 texts: the GPU pool
+
+
+def _ours(samples: list[Sample]) -> list[Sample]:
+    return [s for s in samples if s.labels.get("application") == APP]
+
+
+def _sent_everything_expected(samples: list[Sample]) -> bool:
+    ours = _ours(samples)
+    return (total(ours, "ray_blitz_requests_total", route="/embed", model="tiny-a",
+                  pool="cpu", status="200") >= 3
+            and total(ours, "ray_blitz_requests_total", route="other", status="404") >= 1
+            and total(ours, "ray_blitz_request_seconds_count", route="/rerank") >= 1
+            and total(ours, "ray_blitz_model_evictions_total", pool="cpu") >= 1
+            and total(ours, "ray_blitz_tokens_total", route="/embed", pool="gpu") > 0
+            and any(s.name == "ray_serve_num_multiplexed_models" for s in ours))
+
+
+def test_every_blitz_metric_is_exported_with_bounded_labels_and_sane_values(http):
+    for _ in range(3):
+        assert http.post("/embed", json={"texts": SMALL, "model": "tiny-a"}).status_code == 200
+    assert http.post("/embed", json={"texts": LARGE, "model": "tiny-a"}).status_code == 200
+    r = http.post("/rerank", json={"query": "q", "documents": SMALL, "model": "tiny-ce"})
+    assert r.status_code == 200
+    assert http.get("/no/such/" + "x" * 300).status_code == 404  # a raw path: label "other"
+    for model in ("tiny-b", "tiny-c", "minilm", "tiny-a"):  # 4 models on 3 slots: an eviction
+        assert http.post("/embed", json={"texts": ["x"], "model": model}).status_code == 200
+
+    samples = _ours(scrape_until(metrics_url(), _sent_everything_expected))
+
+    # every declared metric is exported under Ray's name, with exactly its label set
+    declared = declared_metrics()
+    for name, (kind, tags) in declared.items():
+        series = [s for s in samples if s.name in exported_names(name, kind)]
+        if name in NEED_A_FAULT:
+            continue
+        assert series, f"{name} is not exported"
+        for s in series:
+            keys = set(s.labels) - {"le"} - _ray_labels(s)
+            assert keys == set(tags) | SERVE_LABELS, (s.name, s.labels)
+    for s in samples:  # label values come from closed sets, whatever the client sent
+        if s.name.startswith("ray_blitz_"):
+            for key, allowed in BOUNDED.items():
+                assert s.labels.get(key, next(iter(allowed))) in allowed, (s.name, s.labels)
+
+    # counts cover what was sent
+    embeds = total(samples, "ray_blitz_requests_total", route="/embed", model="tiny-a",
+                   status="200")
+    assert embeds >= 4
+    assert total(samples, "ray_blitz_texts_total", route="/embed", model="tiny-a") >= 3 * 2 + 12
+    assert total(samples, "ray_blitz_tokens_total", route="/embed", model="tiny-a") >= 3 * 2 + 12
+    assert total(samples, "ray_blitz_route_decisions_total", pool="gpu") >= 2  # LARGE, rerank
+    assert total(samples, "ray_blitz_model_loads_total", result="loaded") >= 4
+    assert total(samples, "ray_blitz_model_evictions_total", pool="cpu") >= 1
+    assert total(samples, "ray_serve_multiplexed_models_unload_counter_total",
+                 deployment="CPUPool") >= 1
+
+    # histograms: one observation per request, cumulative buckets ending in +Inf == count
+    count = total(samples, "ray_blitz_request_seconds_count", route="/embed", model="tiny-a")
+    assert count >= embeds
+    assert 0 < total(samples, "ray_blitz_request_seconds_sum", route="/embed", model="tiny-a")
+    _check_buckets(samples, "ray_blitz_request_seconds")
+    _check_buckets(samples, "ray_blitz_batch_texts")
+    _check_buckets(samples, "ray_blitz_model_load_seconds")
+    padding = [s for s in samples if s.name == "ray_blitz_padding_efficiency_sum"]
+    counts = [s for s in samples if s.name == "ray_blitz_padding_efficiency_count"]
+    assert 0 < sum(s.value for s in padding) <= sum(s.value for s in counts)  # mean in (0, 1]
+
+    # gauges within their bounds
+    waiting = [s for s in samples if s.name == "ray_blitz_waiting_texts"]
+    assert {s.labels["hop"] for s in waiting} == {"ingress", "pool"}
+    assert all(0 <= s.value <= 16384 for s in waiting)  # the largest queue bound (GPU pool)
+    resident = [s for s in samples if s.name == "ray_serve_num_multiplexed_models"
+                and s.labels["deployment"] == "CPUPool"]
+    assert resident and all(1 <= s.value <= 3 for s in resident)
+
+
+def _ray_labels(sample: Sample) -> set[str]:
+    """Labels Ray's exporter adds to every series (SessionName, NodeAddress, Component,
+    Version, and OpenTelemetry's otel_scope_*)."""
+    return {k for k in sample.labels if k[:1].isupper() or k.startswith("otel_scope_")}
+
+
+def _check_buckets(samples: list[Sample], name: str) -> None:
+    by_series: dict[tuple, list[tuple[float, float]]] = {}
+    for s in samples:
+        if s.name == f"{name}_bucket":
+            key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+            by_series.setdefault(key, []).append((float(s.labels["le"]), s.value))
+    assert by_series, f"{name} has no buckets"
+    counts = {tuple(sorted(s.labels.items())): s.value for s in samples
+              if s.name == f"{name}_count"}
+    for key, buckets in by_series.items():
+        values = [v for _, v in sorted(buckets)]
+        assert values == sorted(values), (name, key)  # cumulative
+        assert sorted(buckets)[-1][0] == float("inf") and values[-1] == counts[key]
