@@ -49,7 +49,13 @@ def test_a_served_request_is_counted_timed_and_its_tokens_added():
     tags = {"route": "/embed", "model": "minilm", "pool": "gpu"}
     assert calls == [("requests", 1, {**tags, "status": "200"}),
                      ("request_seconds", 0.25, tags), ("texts", 12, tags),
-                     ("tokens", 96, tags), ("route_decisions", 1, {"pool": "gpu"})]
+                     ("tokens", 96, tags)]  # routing decisions: observe_route
+
+
+def test_a_routing_decision_is_counted_with_its_reason():
+    metrics, calls = fake_metrics()
+    metrics.observe_route("cpu", "cold_gpu")
+    assert calls == [("route_decisions", 1, {"pool": "cpu", "reason": "cold_gpu"})]
 
 
 def test_503s_are_counted_by_reason_from_a_closed_set():
