@@ -305,6 +305,7 @@ def drain_run(sid: int, hurry: list[bool]) -> None:
             log("drain: no Ray node in this run's session (joined a cluster?); skipping it")
         return
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.setdefault("RAY_AUTH_MODE", "token")  # a new local Ray 2.60 cluster's default
     log(f"draining: deleting the applications (at most {DRAIN_S:.0f} s, BLITZ_DRAIN_S)")
     child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "drain", address],
                              env=env, start_new_session=True)
