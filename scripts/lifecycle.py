@@ -2,7 +2,12 @@
 
     python scripts/lifecycle.py run CONFIG [serve run args...]
         `check`, then `serve run CONFIG` in its own session; on SIGINT/SIGTERM/SIGHUP
-        (or when it ends) stop every process of that session, HAProxy included.
+        `drain` it, then stop every process of that session, HAProxy included (also
+        when `serve run` ends on its own, without the drain).
+    python scripts/lifecycle.py drain [ADDRESS]
+        Delete every Serve application of the Ray cluster at ADDRESS (default `auto`)
+        and wait, at most BLITZ_DRAIN_S (60) seconds, until they are gone: each replica
+        finishes the requests it holds before it stops. Serve and the proxies stay up.
     python scripts/lifecycle.py check CONFIG
         `reap`, then refuse (exit 1) if a port the server needs is held.
     python scripts/lifecycle.py reap
@@ -15,6 +20,16 @@ Why: Ray starts HAProxy from its HAProxyManager actor; when `serve run` is stopp
 without Serve's own shutdown (a signal to one pid, a killed process group) HAProxy can
 outlive Ray, holding the ports, and the next start fails ("HAProxy crashed during
 startup: ... Address already in use"). Linux only (reads /proc), like Serve's HAProxy.
+
+Why drain first: Ray 2.60's Serve shutdown (`serve shutdown`, `serve.shutdown()`, which
+`serve run` calls on SIGINT) stops the HTTP front on its first control-loop tick, at the
+same time as it starts stopping the replicas: HAProxyManager.shutdown kills HAProxy with
+SIGKILL (haproxy.py HAProxyApi.stop) and, without the fast path, the controller kills
+the proxy actor after its shutdown(), which returns at once (proxy_state.py
+ActorProxyWrapper.kill). Requests in flight lose their connection although their
+replicas drain. Deleting the applications first is a drain: each replica finishes what
+it holds, and HAProxy's configuration reloads are graceful (the old process finishes
+its connections). Then the shutdown finds nothing left to cut.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ import time
 
 GRACE_S = float(os.environ.get("BLITZ_STOP_GRACE_S", "15"))  # Serve's own shutdown
 TERM_S = 5.0  # then SIGTERM to `serve run`, then SIGKILL to whatever is left
+DRAIN_S = float(os.environ.get("BLITZ_DRAIN_S", "60"))  # delete the apps first; 0: no drain
 PR_SET_PDEATHSIG = 1
 
 
@@ -246,6 +262,62 @@ def check(config: str) -> bool:
     return ok
 
 
+# --- drain ------------------------------------------------------------------------------
+
+def drain(address: str) -> int:
+    """Delete every Serve application at ``address``; wait until gone, at most DRAIN_S."""
+    import ray  # only here: the other commands run without Ray
+    from ray import serve
+
+    start = time.monotonic()
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    apps = list(serve.status().applications)
+    for app in apps:
+        serve.delete(app, _blocking=False)
+    left = apps
+    while left and time.monotonic() - start < DRAIN_S:
+        time.sleep(0.5)
+        left = list(serve.status().applications)
+    took = time.monotonic() - start
+    if left:
+        log(f"drain: {left} still there after {DRAIN_S:.0f} s (BLITZ_DRAIN_S); going on")
+        return 1
+    log(f"drained: {len(apps)} application(s) deleted in {took:.1f} s")
+    return 0
+
+
+def gcs_address(sid: int) -> str | None:
+    """The GCS address of the Ray node started in session ``sid`` (its raylet's flag)."""
+    for pid in _session(sid):
+        args = _cmdline(pid)
+        if args and os.path.basename(args[0]) == "raylet":
+            for arg in args:
+                if arg.startswith("--gcs-address="):
+                    return arg.split("=", 1)[1]
+    return None
+
+
+def drain_run(sid: int, hurry: list[bool]) -> None:
+    """`drain` the Ray started by `serve run` (session ``sid``), in a child process."""
+    address = gcs_address(sid) if DRAIN_S > 0 else None
+    if address is None:
+        if DRAIN_S > 0:
+            log("drain: no Ray node in this run's session (joined a cluster?); skipping it")
+        return
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.setdefault("RAY_AUTH_MODE", "token")  # a new local Ray 2.60 cluster's default
+    log(f"draining: deleting the applications (at most {DRAIN_S:.0f} s, BLITZ_DRAIN_S)")
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "drain", address],
+                             env=env, start_new_session=True)
+    deadline = time.monotonic() + DRAIN_S + 30  # connecting to Ray takes a while
+    while child.poll() is None and not hurry[0] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if child.poll() is None:
+        log("drain cut short; stopping now")
+        child.kill()
+        child.wait()
+
+
 # --- run --------------------------------------------------------------------------------
 
 def _child_setup() -> None:
@@ -263,8 +335,11 @@ def stop_run(child: subprocess.Popen, hurry: list[bool]) -> float:
     start, sid = time.monotonic(), child.pid
     members = lambda: _session(sid)  # noqa: E731
     if child.poll() is None and not hurry[0]:
+        drain_run(sid, hurry)
+    stopping = time.monotonic()
+    if child.poll() is None and not hurry[0]:
         child.send_signal(signal.SIGINT)  # Serve's own shutdown, HAProxy included
-        _wait_gone(lambda: [] if hurry[0] else members(), start + GRACE_S)
+        _wait_gone(lambda: [] if hurry[0] else members(), stopping + GRACE_S)
     if child.poll() is None and not hurry[0]:
         log(f"still running after {GRACE_S:.0f} s; sending SIGTERM to serve run")
         child.terminate()
@@ -315,6 +390,8 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["check"] and len(argv) == 2:
         return 0 if check(argv[1]) else 1
+    if argv[:1] == ["drain"] and len(argv) <= 2:
+        return drain(argv[1] if len(argv) == 2 else "auto")
     if argv[:1] == ["run"] and len(argv) >= 2:
         return run(argv[1], argv[2:])
     print(__doc__, file=sys.stderr)

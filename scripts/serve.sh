@@ -10,8 +10,9 @@
 # Start and stop (scripts/lifecycle.py, README "Start and stop"): a stale HAProxy left
 # by an earlier run is stopped first, and a port held by anything else is refused with
 # a message. `serve run` runs in its own session; Ctrl-C, SIGINT, SIGTERM or SIGHUP to
-# this script stops it and every process it started (Ray, HAProxy): Serve's own
-# shutdown first (~10 s), SIGTERM after BLITZ_STOP_GRACE_S (15), SIGKILL 5 s later.
+# this script stops it and every process it started (Ray, HAProxy): a drain first (the
+# apps deleted, so requests in flight finish; at most BLITZ_DRAIN_S, 60), then Serve's
+# own shutdown (~10 s), SIGTERM after BLITZ_STOP_GRACE_S (15), SIGKILL 5 s later.
 # BLITZ_SERVE_CONFIG picks another config file; BLITZ_SKIP_INSTALL=1 skips install.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."

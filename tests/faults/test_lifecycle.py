@@ -161,21 +161,30 @@ def ports() -> dict[str, int]:
     return {name: stable_port(taken) for name in ("http", "stats", "metrics")}
 
 
-@pytest.fixture(scope="module")
-def serve_env(tmp_path_factory, ports) -> dict:
+def run_env(directory: Path, ports: dict[str, int], edit=None) -> dict:
+    """Environment for a `scripts/serve.sh` run of serve_config.yaml (minilm only, no GPU,
+    one torch thread; ``edit(args)`` changes the app's args further) on ``ports``, with
+    its own Ray."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = ports["http"]
     args = config["applications"][0]["args"]
     args["models"] = [m for m in args["models"] if m["id"] == "minilm"]
     args["gpu"] = "off"
     args["cpu_pool"]["torch_threads"] = 1
-    path = tmp_path_factory.mktemp("lifecycle") / "serve_config.yaml"
+    if edit is not None:
+        edit(args)
+    path = directory / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "BLITZ_"))}
     return {**env, "BLITZ_SKIP_INSTALL": "1", "BLITZ_SERVE_CONFIG": str(path),
             "RAY_ADDRESS": "local", "HF_HUB_OFFLINE": "1",
             "RAY_SERVE_HAPROXY_STATS_PORT": str(ports["stats"]),
             "RAY_SERVE_HAPROXY_METRICS_PORT": str(ports["metrics"])}
+
+
+@pytest.fixture(scope="module")
+def serve_env(tmp_path_factory, ports) -> dict:
+    return run_env(tmp_path_factory.mktemp("lifecycle"), ports)
 
 
 def test_port_held_by_another_process_is_refused(serve_env, ports, tmp_path):
