@@ -7,6 +7,10 @@ appear; tests/faults/test_overload.py checks the first and the last the same way
 
 from __future__ import annotations
 
+import threading
+
+import httpx
+
 from blitz.routing import REASONS
 from tests.integration.conftest import APP
 from tests.metrics_scrape import (
@@ -60,7 +64,22 @@ def test_every_blitz_metric_is_exported_with_bounded_labels_and_sane_values(http
     for model in ("tiny-b", "tiny-c", "minilm", "tiny-a"):  # 4 models on 3 slots: an eviction
         assert http.post("/embed", json={"texts": ["x"], "model": model}).status_code == 200
 
-    samples = _ours(scrape_until(metrics_url(), _sent_everything_expected))
+    # gauges are exported only for intervals in which they were set: keep a trickle of
+    # requests flowing while scraping, so both hops' queue gauges keep being set
+    done = threading.Event()
+
+    def trickle() -> None:
+        with httpx.Client(base_url=str(http.base_url), timeout=60) as client:
+            while not done.wait(0.2):
+                client.post("/embed", json={"texts": SMALL, "model": "tiny-a"})
+
+    flow = threading.Thread(target=trickle, daemon=True)
+    flow.start()
+    try:
+        samples = _ours(scrape_until(metrics_url(), _sent_everything_expected))
+    finally:
+        done.set()
+        flow.join(timeout=70)
 
     # every declared metric is exported under Ray's name, with exactly its label set
     declared = declared_metrics()
