@@ -2,9 +2,10 @@
 
 Each replica holds up to three models (``@serve.multiplexed``, LRU) and batches
 concurrent requests per model with one ``blitz.batching.Batcher``. Model work runs on
-one worker thread and model loads on another, never on the replica's event loop, so a
-long load (an ONNX export, say) does not stall the models already resident. Work holds
-a lease on its model, so an eviction never frees a model mid-batch.
+one worker thread and each model load on a thread of its own (one load at a time),
+never on the replica's event loop, so a long load (an ONNX export, say) does not stall
+the models already resident. Work holds a lease on its model, so an eviction never
+frees a model mid-batch.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import ray
@@ -36,6 +39,26 @@ from deployments.metrics import metrics
 logger = logging.getLogger("ray.serve")
 EVICTIONS_KEPT = 32  # the last evicted ids kept for stats(); the count is kept in full
 LEASE_TRIES = 3  # a model evicted between lookup and use is loaded again this often
+R = TypeVar("R")
+
+
+def in_own_thread(fn: Callable[[], R], name: str, lock: threading.Lock) -> asyncio.Future[R]:
+    """``fn()`` on a new thread that ends with it, holding ``lock`` (one load at a time).
+
+    Not a long-lived executor: a thread that ran torch keeps an idle OpenMP thread team
+    for as long as it lives, and with one such team beside the worker's, torch fp32 ran
+    ~15% slower on this 2-core machine (BENCHMARKS.md, "Before/after"). The team ends
+    with its thread.
+    """
+    def locked() -> R:
+        with lock:
+            return fn()
+
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    try:
+        return asyncio.get_running_loop().run_in_executor(executor, locked)
+    finally:
+        executor.shutdown(wait=False)  # the thread exits once ``fn`` returns
 
 
 def _rss_bytes() -> int:
@@ -56,7 +79,7 @@ class ModelPool:
         self.device = resolve_device("cuda" if pool == "gpu" else "cpu")
         self.cache_dir = self.settings.resolved_cache_dir()
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"blitz-{pool}")
-        self.loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"blitz-{pool}-load")
+        self._load_lock = threading.Lock()
         if self.pool_settings.torch_threads:
             import torch
 
@@ -82,7 +105,7 @@ class ModelPool:
             return encoder
 
         # shielded: a caller that gives up does not throw away a load half done
-        future = asyncio.get_running_loop().run_in_executor(self.loader, load)
+        future = in_own_thread(load, f"blitz-{self.pool}-load", self._load_lock)
         try:
             encoder = await asyncio.shield(future)
         except asyncio.CancelledError:
