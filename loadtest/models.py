@@ -117,13 +117,36 @@ def build(name: str | Shape, directory: str | Path, seed: int = 0) -> Path:
     return directory
 
 
+BACKENDS = {"": "torch", "-bf16": "torch-bf16", "-int8": "onnx-int8"}  # id suffix -> backend
+
+
+def bench_config(base: str | Path, name: str, directory: str | Path) -> str:
+    """``base`` (a serve config) plus model ``name`` from ``directory`` on each CPU
+    backend (ids ``name``, ``name-bf16``, ``name-int8``), as YAML: the benchmark's
+    config, so the pools, limits and threads are serve_config.yaml's own."""
+    import yaml
+
+    config = yaml.safe_load(Path(base).read_text())
+    source = str(Path(directory).resolve())
+    for app in config["applications"]:
+        app["args"]["models"] += [{"id": name + suffix, "source": source, "cpu_backend": backend}
+                                  for suffix, backend in BACKENDS.items()]
+    return yaml.safe_dump(config, sort_keys=False)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.models", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", choices=sorted(SHAPES), help="model shape")
     parser.add_argument("directory", type=Path, help="folder to write (created)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default: %(default)s)")
+    parser.add_argument("--serve-config", metavar="BASE", type=Path,
+                        help="instead of building: print BASE (a serve config) plus the model "
+                        "in DIRECTORY on each CPU backend, as YAML")
     args = parser.parse_args(argv)
+    if args.serve_config is not None:
+        print(bench_config(args.serve_config, args.name, args.directory), end="")
+        return 0
     path = build(args.name, args.directory, seed=args.seed)
     print(path)
     return 0

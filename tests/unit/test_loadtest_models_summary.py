@@ -93,3 +93,21 @@ def test_report_command_prints_the_tables(tmp_path: Path, capsys: pytest.Capture
         == "90.0"
     assert "### BERT-base-sized model" in out
     assert cli.main(["report", str(tmp_path / "missing")]) == 2
+
+
+def test_bench_config_is_serve_config_plus_the_model_on_each_cpu_backend(tmp_path):
+    import yaml
+
+    from blitz.config import BlitzSettings
+    from loadtest.models import bench_config
+
+    base = yaml.safe_load(Path("serve_config.yaml").read_text())
+    config = yaml.safe_load(bench_config("serve_config.yaml", "bert-base", tmp_path))
+    args, base_args = config["applications"][0]["args"], base["applications"][0]["args"]
+    added = args["models"][len(base_args["models"]):]
+    assert [(m["id"], m["cpu_backend"], m["source"]) for m in added] == [
+        ("bert-base", "torch", str(tmp_path)), ("bert-base-bf16", "torch-bf16", str(tmp_path)),
+        ("bert-base-int8", "onnx-int8", str(tmp_path))]
+    assert {k: v for k, v in args.items() if k != "models"} == {
+        k: v for k, v in base_args.items() if k != "models"}
+    assert BlitzSettings.from_args(args).registry().get("bert-base-int8").cpu_backend == "onnx-int8"
