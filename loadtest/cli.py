@@ -43,6 +43,7 @@ examples:
   python -m loadtest inprocess --backend torch --sizes 1,32,128
   python -m loadtest formats --out formats.json
   python -m loadtest switch --rounds 5 --out switch.json
+  python -m loadtest report results/bench1
   python -m loadtest plot blitz.json naive.json --label blitz --label naive --out cmp.png
 """
 
@@ -188,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     switch.add_argument("--cache-dir", help="Blitz model cache (default: Blitz's own)")
     switch.add_argument("--out", type=Path, help="write the JSON report here")
 
+    rep = sub.add_parser("report", help="the tables of one loadtest/benchmark.sh run",
+                         description="Markdown tables, with ratios, of the JSON reports "
+                         "loadtest/benchmark.sh wrote into DIR (missing ones show as -).")
+    rep.add_argument("directory", type=Path, help="the run's output folder")
+
     plot = sub.add_parser("plot", help="plot one or more sweep reports together")
     plot.add_argument("reports", nargs="+", type=Path, help="JSON reports from `sweep`")
     plot.add_argument("--label", action="append", help="legend label per report, in order")
@@ -309,6 +315,15 @@ def cmd_plot(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace, progress: Progress) -> int:
+    from loadtest import summary
+
+    if not args.directory.is_dir():
+        raise ConfigError(f"{args.directory} is not a folder")
+    print(summary.report(args.directory))
+    return 0
+
+
 def cmd_switch(args: argparse.Namespace, progress: Progress) -> int:
     from loadtest import report, switch
 
@@ -326,7 +341,7 @@ def cmd_switch(args: argparse.Namespace, progress: Progress) -> int:
 
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "inprocess": cmd_inprocess,
-            "formats": cmd_formats, "plot": cmd_plot, "switch": cmd_switch}
+            "formats": cmd_formats, "plot": cmd_plot, "switch": cmd_switch, "report": cmd_report}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
