@@ -4,6 +4,7 @@ real load. Speeds come from a fake clock, never from the wall clock."""
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -235,3 +236,19 @@ def test_auto_loads_end_to_end(tiny_dir, onnx_cache, fixed, monkeypatch, caplog)
     want = fixed["torch"].embed(SHORT + LONG, normalize=True).values
     assert np.sum(got * want, axis=1).min() > 0.9
     assert fixed["torch"].backend == "torch" and fixed["onnx"].backend == "onnx"
+
+
+def test_cli_optimize_prints_what_auto_chose(tiny_dir, onnx_cache, tmp_path, monkeypatch,
+                                             capsys):
+    from blitz.cli import main
+
+    monkeypatch.setattr(auto, "MEASURE_SECONDS", 0.1)
+    config = tmp_path / "serve.yaml"
+    config.write_text("applications:\n  - name: blitz\n    args:\n      models:\n"
+                      f"        - {{id: tiny, source: '{tiny_dir}', cpu_backend: auto, "
+                      "accuracy_threshold: 0.9}\n")
+    assert main(["optimize", "tiny", "--config", str(config), "--cache-dir", str(onnx_cache),
+                 "--no-speed"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^cpu_backend auto chose auto\(small=[a-z0-9-]+, large=[a-z0-9-]+\) ",
+                     out, re.MULTILINE), out
