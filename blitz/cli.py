@@ -155,6 +155,7 @@ def run_optimize(args: argparse.Namespace, out: TextIO) -> int:
             path = resolve_source(spec, cache_dir)
             prepared = (prepare_onnx(spec, path, cache_dir, progress=stages)
                         if spec.cpu_backend.startswith("onnx") else None)
+            chosen = _load_auto(spec, cache_dir, stages) if spec.cpu_backend == "auto" else None
         except Exception as exc:
             stages.finish("refused" if isinstance(exc, ModelLoadFailed) else "failed")
             raise as_load_failure(spec.id, exc, spec.source) from exc
@@ -169,9 +170,12 @@ def run_optimize(args: argparse.Namespace, out: TextIO) -> int:
         _write_accuracy(out, spec, report)
     elif spec.cpu_backend == "torch":
         out.write("torch fp32 needs no preparation\n")
+    if chosen is not None:
+        out.write(f"cpu_backend auto chose {chosen.backend} on this CPU (ONNX builds cached; "
+                  "the measured table is logged at INFO)\n")
     if args.no_speed:
         return 0
-    speeds, live_report = _compare_with_torch(spec, cache_dir, stages)
+    speeds, live_report = _compare_with_torch(spec, cache_dir, stages, chosen)
     if report is None and live_report is not None:
         _write_accuracy(out, spec, live_report)
     for batch, (base, fast) in speeds.items():
@@ -189,9 +193,17 @@ def _write_accuracy(out: TextIO, spec: ModelSpec, report: Any) -> None:
               f"{verdict}\n")
 
 
-def _compare_with_torch(spec: ModelSpec, cache_dir: Path,
-                        stages: Stages) -> tuple[dict[int, tuple[float, float]], Any]:
-    """Throughput of ``spec`` and of the same model in torch fp32, and (for bf16) accuracy."""
+def _load_auto(spec: ModelSpec, cache_dir: Path, stages: Stages) -> Any:
+    from blitz.encoders.loading import load_encoder
+
+    stages("building, checking and timing every CPU backend (cpu_backend auto)")
+    return load_encoder(spec, "cpu", cache_dir)
+
+
+def _compare_with_torch(spec: ModelSpec, cache_dir: Path, stages: Stages,
+                        fast: Any = None) -> tuple[dict[int, tuple[float, float]], Any]:
+    """Throughput of ``spec`` (``fast`` when already loaded) and of the same model in
+    torch fp32, and (for bf16) accuracy."""
     from blitz import accuracy
     from blitz.encoders.loading import load_encoder
     from blitz.probes import PROBE_TEXTS
@@ -201,7 +213,7 @@ def _compare_with_torch(spec: ModelSpec, cache_dir: Path,
     report = None
     with stages:
         stages("loading both backends")
-        fast = load_encoder(spec, "cpu", cache_dir)
+        fast = fast if fast is not None else load_encoder(spec, "cpu", cache_dir)
         base = load_encoder(spec.model_copy(update={"cpu_backend": "torch"}), "cpu", cache_dir)
         if spec.cpu_backend == "torch-bf16":
             report = accuracy.compare(spec.kind, accuracy.probe(base), accuracy.probe(fast))

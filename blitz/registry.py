@@ -23,13 +23,13 @@ import re
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from blitz.errors import ModelLoadFailed, UnknownModel, echo
 from blitz.storage import fetch_to_cache
 
 Kind = Literal["embedding", "cross-encoder"]
-CpuBackend = Literal["torch", "torch-bf16", "onnx", "onnx-int8"]
+CpuBackend = Literal["torch", "torch-bf16", "onnx", "onnx-int8", "auto"]
 GpuDtype = Literal["float16", "bfloat16", "float32"]
 OBJECT_STORES = ("s3", "gs", "az", "abfs")
 _PREFIXED = ("package", "hf", "fake")
@@ -67,7 +67,9 @@ class ModelSpec(BaseModel):
     id: str = Field(description="the name clients use (header, body `model`, OpenAI `model`)")
     source: str = Field(description="package:<module> | <dir> | hf:<org>/<name> | s3://... | fake:<dim>")
     kind: Kind = "embedding"
-    cpu_backend: CpuBackend = Field("torch", description="how CPU pools run it")
+    cpu_backend: CpuBackend = Field(
+        "torch", description="how CPU pools run it; auto (bi-encoders): at load, the fastest "
+        "backend that passes the accuracy guard, measured per micro-batch size on this CPU")
     gpu_dtype: GpuDtype = Field("float16", description="how GPU pools run it")
     max_seq_length: int | None = Field(None, gt=0, description="tokens; default: the model's own")
     normalize: bool = Field(True, description="default of the request's `normalize`")
@@ -101,6 +103,13 @@ class ModelSpec(BaseModel):
             raise ValueError(f"fake: source {value!r} must be "
                              "fake:<dimension>[:<load seconds>[:<seconds per batch>]]")
         return value
+
+    @model_validator(mode="after")
+    def _auto_is_for_bi_encoders(self) -> ModelSpec:
+        if self.cpu_backend == "auto" and self.kind != "embedding":
+            raise ValueError("cpu_backend auto is for embedding models; name a cross-encoder's "
+                             "backend (torch, torch-bf16, onnx or onnx-int8)")
+        return self
 
     def location(self) -> Location:
         """``source`` as (scheme, rest)."""

@@ -88,6 +88,7 @@ class ModelPool:
         self.failures = LoadFailures(self.pool_settings.load_failure_ttl_s)
         self._batchers: dict[str, Batcher] = {}
         self.loaded: list[str] = []  # resident models, least recently loaded first
+        self.backends: dict[str, str] = {}  # resident model -> the backend serving it
         self.evicted: deque[str] = deque(maxlen=EVICTIONS_KEPT)
         self.evictions = 0
         await self._preload()
@@ -115,8 +116,10 @@ class ModelPool:
         seconds = time.perf_counter() - started
         metrics.model_load_seconds.observe(seconds, tags={"model": model_id, "pool": self.pool})
         metrics.model_loads.inc(tags={"model": model_id, "pool": self.pool, "result": "loaded"})
-        logger.info("loaded model %r on %s in %.2fs", model_id, self.device, seconds)
+        logger.info("loaded model %r on %s (%s) in %.2fs", model_id, self.device,
+                    encoder.backend, seconds)
         self.loaded.append(model_id)
+        self.backends[model_id] = encoder.backend
         return ModelHolder(encoder, on_release=self._released)
 
     async def _preload(self) -> None:
@@ -140,6 +143,7 @@ class ModelPool:
     def _released(self, model_id: str) -> None:
         if model_id in self.loaded:
             self.loaded.remove(model_id)
+        self.backends.pop(model_id, None)
         self.evicted.append(model_id)
         self.evictions += 1
         metrics.model_evictions.inc(tags={"model": model_id, "pool": self.pool})
@@ -250,6 +254,7 @@ class ModelPool:
     async def stats(self) -> dict[str, Any]:
         """What this replica holds: for tests and operators."""
         return {"pool": self.pool, "device": self.device, "loaded": list(self.loaded),
+                "backends": dict(self.backends),
                 "evicted": list(self.evicted), "evictions": self.evictions,
                 "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "rss_bytes": _rss_bytes(),

@@ -9,7 +9,8 @@ each batch size, the best of several interleaved rounds (other work on the machi
 comes and goes; ratios measured in one run are what to compare). Accuracy is the
 cosine of each backend's embeddings with torch fp32's on the same corpus sentences.
 torch and onnxruntime use the same number of threads (``--threads``, default: all
-cores); torch-bf16 is included when the CPU computes bf16 natively.
+cores); torch-bf16 is included when the CPU computes bf16 natively. ``auto`` (in
+``--backends``) is measured like the others, after its own load-time choice.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ def _parser() -> argparse.ArgumentParser:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", default=DEFAULT_SOURCE, help="model source (ModelSpec)")
     parser.add_argument("--backends", default=None,
-                        help="comma-separated cpu_backends (default: torch,onnx,onnx-int8, "
-                        "plus torch-bf16 where the CPU has native bf16)")
+                        help="comma-separated cpu_backends, auto included (default: torch,"
+                        "onnx,onnx-int8, plus torch-bf16 where the CPU has native bf16)")
     parser.add_argument("--batches", default="1,32,128", help="texts per call")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="torch and onnxruntime intra-op threads")
@@ -129,6 +130,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for b in backends},
         "accuracy_vs_torch_fp32": accuracy,
         "load_seconds": load_seconds,
+        "served_by": {b: encoder.backend for b, encoder in encoders.items()},
         "versions": library_versions(),
         "python": platform.python_version(),
     }
@@ -157,7 +159,8 @@ def markdown(result: dict[str, Any]) -> str:
 def _label(backend: str, result: dict[str, Any]) -> str:
     return {"torch": "torch fp32", "onnx": "ONNX fp32",
             "onnx-int8": f"ONNX int8 ({result['int8_target']})",
-            "torch-bf16": "torch bf16"}.get(backend, backend)
+            "torch-bf16": "torch bf16"}.get(
+                backend, result.get("served_by", {}).get(backend, backend))
 
 
 def _cpu_name() -> str:

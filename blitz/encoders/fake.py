@@ -17,6 +17,8 @@ class FakeEncoder(Encoder):
     blocks the calling thread, which in a pool is the worker thread, never the event loop.
     """
 
+    backend = "fake"
+
     def __init__(self, model_id: str, dimension: int, max_seq_length: int = 128,
                  batch_s: float = 0.0):
         super().__init__(model_id, max_seq_length)

@@ -2,6 +2,8 @@
 
     load_encoder(spec, device)
       -> backend_for(spec, device)             fake | torch | torch-bf16 | onnx | onnx-int8
+                                               | auto (``encoders.auto``: each of the others
+                                               through this same path, measured, the winners)
       -> resolve_source(spec)                  a local directory (downloaded if need be)
       -> OPENERS[spec.kind, backend](...)      the sentence-transformers model
       -> the bf16 guard (torch-bf16 only)      ``blitz.accuracy`` vs fp32, then bf16
@@ -22,6 +24,7 @@ from typing import Any
 
 from blitz import accuracy
 from blitz.cpu_features import cpu_supports_bf16
+from blitz.encoders.auto import load_auto
 from blitz.encoders.base import Encoder
 from blitz.encoders.fake import FakeEncoder
 from blitz.encoders.models import open_torch_bi_encoder, open_torch_cross_encoder, wrap
@@ -48,7 +51,7 @@ def resolve_device(requested: str) -> str:
 
 def backend_for(spec: ModelSpec, device: str) -> str:
     """How ``spec`` runs on ``device``: GPUs run torch (in ``spec.gpu_dtype``), CPUs run
-    ``spec.cpu_backend``; a fake source is fake everywhere."""
+    ``spec.cpu_backend`` (``auto`` included); a fake source is fake everywhere."""
     if spec.is_fake:
         return "fake"
     return spec.cpu_backend if device == "cpu" else "torch"
@@ -93,11 +96,15 @@ def load_encoder(spec: ModelSpec, device: str = "cpu",
     try:
         if backend == "fake":
             return _fake(spec)
+        if backend == "auto":
+            return load_auto(spec, lambda name: load_encoder(
+                spec.model_copy(update={"cpu_backend": name}), device, cache_dir))
         path = resolve_source(spec, cache_dir)
         model = OPENERS[spec.kind, backend](spec, path, device, cache_dir)
-        if backend == "torch-bf16":
-            return _checked_bf16(spec, model, device)
-        return wrap(spec, model, device)
+        encoder = (_checked_bf16(spec, model, device) if backend == "torch-bf16"
+                   else wrap(spec, model, device))
+        encoder.backend = backend
+        return encoder
     except Exception as exc:
         raise as_load_failure(spec.id, exc, spec.source) from exc
 

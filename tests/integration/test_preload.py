@@ -58,6 +58,7 @@ async def test_preloaded_models_are_resident_before_any_request_and_ready_waits(
             pool = serve.get_deployment_handle("CPUPool", APP)
             stats = await pool.stats.remote()
             assert stats["loaded"] == PRELOAD and stats["evictions"] == 0
+            assert stats["backends"] == {"tiny-a": "torch", "slow": "fake"}
             while await _reported_model_ids("CPUPool") != set(PRELOAD):
                 assert time.monotonic() < deadline, "the replica never reported its models"
                 await asyncio.sleep(0.2)

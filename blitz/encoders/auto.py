@@ -1,0 +1,228 @@
+"""``cpu_backend: auto``: the fastest accurate CPU backend for each micro-batch size.
+
+At load time every candidate backend is opened through the ordinary loader (so each
+meets the same accuracy guard as when named explicitly; one that fails is dropped),
+timed on the probe set at ``SMALL_TEXTS`` and at ``LARGE_TEXTS`` texts per call, and
+only the winners stay resident:
+
+    load_auto(spec, open_backend)
+      -> candidates()                     torch, torch-bf16 (native bf16 only), onnx, onnx-int8
+      -> open_backend(name) for each      guard failures and load errors drop the candidate
+      -> measure_rates(...)               texts/s per (backend, texts per call), injectable timer
+      -> choose(...)                      the fastest per size; the crossover in padded tokens
+      -> AutoEncoder(small, large)        or the one winner alone when it wins both
+
+The crossover: a micro-batch's size is its padded tokens (texts x longest text, what
+the matrix products compute). Micro-batches smaller than ``threshold_tokens`` run on the
+small winner, the others on the large winner; ``threshold_tokens`` is the geometric mean
+of the mean micro-batch sizes the two measurements ran (a 1-text call on the probe set
+is ~15 tokens; 32 texts fill token-budget micro-batches of ~500).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from blitz.cpu_features import cpu_supports_bf16
+from blitz.encoders.base import Encoder
+from blitz.encoders.sentence_transformer import SentenceTransformerEncoder, length_batches
+from blitz.errors import ModelLoadFailed
+from blitz.probes import PROBE_TEXTS
+from blitz.registry import ModelSpec
+
+logger = logging.getLogger("blitz.encoders")
+
+SMALL_TEXTS = 1  # texts per call for the small measurement: one request of one text
+LARGE_TEXTS = 32  # texts per call for the large one: enough to fill token-budget micro-batches
+MEASURE_SECONDS = 1.5  # timed seconds per candidate, both sizes and all rounds together
+MEASURE_ROUNDS = 2  # interleaved rounds; the best rate of each is kept
+MAX_CALLS_PER_SLOT = 10_000  # bounds a slot whatever the timer says
+
+Timer = Callable[[], float]
+# (backend, texts per call, offset into the probe set) -> one timed call
+RunCall = Callable[[str, int, int], object]
+
+
+def candidates(native_bf16: bool | None = None) -> list[str]:
+    """The backends ``auto`` tries, in order of preference on a tie."""
+    bf16 = cpu_supports_bf16() if native_bf16 is None else native_bf16
+    return ["torch", *(["torch-bf16"] if bf16 else []), "onnx", "onnx-int8"]
+
+
+def measure_rates(run: RunCall, backends: Sequence[str], sizes: Sequence[int], *,
+                  seconds: float = MEASURE_SECONDS, rounds: int = MEASURE_ROUNDS,
+                  timer: Timer = time.perf_counter) -> dict[str, dict[int, float]]:
+    """Texts/s of each backend at each call size: ``{backend: {texts per call: rate}}``.
+
+    Each backend gets ``seconds`` of timed calls in all, shared evenly among its sizes
+    and ``rounds`` interleaved rounds (so a burst of other work on the machine does not
+    hit one backend only); the best round is kept. Every (backend, size) makes one
+    untimed warm-up call first and at least one timed call per round.
+    """
+    slot = seconds / (len(sizes) * rounds)
+    best = {backend: dict.fromkeys(sizes, 0.0) for backend in backends}
+    for round_ in range(rounds):
+        for backend in backends:
+            for size in sizes:
+                if round_ == 0:
+                    run(backend, size, 0)
+                calls, began = 0, timer()
+                while True:
+                    run(backend, size, calls * size)
+                    calls += 1
+                    elapsed = timer() - began
+                    if elapsed >= slot or calls >= MAX_CALLS_PER_SLOT:
+                        break
+                rate = calls * size / max(elapsed, 1e-9)
+                best[backend][size] = max(best[backend][size], rate)
+    return best
+
+
+def fastest(rates: dict[str, dict[int, float]], size: int) -> str:
+    """The backend with the highest rate at ``size``; the first listed wins a tie."""
+    return max(rates, key=lambda backend: rates[backend][size])
+
+
+def crossover_tokens(small_tokens: float, large_tokens: float) -> int:
+    """The micro-batch size (padded tokens) from which the large winner serves."""
+    return max(1, round(math.sqrt(small_tokens * large_tokens)))
+
+
+def mean_micro_batch_tokens(lengths: Sequence[int], texts_per_call: int,
+                            token_budget: int) -> float:
+    """Mean padded tokens per micro-batch when ``lengths`` (token counts, cycled) are
+    embedded ``texts_per_call`` at a time, as ``measure_rates`` calls them."""
+    sizes = []
+    for start in range(0, len(lengths), texts_per_call):
+        call = [lengths[(start + i) % len(lengths)] for i in range(texts_per_call)]
+        sizes += [len(batch) * max(call[i] for i in batch)
+                  for batch in length_batches(call, token_budget)]
+    return float(np.mean(sizes))
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What ``auto`` measured and chose."""
+
+    small: str
+    large: str
+    threshold_tokens: int
+    rates: dict[str, dict[int, float]]  # texts/s per backend per texts per call
+    dropped: dict[str, str] = field(default_factory=dict)  # backend -> why
+
+    @property
+    def backend(self) -> str:
+        return f"auto(small={self.small}, large={self.large})"
+
+    def table(self) -> str:
+        sizes = sorted(next(iter(self.rates.values())))
+        lines = [f"{b}: " + ", ".join(f"{r[s]:.0f}/s at {s}" for s in sizes)
+                 for b, r in self.rates.items()]
+        lines += [f"{b}: dropped ({why})" for b, why in self.dropped.items()]
+        return "; ".join(lines)
+
+
+def choose(rates: dict[str, dict[int, float]], small_tokens: float, large_tokens: float,
+           dropped: dict[str, str] | None = None) -> AutoChoice:
+    """The fastest backend at ``SMALL_TEXTS`` and at ``LARGE_TEXTS`` per call."""
+    return AutoChoice(fastest(rates, SMALL_TEXTS), fastest(rates, LARGE_TEXTS),
+                      crossover_tokens(small_tokens, large_tokens), rates, dropped or {})
+
+
+def return_freed_memory() -> None:
+    """Collect, then hand freed heap pages back to the OS (glibc's ``malloc_trim``): the
+    closed candidates' weights otherwise stay in this process's resident memory (~100-200
+    MiB for MiniLM's three losers)."""
+    gc.collect()
+    libc = ctypes.util.find_library("c")
+    if libc:
+        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None)  # glibc only
+        if trim is not None:
+            trim(0)
+
+
+class AutoEncoder(SentenceTransformerEncoder):
+    """Two loaded backends of one bi-encoder; each micro-batch runs on the one measured
+    fastest for its size. Tokenization, length sorting and the token budget are the
+    small encoder's (both backends share the model's tokenizer and budget)."""
+
+    def __init__(self, small: SentenceTransformerEncoder, large: SentenceTransformerEncoder,
+                 choice: AutoChoice):
+        super().__init__(small.model_id, small.model, max_seq_length=small.max_seq_length,
+                         token_budget=small.token_budget)
+        self.small, self.large, self.choice = small, large, choice
+        self.backend = choice.backend
+        self.served = {choice.small: 0, choice.large: 0}  # micro-batches per backend
+
+    def _forward(self, rows: list[list[int]], width: int) -> np.ndarray:
+        small = len(rows) * width < self.choice.threshold_tokens
+        name, encoder = ((self.choice.small, self.small) if small
+                         else (self.choice.large, self.large))
+        self.served[name] += 1
+        return encoder._forward(rows, width)
+
+    def close(self) -> None:
+        self.small.close()
+        self.large.close()
+        super().close()
+
+
+def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
+              backends: Sequence[str] | None = None, timer: Timer = time.perf_counter,
+              seconds: float | None = None) -> Encoder:
+    """``spec`` on the fastest accurate CPU backend per micro-batch size.
+
+    ``open_backend(name)`` loads ``spec`` with ``cpu_backend=name`` (accuracy guard
+    included); a candidate whose load fails is dropped with a warning. The losers are
+    closed before this returns.
+    """
+    encoders: dict[str, SentenceTransformerEncoder] = {}
+    dropped: dict[str, str] = {}
+    failures: list[ModelLoadFailed] = []
+    for name in backends or candidates():
+        try:
+            encoder = open_backend(name)
+        except ModelLoadFailed as exc:
+            dropped[name] = exc.message
+            failures.append(exc)
+            logger.warning("model %r: cpu_backend auto drops %s: %s", spec.id, name,
+                           exc.message)
+            continue
+        if not isinstance(encoder, SentenceTransformerEncoder):
+            raise TypeError(f"cpu_backend auto serves bi-encoders, not {type(encoder)}")
+        encoders[name] = encoder
+    if not encoders:
+        raise failures[0]
+
+    texts = list(PROBE_TEXTS)
+    first = next(iter(encoders.values()))
+    lengths = [int(n) for n in first.token_ids(texts, truncate=True)[1]]
+
+    def run(name: str, size: int, start: int) -> None:
+        batch = [texts[(start + i) % len(texts)] for i in range(size)]
+        encoders[name].embed(batch, normalize=True)
+
+    rates = measure_rates(run, list(encoders), (SMALL_TEXTS, LARGE_TEXTS),
+                          seconds=MEASURE_SECONDS if seconds is None else seconds, timer=timer)
+    choice = choose(rates, mean_micro_batch_tokens(lengths, SMALL_TEXTS, first.token_budget),
+                    mean_micro_batch_tokens(lengths, LARGE_TEXTS, first.token_budget), dropped)
+    for name in set(encoders) - {choice.small, choice.large}:
+        encoders.pop(name).close()
+    return_freed_memory()
+    logger.info("model %r: cpu_backend auto measured texts/s per call size on the probe set: "
+                "%s; chose %s (micro-batches under %d padded tokens run on %s)", spec.id,
+                choice.table(), choice.backend, choice.threshold_tokens, choice.small)
+    if choice.small == choice.large:
+        winner = encoders[choice.small]
+        winner.backend = choice.backend
+        return winner
+    return AutoEncoder(encoders[choice.small], encoders[choice.large], choice)

@@ -1,0 +1,254 @@
+"""``cpu_backend: auto``: the measurement, the choice, dispatch per micro-batch, and a
+real load. Speeds come from a fake clock, never from the wall clock."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from blitz.encoders import auto
+from blitz.encoders.auto import AutoChoice, AutoEncoder
+from blitz.encoders.loading import load_encoder
+from blitz.errors import ModelLoadFailed
+from blitz.registry import ModelSpec
+from tests.tiny_models import build_tiny_bi_encoder
+
+SHORT = ["hello", "ok then", "Where is the station?"]
+LONG = [f"sentence number {i} says a little more about the weather in town" for i in range(40)]
+
+
+@pytest.fixture(autouse=True)
+def _no_home_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BLITZ_CACHE_DIR", str(tmp_path / "default-cache"))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return build_tiny_bi_encoder(tmp_path_factory.mktemp("tiny") / "bi")
+
+
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("onnx-cache")
+
+
+def _spec(source: Path, backend: str = "auto", **fields) -> ModelSpec:
+    return ModelSpec(id="tiny", source=str(source), cpu_backend=backend, **fields)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# seconds per call of 1 text and of 32 texts: int8 is fastest alone, bf16 in bulk,
+# onnx would beat both but fails its accuracy guard in these tests
+COSTS = {"torch": {1: 0.010, 32: 0.100}, "torch-bf16": {1: 0.008, 32: 0.040},
+         "onnx": {1: 0.001, 32: 0.010}, "onnx-int8": {1: 0.004, 32: 0.060}}
+
+
+# --- the measurement and the choice ---------------------------------------------------
+
+def test_measure_rates_times_each_backend_and_size_with_the_given_timer():
+    clock, calls = FakeClock(), []
+
+    def run(backend: str, size: int, start: int) -> None:
+        calls.append((backend, size, start))
+        clock.now += COSTS[backend][size]
+
+    rates = auto.measure_rates(run, ["torch", "onnx-int8"], (1, 32), seconds=1.0, rounds=2,
+                               timer=clock)
+    assert rates["torch"][1] == pytest.approx(100) and rates["torch"][32] == pytest.approx(320)
+    assert rates["onnx-int8"][1] == pytest.approx(250)
+    assert rates["onnx-int8"][32] == pytest.approx(32 / 0.06)
+    # one warm-up per (backend, size), then each slot of 1.0 / (2 sizes x 2 rounds) s
+    assert calls[:2] == [("torch", 1, 0), ("torch", 1, 0)] and calls[2] == ("torch", 1, 1)
+    per_backend = {b: sum(COSTS[b][s] for x, s, _ in calls if x == b) for b in COSTS}
+    assert 1.0 <= per_backend["torch"] <= 1.0 + 2 * 0.1 + 0.11  # bounded by `seconds`
+    # rounds interleave: torch, int8, torch, int8
+    order = [b for i, (b, _, _) in enumerate(calls) if i == 0 or calls[i - 1][0] != b]
+    assert order == ["torch", "onnx-int8", "torch", "onnx-int8"]
+
+
+def test_measure_rates_ends_even_when_the_timer_stands_still():
+    rates = auto.measure_rates(lambda *_: None, ["torch"], (1,), seconds=1.0,
+                               timer=lambda: 0.0)
+    assert rates["torch"][1] > 0
+
+
+def test_choose_takes_the_fastest_per_size_and_the_crossover_between_them():
+    rates = {"torch": {1: 100.0, 32: 300.0}, "onnx-int8": {1: 400.0, 32: 500.0},
+             "torch-bf16": {1: 150.0, 32: 700.0}}
+    choice = auto.choose(rates, small_tokens=16, large_tokens=400)
+    assert (choice.small, choice.large, choice.threshold_tokens) == (
+        "onnx-int8", "torch-bf16", 80)
+    assert choice.backend == "auto(small=onnx-int8, large=torch-bf16)"
+    tie = auto.choose({"torch": {1: 5.0, 32: 5.0}, "onnx": {1: 5.0, 32: 5.0}}, 1, 1)
+    assert (tie.small, tie.large) == ("torch", "torch")  # the first listed wins a tie
+
+
+def test_micro_batch_tokens_follow_the_token_budget():
+    lengths = [10, 10, 20, 20]
+    assert auto.mean_micro_batch_tokens(lengths, 1, 512) == 15
+    assert auto.mean_micro_batch_tokens(lengths, 4, 512) == 80  # one batch: 4 x 20
+    assert auto.mean_micro_batch_tokens(lengths, 4, 40) == 30  # 2 x 10 and 2 x 20
+    assert auto.crossover_tokens(16, 400) == 80
+
+
+def test_candidates_include_bf16_only_on_native_bf16():
+    assert auto.candidates(native_bf16=False) == ["torch", "onnx", "onnx-int8"]
+    assert auto.candidates(native_bf16=True) == ["torch", "torch-bf16", "onnx", "onnx-int8"]
+
+
+# --- loading: guard failures dropped, losers closed -------------------------------------
+
+def _timed_opener(tiny_dir: Path, clock: FakeClock, refuse: set[str], opened: dict):
+    """Opens the tiny torch model under each backend name; its calls cost COSTS on the
+    fake clock, and the backends in ``refuse`` fail as the accuracy guard fails them."""
+    def open_backend(name: str):
+        if name in refuse:
+            raise ModelLoadFailed(f"model 'tiny': the {name} build is not accurate enough",
+                                  model="tiny")
+        encoder = load_encoder(_spec(tiny_dir, "torch"))
+        embed = encoder.embed
+
+        def timed_embed(texts, **kwargs):
+            clock.now += COSTS[name][len(texts)]
+            return embed(texts, **kwargs)
+
+        encoder.embed = timed_embed
+        opened[name] = encoder
+        return encoder
+    return open_backend
+
+
+def test_auto_keeps_the_fastest_passing_backend_per_size(tiny_dir, caplog):
+    clock, opened = FakeClock(), {}
+    with caplog.at_level(logging.INFO, logger="blitz.encoders"):
+        encoder = auto.load_auto(_spec(tiny_dir), _timed_opener(tiny_dir, clock, {"onnx"}, opened),
+                                 backends=list(COSTS), timer=clock, seconds=0.05)
+    assert isinstance(encoder, AutoEncoder)
+    assert encoder.backend == "auto(small=onnx-int8, large=torch-bf16)"
+    assert encoder.small is opened["onnx-int8"] and encoder.large is opened["torch-bf16"]
+    assert "onnx" not in opened and "not accurate enough" in encoder.choice.dropped["onnx"]
+    assert opened["torch"].model is None  # the loser is closed
+    assert set(encoder.choice.rates) == {"torch", "torch-bf16", "onnx-int8"}
+    assert "chose auto(small=onnx-int8, large=torch-bf16)" in caplog.text
+    assert "onnx: dropped" in caplog.text
+
+
+def test_one_backend_winning_both_sizes_is_kept_alone(tiny_dir):
+    clock, opened = FakeClock(), {}
+    encoder = auto.load_auto(_spec(tiny_dir), _timed_opener(tiny_dir, clock, set(), opened),
+                             backends=list(COSTS), timer=clock, seconds=0.05)
+    assert encoder is opened["onnx"] and not isinstance(encoder, AutoEncoder)
+    assert encoder.backend == "auto(small=onnx, large=onnx)"
+    assert all(opened[b].model is None for b in ("torch", "torch-bf16", "onnx-int8"))
+
+
+def test_auto_fails_when_every_backend_fails(tiny_dir):
+    with pytest.raises(ModelLoadFailed, match="torch build is not accurate"):
+        auto.load_auto(_spec(tiny_dir), _timed_opener(tiny_dir, FakeClock(), set(COSTS), {}),
+                       backends=list(COSTS), timer=FakeClock(), seconds=0.1)
+
+
+def test_auto_is_for_bi_encoders_only(tiny_dir):
+    with pytest.raises(ValidationError, match="cpu_backend auto is for embedding models"):
+        _spec(tiny_dir, kind="cross-encoder")
+
+
+# --- dispatch per micro-batch -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def fixed(tiny_dir, onnx_cache):
+    return {name: load_encoder(_spec(tiny_dir, name), cache_dir=onnx_cache)
+            for name in ("torch", "onnx")}
+
+
+def _auto_over(tiny_dir, onnx_cache, threshold: int) -> AutoEncoder:
+    small = load_encoder(_spec(tiny_dir, "onnx"), cache_dir=onnx_cache)
+    large = load_encoder(_spec(tiny_dir, "torch"))
+    return AutoEncoder(small, large, AutoChoice("onnx", "torch", threshold, rates={}))
+
+
+def test_small_micro_batches_run_on_the_small_winner(tiny_dir, onnx_cache, fixed):
+    encoder = _auto_over(tiny_dir, onnx_cache, threshold=40)
+    got = encoder.embed(SHORT, normalize=True)  # one micro-batch of 3 x 7 tokens
+    assert encoder.served == {"onnx": 1, "torch": 0}
+    want = fixed["onnx"].embed(SHORT, normalize=True)
+    np.testing.assert_allclose(got.values, want.values, atol=1e-6)
+    np.testing.assert_array_equal(got.token_counts, want.token_counts)
+    assert got.padded_tokens == want.padded_tokens
+
+
+def test_large_micro_batches_run_on_the_large_winner(tiny_dir, onnx_cache, fixed):
+    encoder = _auto_over(tiny_dir, onnx_cache, threshold=40)
+    got = encoder.embed(SHORT[:1] + LONG, normalize=False)
+    # length sorting is kept: "hello" (3 tokens) rides with the long ones in full batches
+    assert encoder.served["torch"] >= 2 and encoder.served["onnx"] <= 1
+    want = fixed["torch"].embed(SHORT[:1] + LONG, normalize=False)
+    np.testing.assert_allclose(got.values, want.values, atol=1e-5)
+    assert got.padded_tokens == want.padded_tokens
+
+
+def test_embed_many_and_token_ids_match_the_fixed_backends(tiny_dir, onnx_cache, fixed):
+    encoder = _auto_over(tiny_dir, onnx_cache, threshold=40)
+    jobs = [(SHORT, True, True), (LONG[:20], False, True), (["x " * 500], True, False)]
+    got = encoder.embed_many(jobs)
+    want = fixed["torch"].embed_many(jobs)
+    assert isinstance(got[2], type(want[2])) and isinstance(got[2], Exception)
+    for g, w in zip(got[:2], want[:2], strict=True):
+        np.testing.assert_allclose(g.values, w.values, atol=1e-5)
+    ids = [fixed["torch"].tokenizer.encode(t, add_special_tokens=False) for t in SHORT]
+    tokens = encoder.embed_tokens(ids, normalize=True)
+    np.testing.assert_allclose(tokens.values, fixed["onnx"].embed(SHORT, normalize=True).values,
+                               atol=1e-5)
+    assert encoder.served["onnx"] >= 1 and encoder.served["torch"] >= 1
+
+
+def test_closing_auto_closes_both_backends(tiny_dir, onnx_cache):
+    encoder = _auto_over(tiny_dir, onnx_cache, threshold=40)
+    encoder.close()
+    assert encoder.small.model is None and encoder.large.model is None
+
+
+# --- end to end -------------------------------------------------------------------------
+
+def test_auto_loads_end_to_end(tiny_dir, onnx_cache, fixed, monkeypatch, caplog):
+    monkeypatch.setattr(auto, "MEASURE_SECONDS", 0.1)
+    with caplog.at_level(logging.INFO, logger="blitz.encoders"):
+        encoder = load_encoder(_spec(tiny_dir, accuracy_threshold=0.9), cache_dir=onnx_cache)
+    measured = caplog.text.split("on the probe set: ", 1)[1]
+    for name in auto.candidates():  # every candidate passed the lowered guard and was timed
+        assert f"{name}: " in measured and f"{name}: dropped" not in measured
+    small, large = encoder.backend.removeprefix("auto(small=").rstrip(")").split(", large=")
+    assert {small, large} <= set(auto.candidates())
+    assert isinstance(encoder, AutoEncoder) == (small != large)
+    got = encoder.embed(SHORT + LONG, normalize=True).values
+    want = fixed["torch"].embed(SHORT + LONG, normalize=True).values
+    assert np.sum(got * want, axis=1).min() > 0.9
+    assert fixed["torch"].backend == "torch" and fixed["onnx"].backend == "onnx"
+
+
+def test_cli_optimize_prints_what_auto_chose(tiny_dir, onnx_cache, tmp_path, monkeypatch,
+                                             capsys):
+    from blitz.cli import main
+
+    monkeypatch.setattr(auto, "MEASURE_SECONDS", 0.1)
+    config = tmp_path / "serve.yaml"
+    config.write_text("applications:\n  - name: blitz\n    args:\n      models:\n"
+                      f"        - {{id: tiny, source: '{tiny_dir}', cpu_backend: auto, "
+                      "accuracy_threshold: 0.9}\n")
+    assert main(["optimize", "tiny", "--config", str(config), "--cache-dir", str(onnx_cache),
+                 "--no-speed"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^cpu_backend auto chose auto\(small=[a-z0-9-]+, large=[a-z0-9-]+\) ",
+                     out, re.MULTILINE), out
