@@ -47,6 +47,18 @@ ERRORS_FILE = "errors.jsonl"
 GLOB_CHARS = "*?["
 
 
+def embed_dataset(input: str, output: str, **options: Any) -> Any:
+    """Embed every row of ``input`` into ``output``: the Python form of ``blitz embed``.
+
+    The job runs on Ray Data (``deployments.bulk.embed_dataset``, which documents the
+    keyword arguments: ``settings``, ``options``, ``address``, ``log``); it is imported
+    here only when called, so importing ``blitz`` never imports Ray.
+    """
+    from deployments.bulk import embed_dataset as run_on_ray_data
+
+    return run_on_ray_data(input, output, **options)
+
+
 # --- inputs and units -----------------------------------------------------------------
 
 def format_of(path: str) -> str | None:
