@@ -192,9 +192,10 @@ class BatchEncoder:
         ``batch`` maps column names to arrays (Ray Data's numpy batches)."""
         texts = list(batch[self.options.text_column])
         ids = np.asarray(batch[self.options.id_column])
+        known = batch.get(REFUSED)  # reasons the reader found (JSON lines)
         good, refused = [], []
         for i, text in enumerate(texts):
-            reason = refusal(text)
+            reason = (known[i] or None) if known is not None else refusal(text)
             if reason is None:
                 good.append(i)
             else:
@@ -218,6 +219,60 @@ class BatchEncoder:
         table = pa.table({self.options.id_column: ids, "embedding": embedding,
                           "tokens": pa.array(counts, pa.int32())})
         return table.replace_schema_metadata(self.metadata)
+
+
+REFUSED = "_refused"  # a batch column: why the reader could not give a row a text
+LINE = "_line"  # a batch column: the row's position in its file
+
+
+class JsonLines:
+    """JSON lines as rows. Ray Data's ``read_text`` gives one line per row (column
+    ``text``), numbered in column ``_line``; out come the text column, the id column and
+    ``_refused``: why a line has no text to embed (not a JSON object, a missing, null or
+    non-string value), empty otherwise. Ids keep the first line's type (int or str); a
+    line without an id, or whose id is not an int when the first one is, gets its line
+    position (refused, with the reason, in the int case)."""
+
+    def __init__(self, text_column: str, id_column: str, first: dict[str, Any]):
+        self.text_column, self.id_column = text_column, id_column
+        first_id = first.get(id_column)
+        self.id_type = None if first_id is None else (int if type(first_id) is int else str)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        texts, ids, reasons = [], [], []
+        for line, position in zip(batch["text"], batch[LINE], strict=True):
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            reason: str | None = "not a JSON object"
+            if isinstance(row, dict):
+                reason = refusal(row.get(self.text_column))
+            else:
+                row = {}
+            ident = row.get(self.id_column)
+            if self.id_type is None:
+                ident = int(position)
+            elif self.id_type is int and type(ident) is not int:
+                ident, reason = int(position), reason or "id is not an integer"
+            elif self.id_type is str:
+                ident = str(position) if ident is None else str(ident)
+            texts.append(row[self.text_column] if reason is None else "")
+            reasons.append(reason or "")
+            ids.append(ident)
+        return {self.id_column: np.array(ids, dtype=object if self.id_type is str else np.int64),
+                self.text_column: np.array(texts, dtype=object),
+                REFUSED: np.array(reasons, dtype=object)}
+
+
+def first_json_row(fs: Any, path: str) -> dict[str, Any]:
+    """The first JSON object in a JSON-lines file (its keys tell whether it has ids)."""
+    with fs.open(path, "rb", compression="infer") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                return row if isinstance(row, dict) else {}
+    return {}
 
 
 class RowNumberer:

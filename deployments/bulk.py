@@ -26,10 +26,13 @@ import ray
 
 from blitz.bulk import (
     ERRORS_FILE,
+    LINE,
     BatchEncoder,
+    JsonLines,
     RowNumberer,
     check_options,
     finish_unit,
+    first_json_row,
     format_of,
     list_inputs,
     merge_errors,
@@ -40,6 +43,7 @@ from blitz.bulk import (
     write_error_part,
 )
 from blitz.config import BlitzSettings, BulkSettings
+from blitz.errors import InvalidValue
 from blitz.registry import ModelSpec
 from blitz.storage import filesystem_for
 
@@ -132,24 +136,25 @@ def _embed_file(file: str, in_fs: Any, unit_dir: str, out_fs: Any, spec: ModelSp
     context.execution_options.preserve_order = True  # row positions, and output in order
     source, sink = PyFileSystem(FSSpecHandler(in_fs)), PyFileSystem(FSSpecHandler(out_fs))
     kind = format_of(file)
-    if kind == "parquet":
-        ds = ray.data.read_parquet(file, filesystem=source)
-    elif kind == "json":
-        ds = ray.data.read_json(file, filesystem=source, lines=True, file_extensions=None)
+    if kind == "json":  # read as lines and parsed here: pyarrow's reader fails a whole
+        # file on one value of another type, Ray's lines=True reader takes no filesystem
+        ds = _numbered(ray.data.read_text(file, filesystem=source, file_extensions=None),
+                       LINE)
+        ds = ds.map_batches(JsonLines(options.text_column, options.id_column,
+                                      first_json_row(in_fs, file)), batch_format="numpy")
     else:
-        ds = ray.data.read_csv(file, filesystem=source, file_extensions=None)
-    columns = ds.columns()
-    if options.text_column not in columns:
-        from blitz.errors import InvalidValue
-
-        raise InvalidValue(f"{file} has no column {options.text_column!r} (columns: "
-                           f"{', '.join(columns)})", param="text_column")
-    if options.id_column in columns:
-        ds = ds.select_columns([options.id_column, options.text_column])
-    else:
-        ds = ds.select_columns([options.text_column]).map_batches(
-            RowNumberer, fn_constructor_args=(options.id_column,), batch_format="numpy",
-            batch_size=None, concurrency=1, num_cpus=0)
+        if kind == "parquet":
+            ds = ray.data.read_parquet(file, filesystem=source)
+        else:
+            ds = ray.data.read_csv(file, filesystem=source, file_extensions=None)
+        columns = ds.columns()
+        if options.text_column not in columns:
+            raise InvalidValue(f"{file} has no column {options.text_column!r} (columns: "
+                               f"{', '.join(columns)})", param="text_column")
+        if options.id_column in columns:
+            ds = ds.select_columns([options.id_column, options.text_column])
+        else:
+            ds = _numbered(ds.select_columns([options.text_column]), options.id_column)
     ds = ds.repartition(target_num_rows_per_block=options.batch_size)
     per_actor = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 1}
     ds = ds.map_batches(
@@ -157,6 +162,12 @@ def _embed_file(file: str, in_fs: Any, unit_dir: str, out_fs: Any, spec: ModelSp
         fn_constructor_args=(spec, options, device, cache_dir, out_fs, unit_dir, file),
         concurrency=actors, **per_actor)
     ds.write_parquet(unit_dir, filesystem=sink)
+
+
+def _numbered(ds: Any, column: str) -> Any:
+    """``ds`` with ``column`` set to each row's position (one actor, rows in order)."""
+    return ds.map_batches(RowNumberer, fn_constructor_args=(column,),
+                          batch_format="numpy", batch_size=None, concurrency=1, num_cpus=0)
 
 
 def _device(options: BulkSettings) -> str:

@@ -10,7 +10,10 @@ import pyarrow as pa
 import pytest
 
 from blitz.bulk import (
+    LINE,
+    REFUSED,
     BatchEncoder,
+    JsonLines,
     RowNumberer,
     check_options,
     finish_unit,
@@ -137,3 +140,33 @@ def test_error_parts_merge_into_one_file_and_a_retried_batch_counts_once(tmp_pat
     rows = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert rows == [{"id": "x", "reason": "null text", "file": "in/a.jsonl"},
                     {"id": "z", "reason": "empty text", "file": "in/a.jsonl"}]
+
+
+def json_batch(*lines: str) -> dict[str, np.ndarray]:
+    return {"text": np.array(lines, dtype=object), LINE: np.arange(len(lines))}
+
+
+def test_json_lines_become_rows_with_reasons_for_the_bad_ones():
+    lines = ['{"id": 7, "text": "a cat"}', '{"id": 8, "text": null}', "not json",
+             '{"id": "x", "text": "dog"}', '[1, 2]', '{"id": 9, "text": 42}']
+    out = JsonLines("text", "id", {"id": 7, "text": "a cat"})(json_batch(*lines))
+    assert out["id"].tolist() == [7, 8, 2, 3, 4, 9]
+    assert out["text"][0] == "a cat"
+    assert out[REFUSED].tolist() == ["", "null text", "not a JSON object",
+                                     "id is not an integer", "not a JSON object",
+                                     "not a string (int)"]
+
+    no_ids = JsonLines("body", "id", {"body": "x"})(json_batch('{"body": "x"}', '{"body": ""}'))
+    assert no_ids["id"].tolist() == [0, 1] and no_ids[REFUSED].tolist() == ["", "empty text"]
+    named = JsonLines("text", "id", {"id": "a"})(json_batch('{"id": "a", "text": "t"}',
+                                                              '{"text": "u"}'))
+    assert named["id"].tolist() == ["a", "1"] and named[REFUSED].tolist() == ["", ""]
+
+
+def test_reasons_found_by_the_reader_are_kept(tiny):
+    encoder = BatchEncoder(tiny[0], BulkSettings())
+    table, refused = encoder.encode({"id": np.array([0, 1]), "text": np.array(["ok", ""],
+                                     dtype=object), REFUSED: np.array(["", "not a JSON object"],
+                                                                      dtype=object)})
+    assert table.column("id").to_pylist() == [0]
+    assert [(r.id, r.reason) for r in refused] == [(1, "not a JSON object")]
