@@ -4,8 +4,9 @@
   over the corpus in ``batch``-text calls, torch using every core (the ceiling);
 - ``blitz embed``: ``deployments.bulk.embed_dataset`` on a local Ray (started first, not
   timed), the corpus written as ``files`` Parquet files;
-- ``server`` (with ``--url``): the same corpus through a running server in 128-text
-  ``POST /embed`` requests, ``concurrency`` in flight.
+- ``server`` (with ``--url``, or ``--serve`` to start ``scripts/serve.sh`` once the
+  bulk job's Ray is gone, and stop it after): the same corpus through the server in
+  128-text ``POST /embed`` requests, ``concurrency`` in flight.
 
 Rows/s for each, the ratios to the ceiling, and the smallest cosine between the bulk
 output and the in-process vectors.
@@ -13,13 +14,18 @@ output and the in-process vectors.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from loadtest.corpus import sentences
@@ -28,7 +34,7 @@ from loadtest.report import markdown_table
 
 def measure(*, texts: int, files: int, model: str, source: str, backend: str,
             batch: int, actors: int | None, url: str | None, concurrency: int,
-            progress: Callable[[str], None] = print) -> dict[str, Any]:
+            serve: bool = False, progress: Callable[[str], None] = print) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
     import ray
@@ -77,23 +83,62 @@ def measure(*, texts: int, files: int, model: str, source: str, backend: str,
         np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
     rows.append({"path": "blitz embed", "rows_per_s": report.rows_written / report.seconds})
 
-    if url:
-        from blitz.client import Client
-
-        progress(f"server: {texts} texts in 128-text requests, {concurrency} in flight")
-        client = Client(url, timeout=300)
-        chunks = [corpus[i:i + 128] for i in range(0, texts, 128)]
-        client.embed(chunks[0], model=model)  # warm up
-        start = time.perf_counter()
-        with ThreadPoolExecutor(concurrency) as pool:
-            list(pool.map(lambda chunk: client.embed(chunk, model=model), chunks))
-        rows.append({"path": "server, 128-text requests",
-                     "rows_per_s": texts / (time.perf_counter() - start)})
+    if serve:
+        url = url or "http://127.0.0.1:8000"
+        with served(url, progress):
+            rows.append(_server_row(url, corpus, model, concurrency, progress))
+    elif url:
+        rows.append(_server_row(url, corpus, model, concurrency, progress))
     for row in rows:
         row["vs_ceiling"] = row["rows_per_s"] / ceiling
     return {"texts": texts, "files": files, "model": model, "backend": backend,
             "batch": batch, "rows_written": report.rows_written, "rows": rows,
             "min_cosine": float(cosines.min()), "compared": int(len(ids))}
+
+
+@contextlib.contextmanager
+def served(url: str, progress: Callable[[str], None]) -> Iterator[None]:
+    """``bash scripts/serve.sh`` (serve_config.yaml, fast path) for the duration."""
+    progress("starting the server (scripts/serve.sh)")
+    root = Path(__file__).resolve().parents[1]
+    server = subprocess.Popen(["bash", "scripts/serve.sh"], cwd=root, start_new_session=True,
+                              env={**os.environ, "BLITZ_SKIP_INSTALL": "1"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the server did not start (run scripts/serve.sh to see why)")
+            time.sleep(1)
+        yield
+    finally:
+        os.killpg(server.pid, signal.SIGINT)  # serve.sh stops Serve, Ray and HAProxy
+        try:
+            server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def _server_row(url: str, corpus: list[str], model: str, concurrency: int,
+                progress: Callable[[str], None]) -> dict[str, Any]:
+    from blitz.client import Client
+
+    texts = len(corpus)
+    progress(f"server: {texts} texts in 128-text requests, {concurrency} in flight")
+    client = Client(url, timeout=300)
+    chunks = [corpus[i:i + 128] for i in range(0, texts, 128)]
+    client.embed(chunks[0], model=model)  # warm up
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(lambda chunk: client.embed(chunk, model=model), chunks))
+    return {"path": "server, 128-text requests",
+            "rows_per_s": texts / (time.perf_counter() - start)}
 
 
 def markdown(result: dict[str, Any]) -> str:

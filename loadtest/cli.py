@@ -203,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     bulk.add_argument("--batch", type=int, default=128, help="texts per call (default: %(default)s)")
     bulk.add_argument("--actors", type=int, help="encoder actors (default: one per CPU)")
     bulk.add_argument("--url", help="a running Blitz server to compare with")
+    bulk.add_argument("--serve", action="store_true", help="start scripts/serve.sh after "
+                      "the bulk job (its Ray stopped) and compare with it, then stop it")
     bulk.add_argument("--concurrency", type=int, default=4,
                       help="server requests in flight (default: %(default)s)")
     bulk.add_argument("--out", type=Path, help="write the JSON report here")
@@ -349,7 +351,8 @@ def cmd_bulk(args: argparse.Namespace, progress: Progress) -> int:
 
     result = bulk.measure(texts=args.texts, files=args.files, model=args.model,
                           source=args.source, backend=args.backend, batch=args.batch,
-                          actors=args.actors, url=args.url, concurrency=args.concurrency,
+                          actors=args.actors, url=args.url, serve=args.serve,
+                          concurrency=args.concurrency,
                           progress=lambda line: print(line, file=sys.stderr))
     print(bulk.markdown(result))
     if args.out:
