@@ -11,7 +11,8 @@ rerun resumes), one Ray Data pipeline:
     then OUTPUT/<unit>/_SUCCESS.
 
 The actor pool has one actor per GPU when the cluster has GPUs, else one per CPU
-(``BulkSettings.actors`` overrides it). Ray Data's progress bars show rows/s; the job
+(``BulkSettings.actors`` overrides it); CPU actors leave one logical CPU to the reads
+and writes (``_actor_cpus``). Ray Data's progress bars show rows/s; the job
 prints one line per file with the rows so far and an ETA in files.
 """
 
@@ -156,7 +157,7 @@ def _embed_file(file: str, in_fs: Any, unit_dir: str, out_fs: Any, spec: ModelSp
         else:
             ds = _numbered(ds.select_columns([options.text_column]), options.id_column)
     ds = ds.repartition(target_num_rows_per_block=options.batch_size)
-    per_actor = {"num_gpus": 1} if device == "cuda" else {"num_cpus": 1}
+    per_actor = {"num_gpus": 1} if device == "cuda" else {"num_cpus": _actor_cpus(actors)}
     ds = ds.map_batches(
         EmbedBatches, batch_size=options.batch_size, batch_format="numpy",
         fn_constructor_args=(spec, options, device, cache_dir, out_fs, unit_dir, file),
@@ -168,6 +169,15 @@ def _numbered(ds: Any, column: str) -> Any:
     """``ds`` with ``column`` set to each row's position (one actor, rows in order)."""
     return ds.map_batches(RowNumberer, fn_constructor_args=(column,),
                           batch_format="numpy", batch_size=None, concurrency=1, num_cpus=0)
+
+
+def _actor_cpus(actors: int) -> float:
+    """Logical CPUs each CPU actor claims: one each, but always one CPU left over for
+    Ray Data's list, read and write tasks. Actors that claimed every CPU would wait
+    forever for the reads that feed them (seen on a 2-CPU machine). Each actor still
+    runs ``torch_threads`` threads; the claim only schedules."""
+    spare = ray.cluster_resources().get("CPU", 1) - 1
+    return max(0.0, min(1.0, spare / actors))
 
 
 def _device(options: BulkSettings) -> str:
