@@ -170,3 +170,15 @@ def test_reasons_found_by_the_reader_are_kept(tiny):
                                                                       dtype=object)})
     assert table.column("id").to_pylist() == [0]
     assert [(r.id, r.reason) for r in refused] == [(1, "not a JSON object")]
+
+
+@pytest.mark.parametrize(("cpus", "actors", "claim"), [
+    (2, 2, 0.5), (1, 1, 0.0), (16, 4, 1.0), (16, 16, 15 / 16)])
+def test_cpu_actors_leave_one_cpu_for_reads_and_writes(monkeypatch, cpus, actors, claim):
+    import ray
+
+    from deployments import bulk
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": float(cpus)})
+    assert bulk._actor_cpus(actors) == pytest.approx(claim)
+    assert actors * bulk._actor_cpus(actors) <= max(cpus - 1, 0)
