@@ -74,8 +74,10 @@ def measure(*, texts: int, files: int, model: str, source: str, backend: str,
                 options=BulkSettings(batch_size=batch, actors=actors, device="cpu"))
         finally:
             ray.shutdown()
-        table = pa.concat_tables(pq.read_table(f) for f in sorted(Path(tmp, "out").rglob(
-            "*.parquet"))).sort_by("id")
+        table = pa.concat_tables(pq.read_table(f) for f in sorted(Path(tmp, "out").glob(
+            "*/*.parquet"))).sort_by("id")  # OUTPUT/<unit>/*.parquet; units end .parquet too
+        if table.num_rows != texts:
+            raise RuntimeError(f"blitz embed wrote {table.num_rows} rows for {texts} texts")
         got = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
     ids = np.asarray(table.column("id"))
     want = reference[ids]
