@@ -2,6 +2,7 @@
 
     blitz models   [--config serve_config.yaml] [--app NAME] [--json]
     blitz optimize MODEL [--config serve_config.yaml] [--app NAME] [--cache-dir DIR] [--no-speed]
+    blitz embed    INPUT OUTPUT [--model ID] ...   (added by deployments/cli.py: it needs Ray)
 
 ``optimize`` prepares a model for the CPU pool ahead of time, into the same cache the
 server uses: it downloads an object-storage source, exports and quantizes ONNX
@@ -17,6 +18,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,8 +38,11 @@ class UsageError(Exception):
     """A bad command line or configuration file (exit status 2)."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+def main(argv: list[str] | None = None,
+         extend: Callable[[Any], None] | None = None) -> int:
+    """Run the command in ``argv``; ``extend`` adds subcommands that live outside ``blitz/``
+    (``deployments/cli.py`` adds ``embed``, which needs Ray)."""
+    parser = _parser(extend)
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(extend: Callable[[Any], None] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="blitz", description="Blitz embedding server: inspect the model registry and "
         "prepare models ahead of serving.")
@@ -81,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     optimize.add_argument("--no-speed", action="store_true",
                           help="skip the speed comparison with torch fp32")
     optimize.set_defaults(run=run_optimize)
+    if extend is not None:
+        extend(commands)
     return parser
 
 

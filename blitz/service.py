@@ -60,6 +60,19 @@ Observer = Callable[[RequestRecord, int, float], None]
 """Receives (record, status, seconds since the record was made) once per request."""
 
 
+def apply_prompt(spec: ModelSpec, texts: list[str], prompt_name: str | None) -> list[str]:
+    """``texts`` behind the model's prompt ``prompt_name``, when one is asked for (the
+    native API's ``prompt_name``; the bulk job applies it the same way)."""
+    if prompt_name is None:
+        return texts
+    if prompt_name not in spec.prompts:
+        known = ", ".join(sorted(spec.prompts)) or "none"
+        raise InvalidValue(f"prompt_name {echo(prompt_name)!r} is not defined for model "
+                           f"{spec.id!r}; defined: {known}", param="prompt_name")
+    prefix = spec.prompts[prompt_name]
+    return [prefix + t for t in texts]
+
+
 class Dispatcher(Protocol):
     """Runs one job on one pool for one model."""
 
@@ -189,7 +202,7 @@ class EmbeddingService:
             else:
                 items = [texts] if isinstance(texts, str) else list(texts or [])
                 self.check_texts(items)
-                items = self._prompted(spec, items, prompt_name)
+                items = apply_prompt(spec, items, prompt_name)
                 count = len(items)
             self._check_dimensions(spec, dimensions)
 
@@ -207,18 +220,6 @@ class EmbeddingService:
             values = quantize(truncate_dimensions(values, dimensions, normalize), dtype)
             record.pool, record.tokens = pool, tokens
             return EmbedResult(values, spec.id, Usage.of(tokens), pool)
-
-    @staticmethod
-    def _prompted(spec: ModelSpec, texts: list[str], prompt_name: str | None) -> list[str]:
-        """``texts`` behind the model's prompt ``prompt_name``, when one is asked for."""
-        if prompt_name is None:
-            return texts
-        if prompt_name not in spec.prompts:
-            known = ", ".join(sorted(spec.prompts)) or "none"
-            raise InvalidValue(f"prompt_name {echo(prompt_name)!r} is not defined for model "
-                               f"{spec.id!r}; defined: {known}", param="prompt_name")
-        prefix = spec.prompts[prompt_name]
-        return [prefix + t for t in texts]
 
     def _check_token_ids(self, token_ids: list[list[int]]) -> None:
         limits = self.settings.limits

