@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
+
+from tests.tiny_models import build_tiny_bi_encoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -22,3 +25,15 @@ def _no_ray():
     yield
     if _ray_running() and not before:
         pytest.fail("a unit test started Ray; move it to tests/integration")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A tiny random bi-encoder, built once per test module."""
+    return build_tiny_bi_encoder(tmp_path_factory.mktemp("tiny") / "bi")
+
+
+@pytest.fixture
+def no_home_cache(tmp_path, monkeypatch):
+    """Anything that forgets to pass a cache dir lands in tmp, never in ~/.cache."""
+    monkeypatch.setenv("BLITZ_CACHE_DIR", str(tmp_path / "default-cache"))

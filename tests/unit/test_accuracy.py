@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -11,14 +9,10 @@ from blitz import accuracy
 from blitz.encoders.loading import load_encoder
 from blitz.errors import ModelLoadFailed
 from blitz.registry import ModelSpec
-from tests.tiny_models import build_tiny_bi_encoder, build_tiny_cross_encoder
+from tests.tiny_models import build_tiny_cross_encoder
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "hello", "Where is the station?"]
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return build_tiny_bi_encoder(tmp_path_factory.mktemp("tiny") / "bi")
 
 
 def test_compare_embeddings_is_the_cosine_per_row():

@@ -16,20 +16,13 @@ from blitz.encoders.auto import AutoChoice, AutoEncoder
 from blitz.encoders.loading import load_encoder
 from blitz.errors import ModelLoadFailed
 from blitz.registry import ModelSpec
-from tests.tiny_models import build_tiny_bi_encoder
 
 SHORT = ["hello", "ok then", "Where is the station?"]
 LONG = [f"sentence number {i} says a little more about the weather in town" for i in range(40)]
 
 
-@pytest.fixture(autouse=True)
-def _no_home_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("BLITZ_CACHE_DIR", str(tmp_path / "default-cache"))
+pytestmark = pytest.mark.usefixtures("no_home_cache")
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return build_tiny_bi_encoder(tmp_path_factory.mktemp("tiny") / "bi")
 
 
 @pytest.fixture(scope="module")

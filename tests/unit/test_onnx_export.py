@@ -24,15 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "hello", "Where is the station?"]
 
 
-@pytest.fixture(autouse=True)
-def _no_home_cache(tmp_path, monkeypatch):
-    """Anything that forgets to pass a cache dir lands in tmp, never in ~/.cache."""
-    monkeypatch.setenv("BLITZ_CACHE_DIR", str(tmp_path / "default-cache"))
+pytestmark = pytest.mark.usefixtures("no_home_cache")
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return build_tiny_bi_encoder(tmp_path_factory.mktemp("tiny") / "bi")
 
 
 @pytest.fixture(scope="module")

@@ -16,17 +16,12 @@ from blitz.model_cache import ENTRY_FILE
 from blitz.registry import ModelSpec, resolve_source
 from blitz.storage import _relative, fetch_to_cache, storage_options
 from tests.ports import free_port
-from tests.tiny_models import build_tiny_bi_encoder
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
 
 BUCKET = "models"
 
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return build_tiny_bi_encoder(tmp_path_factory.mktemp("tiny") / "bi")
 
 
 @pytest.fixture
