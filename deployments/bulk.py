@@ -78,6 +78,20 @@ class BulkReport:
     seconds: float = 0.0
 
 
+BULK_EXTRA_MISSING = (
+    "blitz embed needs Ray Data, which the serving install leaves out (it brings pandas, "
+    "which every Serve process would then import): install the bulk extra with "
+    "`bash scripts/install.sh bulk` or `pip install -e '.[bulk]'`")
+
+
+def require_ray_data() -> None:
+    """Raise ``RuntimeError`` saying which extra to install when Ray Data cannot import."""
+    try:
+        import ray.data  # noqa: F401
+    except ImportError as exc:  # pandas or pyarrow missing: the bulk extra is not installed
+        raise RuntimeError(f"{BULK_EXTRA_MISSING} ({exc})") from exc
+
+
 def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = None,
                   options: BulkSettings | None = None, address: str | None = None,
                   log: TextIO | None = None) -> BulkReport:
@@ -86,6 +100,7 @@ def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = N
     ``settings`` gives the registry (default: the built-in one); ``options`` the job.
     Connects to Ray at ``address`` (or starts a local instance) unless Ray is running.
     """
+    require_ray_data()
     settings = settings or BlitzSettings()
     options = options or BulkSettings()
     spec = settings.registry().get(options.model or settings.default_model or "")
@@ -225,6 +240,10 @@ def run_embed(args: argparse.Namespace, out: TextIO) -> int:
 
     from blitz.cli import UsageError, load_settings
 
+    try:
+        require_ray_data()
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from exc
     settings = load_settings(Path(args.config) if args.config else None, args.app)
     try:
         options = BulkSettings.model_validate({

@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# Create .venv in the repository root and install Blitz with everything it needs.
+# Create .venv in the repository root and install Blitz.
+#   bash scripts/install.sh           what serving needs (scripts/serve.sh)
+#   bash scripts/install.sh EXTRAS    plus extras from pyproject.toml: `dev` (tests, load
+#                                     tests, bulk; scripts/test.sh), `bulk`, `s3`, `bulk,s3`
+# Serving leaves the `bulk` extra out on purpose: Ray Data needs pandas, and every Serve
+# process imports pandas when it is installed (~32 MiB of private memory each).
 # The pinned CPU torch goes first: a plain `torch` requirement would pull CUDA packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,7 +13,15 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+EXTRAS="${1:-}"
+if [[ -n "$EXTRAS" && ! "$EXTRAS" =~ ^[a-z0-9,]+$ ]]; then
+  echo "install.sh: EXTRAS is a comma-separated list of extras (dev, bulk, s3), not '$EXTRAS'" >&2
+  exit 2
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
+if [[ ",$EXTRAS," != *,dev,* ]]; then
+  exit 0  # the JavaScript example below is for the tests
+fi
 # The JavaScript example client's one dependency (@msgpack/msgpack, pinned in
 # examples/js/package-lock.json), which the portable-layout test runs under Node.
 # Installed again only when the lock file changed; skipped with a note where npm is absent

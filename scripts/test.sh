@@ -4,7 +4,7 @@
 # Ray + Serve instance. Any step that fails fails the command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
+bash scripts/install.sh dev
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 .venv/bin/python -m mypy
 exec .venv/bin/python -m pytest "$@"
