@@ -18,7 +18,6 @@ prints one line per file with the rows so far and an ETA in files.
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -78,20 +77,6 @@ class BulkReport:
     seconds: float = 0.0
 
 
-BULK_EXTRA_MISSING = (
-    "blitz embed needs Ray Data, which the serving install leaves out (it brings pandas, "
-    "which every Serve process would then import): install the bulk extra with "
-    "`bash scripts/install.sh bulk` or `pip install -e '.[bulk]'`")
-
-
-def require_ray_data() -> None:
-    """Raise ``RuntimeError`` saying which extra to install when Ray Data cannot import."""
-    try:
-        import ray.data  # noqa: F401
-    except ImportError as exc:  # pandas or pyarrow missing: the bulk extra is not installed
-        raise RuntimeError(f"{BULK_EXTRA_MISSING} ({exc})") from exc
-
-
 def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = None,
                   options: BulkSettings | None = None, address: str | None = None,
                   log: TextIO | None = None) -> BulkReport:
@@ -100,6 +85,8 @@ def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = N
     ``settings`` gives the registry (default: the built-in one); ``options`` the job.
     Connects to Ray at ``address`` (or starts a local instance) unless Ray is running.
     """
+    from deployments.cli import require_ray_data
+
     require_ray_data()
     settings = settings or BlitzSettings()
     options = options or BulkSettings()
@@ -208,58 +195,3 @@ def _actor_count(device: str, options: BulkSettings) -> int:
 
 
 # --- `blitz embed` ----------------------------------------------------------------------
-
-def add_embed_command(commands: Any) -> None:
-    """Add ``embed`` to the ``blitz`` command's subcommands (see ``deployments/cli.py``)."""
-    fields = BulkSettings.model_fields
-    embed = commands.add_parser(
-        "embed", help="embed a corpus (Parquet, JSONL or CSV; local or s3://) into Parquet "
-        "files with Ray Data")
-    embed.add_argument("input", help="a file, a directory or a glob")
-    embed.add_argument("output", help="a directory (local or s3://)")
-    embed.add_argument("--model", help=fields["model"].description)
-    embed.add_argument("--config", metavar="FILE", help="serve config YAML whose application "
-                       "args name the models (default: the built-in registry)")
-    embed.add_argument("--app", metavar="NAME", help="application in --config")
-    embed.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    for name in ("text_column", "id_column", "errors", "dtype", "dimensions", "prompt_name",
-                 "batch_size", "actors", "device", "torch_threads"):
-        info = fields[name]
-        flag = "--" + name.replace("_", "-")
-        kind = {"dimensions": int, "batch_size": int, "actors": int,
-                "torch_threads": int}.get(name, str)
-        embed.add_argument(flag, type=kind, default=info.default,
-                           help=f"{info.description} (default: {info.default})")
-    embed.set_defaults(run=run_embed)
-
-
-def run_embed(args: argparse.Namespace, out: TextIO) -> int:
-    from pathlib import Path
-
-    from pydantic import ValidationError
-
-    from blitz.cli import UsageError, load_settings
-
-    try:
-        require_ray_data()
-    except RuntimeError as exc:
-        raise UsageError(str(exc)) from exc
-    settings = load_settings(Path(args.config) if args.config else None, args.app)
-    try:
-        options = BulkSettings.model_validate({
-            "model": args.model, "text_column": args.text_column,
-            "id_column": args.id_column, "errors": args.errors, "dtype": args.dtype,
-            "dimensions": args.dimensions, "prompt_name": args.prompt_name,
-            "batch_size": args.batch_size,
-            "actors": args.actors, "device": args.device,
-            "torch_threads": args.torch_threads})
-    except ValidationError as exc:
-        raise UsageError(f"invalid embed options:\n{exc}") from exc
-    report = embed_dataset(args.input, args.output, settings=settings, options=options,
-                           address=args.address, log=out)
-    rate = report.rows_written / report.seconds if report.seconds else 0.0
-    out.write(f"wrote {report.rows_written} rows ({rate:.0f} rows/s) from "
-              f"{report.files - len(report.skipped)} files; skipped {len(report.skipped)} "
-              f"files already done; {report.rows_total} rows in {args.output}; "
-              f"refused {report.refused} rows (see {report.errors_path})\n")
-    return 0 if report.rows_total else 1

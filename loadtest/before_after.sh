@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Throughput of this tree against an earlier commit, served the same way, in one run.
-# Usage: bash loadtest/before_after.sh BEFORE_REF [OUT_DIR]   (after `bash scripts/install.sh`)
+# Usage: bash loadtest/before_after.sh BEFORE_REF [OUT_DIR]   (after `bash scripts/install.sh dev`)
 # Each tree is served with serve_config.yaml on the fast path, in turn; the earlier one
 # from a git worktree with this tree's .venv (PYTHONPATH points Ray's workers at it).
 # ROUNDS=N (default 2) alternates the trees N times (before, after, before, after, ...)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every figure in BENCHMARKS.md, measured in one run on this machine (~25 minutes with the
 # defaults: ~12 for MiniLM as before, ~4 for Infinity on MiniLM, ~9 for the BERT-base rows).
-# Usage: bash loadtest/benchmark.sh [OUT_DIR]   (after `bash scripts/install.sh` and
+# Usage: bash loadtest/benchmark.sh [OUT_DIR]   (after `bash scripts/install.sh dev` and
 #        `bash loadtest/peers/install_infinity.sh`), then `python -m loadtest report OUT_DIR`
 #        (run at the end too, into OUT_DIR/report.md).
 # Stops any Ray/Serve running here first: Blitz is started with scripts/serve.sh on

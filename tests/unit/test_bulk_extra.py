@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from deployments import bulk
+from deployments import cli as bulk
 from deployments.cli import main
 
 

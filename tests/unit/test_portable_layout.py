@@ -3,7 +3,7 @@ through the HTTP API on fake encoders, and a real JavaScript decoder reading it.
 
 The Node test serves ``HttpApi`` with uvicorn on 127.0.0.1 and runs
 ``tests/js/portable_check.mjs``, which calls the API through the example client
-``examples/js/blitz.mjs`` with ``@msgpack/msgpack`` (installed by ``scripts/install.sh``
+``examples/js/blitz.mjs`` with ``@msgpack/msgpack`` (installed by ``scripts/install.sh dev``
 into ``examples/js/node_modules``)."""
 
 from __future__ import annotations
@@ -132,10 +132,10 @@ def node_and_package() -> str:
     node = shutil.which("node")
     if node is None:
         pytest.fail("node is not on PATH: the portable layout is tested with a JavaScript "
-                    "decoder (install Node 18+, then bash scripts/install.sh)")
+                    "decoder (install Node 18+, then bash scripts/install.sh dev)")
     if not (ROOT / "examples/js/node_modules/@msgpack/msgpack/package.json").is_file():
         pytest.fail("examples/js/node_modules lacks @msgpack/msgpack: run bash "
-                    "scripts/install.sh (it runs npm ci in examples/js)")
+                    "scripts/install.sh dev (it runs npm ci in examples/js)")
     return node
 
 
