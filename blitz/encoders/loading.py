@@ -29,10 +29,15 @@ from blitz.encoders.base import Encoder
 from blitz.encoders.fake import FakeEncoder
 from blitz.encoders.models import open_torch_bi_encoder, open_torch_cross_encoder, wrap
 from blitz.load_failures import as_load_failure
+from blitz.onnx_child import build_in_child
 from blitz.onnx_export import load_onnx
 from blitz.registry import ModelSpec, resolve_source
 
 logger = logging.getLogger("blitz.encoders")
+
+BUILD_IN_CHILD = True
+"""ONNX builds run in a child process (``blitz.onnx_child``) so that the loading process,
+a long-lived replica or bulk actor, does not keep the export's memory."""
 
 # (spec, weights directory, device, cache dir) -> the sentence-transformers model
 Opener = Callable[[ModelSpec, Path, str, str | Path | None], Any]
@@ -69,6 +74,8 @@ def _torch_cross_encoder(spec: ModelSpec, path: Path, device: str,
 
 def _onnx(spec: ModelSpec, path: Path, device: str,
           cache_dir: str | Path | None) -> Any:
+    if BUILD_IN_CHILD:
+        build_in_child(spec, path, cache_dir)
     return load_onnx(spec, path, cache_dir)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from blitz import cpu_features, model_cache, onnx_export
+from blitz.encoders import loading
 from blitz.encoders.loading import load_encoder
 from blitz.errors import ModelLoadFailed
 from blitz.registry import ModelSpec
@@ -25,6 +26,13 @@ TEXTS = ["The quick brown fox jumps over the lazy dog.", "hello", "Where is the 
 
 
 pytestmark = pytest.mark.usefixtures("no_home_cache")
+
+
+@pytest.fixture(autouse=True)
+def build_in_process(monkeypatch):
+    """These tests count and break exports in this process; the child build
+    (blitz.onnx_child) has its own tests."""
+    monkeypatch.setattr(loading, "BUILD_IN_CHILD", False)
 
 
 
