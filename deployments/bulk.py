@@ -193,5 +193,3 @@ def _actor_count(device: str, options: BulkSettings) -> int:
     have = resources.get("GPU" if device == "cuda" else "CPU", 1)
     return max(1, min(int(have), options.max_actors))
 
-
-# --- `blitz embed` ----------------------------------------------------------------------

@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from deployments import cli as bulk
-from deployments.cli import main
+from deployments.cli import main, require_ray_data
 
 
 @pytest.fixture
@@ -20,7 +19,7 @@ def no_ray_data(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_require_ray_data_names_the_extra(no_ray_data: None) -> None:
     with pytest.raises(RuntimeError, match=r"install\.sh bulk.*\.\[bulk\]"):
-        bulk.require_ray_data()
+        require_ray_data()
 
 
 def test_embed_command_is_a_usage_error(no_ray_data: None, tmp_path,
@@ -34,4 +33,4 @@ def test_embed_command_is_a_usage_error(no_ray_data: None, tmp_path,
 
 
 def test_require_ray_data_passes_when_installed() -> None:
-    bulk.require_ray_data()  # the dev install has the bulk extra
+    require_ray_data()  # the dev install has the bulk extra

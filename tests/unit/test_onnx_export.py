@@ -35,7 +35,6 @@ def build_in_process(monkeypatch):
     monkeypatch.setattr(loading, "BUILD_IN_CHILD", False)
 
 
-
 @pytest.fixture(scope="module")
 def other_tiny_dir(tmp_path_factory) -> Path:
     return build_tiny_bi_encoder(tmp_path_factory.mktemp("tiny") / "other", seed=1)
