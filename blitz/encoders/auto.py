@@ -98,14 +98,14 @@ def crossover_tokens(small_tokens: float, large_tokens: float) -> int:
 
 
 def mean_micro_batch_tokens(lengths: Sequence[int], texts_per_call: int,
-                            token_budget: int) -> float:
+                            token_budget: int, call_tokens: float = math.inf) -> float:
     """Mean padded tokens per micro-batch when ``lengths`` (token counts, cycled) are
     embedded ``texts_per_call`` at a time, as ``measure_rates`` calls them."""
     sizes = []
     for start in range(0, len(lengths), texts_per_call):
         call = [lengths[(start + i) % len(lengths)] for i in range(texts_per_call)]
         sizes += [len(batch) * max(call[i] for i in batch)
-                  for batch in length_batches(call, token_budget)]
+                  for batch in length_batches(call, token_budget, call_tokens)]
     return float(np.mean(sizes))
 
 
@@ -160,6 +160,7 @@ class AutoEncoder(SentenceTransformerEncoder):
         super().__init__(small.model_id, small.model, max_seq_length=small.max_seq_length,
                          token_budget=small.token_budget)
         self.small, self.large, self.choice = small, large, choice
+        self.call_tokens = small.call_tokens  # what splits the small micro-batches
         self.backend = choice.backend
         self.served = {choice.small: 0, choice.large: 0}  # micro-batches per backend
 
@@ -213,8 +214,9 @@ def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
 
     rates = measure_rates(run, list(encoders), (SMALL_TEXTS, LARGE_TEXTS),
                           seconds=MEASURE_SECONDS if seconds is None else seconds, timer=timer)
-    choice = choose(rates, mean_micro_batch_tokens(lengths, SMALL_TEXTS, first.token_budget),
-                    mean_micro_batch_tokens(lengths, LARGE_TEXTS, first.token_budget), dropped)
+    split = (first.token_budget, first.call_tokens)
+    choice = choose(rates, mean_micro_batch_tokens(lengths, SMALL_TEXTS, *split),
+                    mean_micro_batch_tokens(lengths, LARGE_TEXTS, *split), dropped)
     for name in set(encoders) - {choice.small, choice.large}:
         encoders.pop(name).close()
     return_freed_memory()

@@ -81,6 +81,9 @@ class Encoder(ABC):
         else:
             self.score("warm up", ["warm up"])
 
+    def calibrate(self) -> None:  # noqa: B027 - backends without micro-batches keep the default
+        """Measure what the backend needs to size its micro-batches (once, after loading)."""
+
     def close(self) -> None:  # noqa: B027 - backends without resources keep the default
         """Drop the weights; idempotent."""
 

@@ -111,6 +111,7 @@ def load_encoder(spec: ModelSpec, device: str = "cpu",
         encoder = (_checked_bf16(spec, model, device) if backend == "torch-bf16"
                    else wrap(spec, model, device))
         encoder.backend = backend
+        encoder.calibrate()
         return encoder
     except Exception as exc:
         raise as_load_failure(spec.id, exc, spec.source) from exc

@@ -1,11 +1,19 @@
 """Bi-encoder backend on sentence-transformers (torch; the ONNX backends load through it too).
 
 Texts are tokenized once, sorted by length and run in micro-batches that fit a token
-budget, so short texts are not padded to the longest one in the request.
+budget, so short texts are not padded to the longest one in the request. A micro-batch
+also ends where widening it to the next text would pad more tokens than a model call of
+its own costs: that fixed cost, in tokens, is measured once after loading
+(``calibrate``). On a CPU it is small (~10-40 tokens for MiniLM), so a handful of texts
+of mixed lengths runs as a few calls of similar lengths instead of one call padded to the
+longest (calls of up to ``SPLIT_MAX_TEXTS`` texts: the micro-batches of single-text
+traffic); on a GPU it is larger than the token budget and only the budget splits.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Any
 
 import numpy as np
@@ -27,6 +35,7 @@ class SentenceTransformerEncoder(Encoder):
         self.tokenizer = model.tokenizer
         self.device = str(model.device)
         self.token_budget = token_budget
+        self.call_tokens = math.inf  # a model call's fixed cost in tokens, once calibrated
         self._dimension = model.get_embedding_dimension()
         self._pad_id = self.tokenizer.pad_token_id or 0
         self._type_ids = "token_type_ids" in getattr(self.tokenizer, "model_input_names", ())
@@ -95,7 +104,10 @@ class SentenceTransformerEncoder(Encoder):
     def _run(self, ids: list[list[int]], counts: np.ndarray, normalize: bool) -> Encoded:
         out = np.empty((len(ids), self._dimension), dtype=np.float32)
         padded = 0
-        for batch in length_batches([len(r) for r in ids], self.token_budget):
+        # past SPLIT_MAX_TEXTS, larger products run cheaper per token than the calibration's
+        # one-row calls show, and splitting by call cost measured slower (BENCHMARKS.md)
+        call_tokens = self.call_tokens if len(ids) <= SPLIT_MAX_TEXTS else math.inf
+        for batch in length_batches([len(r) for r in ids], self.token_budget, call_tokens):
             width = max(len(ids[i]) for i in batch)
             padded += width * len(batch)
             out[batch] = self._forward([ids[i] for i in batch], width)
@@ -117,22 +129,65 @@ class SentenceTransformerEncoder(Encoder):
             emb = self.model(features)["sentence_embedding"]
         return emb.float().cpu().numpy()
 
+    def calibrate(self) -> None:
+        """Set ``call_tokens``: one row timed at a short and a long width (the best of
+        ``CALIBRATION_REPEATS`` each) gives a call's fixed cost and a token's cost."""
+        row = self.token_ids(["calibrate " * self.max_seq_length], truncate=True)[0][0]
+        short, long = CALIBRATION_WIDTHS[0], min(CALIBRATION_WIDTHS[1], len(row))
+        if long - short < CALIBRATION_WIDTHS[0]:
+            return  # a model this short has no room for padding to matter
+
+        def best_of(width: int) -> float:
+            rows = [row[:width - 1] + row[-1:]]
+            times = []
+            for _ in range(CALIBRATION_REPEATS):
+                start = time.perf_counter()
+                self._forward(rows, width)
+                times.append(time.perf_counter() - start)
+            return min(times)
+
+        best_of(long)  # first calls at a new shape are slower (allocations, kernels)
+        self.call_tokens = call_cost_tokens(best_of(short), best_of(long), short, long,
+                                            self.token_budget)
+
     def close(self) -> None:
         self.model = None
         self.tokenizer = None
 
 
 exc_placeholder = RuntimeError("not computed")
+CALIBRATION_WIDTHS = (16, 128)  # tokens per row of the two timed calls
+CALIBRATION_REPEATS = 5
+MIN_CALL_TOKENS = 4.0
+SPLIT_MAX_TEXTS = 16  # calls with more texts are split by the token budget alone  # a floor, so timing noise cannot split every distinct length
 
 
-def length_batches(lengths: list[int], token_budget: int) -> list[np.ndarray]:
-    """Index groups of similar length whose padded size (count x longest) fits the budget."""
+def call_cost_tokens(short_s: float, long_s: float, short: int, long: int,
+                     token_budget: int) -> float:
+    """A model call's fixed cost in tokens, from one row timed at two widths: the line
+    through both points crosses zero tokens at the fixed cost. Infinite (only the budget
+    splits) when the longer call was not slower, as on a GPU; at most the budget."""
+    per_token = (long_s - short_s) / (long - short)
+    if per_token <= 0:
+        return math.inf
+    fixed = short_s - per_token * short
+    return min(max(fixed / per_token, MIN_CALL_TOKENS), float(token_budget))
+
+
+def length_batches(lengths: list[int], token_budget: int,
+                   call_tokens: float = math.inf) -> list[np.ndarray]:
+    """Index groups of similar length: sorted by length, a group ends where its padded
+    size (count x longest) would pass ``token_budget``, or where adding the next text
+    would pad the group by more than ``call_tokens``, the cost of a call of its own."""
     if not lengths:
         return []
     order = np.argsort(np.asarray(lengths), kind="stable")
     batches, start = [], 0
     for end in range(1, len(order) + 1):
-        if end == len(order) or lengths[order[end]] * (end + 1 - start) > token_budget:
-            batches.append(order[start:end])
-            start = end
+        if end < len(order):
+            count, width, grown = end - start, lengths[order[end - 1]], lengths[order[end]]
+            if grown * (count + 1) <= token_budget and count * (grown - width) <= call_tokens:
+                continue
+        batches.append(order[start:end])
+        start = end
     return batches

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import gc
+import math
 
 import numpy as np
 import pytest
 
+from blitz.encoders import sentence_transformer
 from blitz.encoders.holder import ModelHolder
 from blitz.encoders.loading import OPENERS, load_encoder, resolve_device
-from blitz.encoders.sentence_transformer import length_batches
+from blitz.encoders.sentence_transformer import (
+    MIN_CALL_TOKENS,
+    SPLIT_MAX_TEXTS,
+    call_cost_tokens,
+    length_batches,
+)
 from blitz.errors import InputTooLong, InvalidValue, ModelLoadFailed
 from blitz.registry import ModelSpec
 from tests.tiny_models import build_tiny_bi_encoder, build_tiny_cross_encoder
@@ -213,6 +220,65 @@ def test_length_batches_group_similar_lengths_within_budget():
     for b in batches:
         assert max(lengths[i] for i in b) * len(b) <= 300 or len(b) == 1
     assert [sorted(lengths[i] for i in b) for b in batches][0] == [5, 6, 7]
+
+
+def test_length_batches_split_where_padding_costs_more_than_a_call():
+    lengths = [10, 40, 12, 11, 42]
+    groups = [sorted(lengths[i] for i in b) for b in length_batches(lengths, 512, 20)]
+    assert groups == [[10, 11, 12], [40, 42]]  # 3 x 28 padded tokens > a 20-token call
+    # without a call cost only the budget splits: one call padded to 42
+    assert [sorted(lengths[i] for i in b) for b in length_batches(lengths, 512)] == [
+        sorted(lengths)]
+    # a call costlier than the padding keeps them together
+    assert len(length_batches(lengths, 512, 200)) == 1
+    # the budget still splits equal lengths
+    assert [len(b) for b in length_batches([10] * 5, 30, 1000)] == [3, 2]
+
+
+def test_call_cost_tokens_is_where_the_timing_line_crosses_zero_tokens():
+    # 1 ms fixed + 0.05 ms per token, timed at 16 and 128 tokens: the fixed cost is 20 tokens
+    assert call_cost_tokens(0.001 + 16 * 5e-5, 0.001 + 128 * 5e-5, 16, 128, 512) == (
+        pytest.approx(20.0))
+    assert call_cost_tokens(0.002, 0.002, 16, 128, 512) == math.inf  # flat: a GPU
+    assert call_cost_tokens(0.001, 0.9, 16, 128, 512) == MIN_CALL_TOKENS  # noise floor
+    assert call_cost_tokens(1.0, 1.0 + 1e-6, 16, 128, 512) == 512  # at most the budget
+
+
+def test_calibrated_encoder_splits_small_calls_by_length_and_answers_the_same(tiny_dir):
+    encoder = load_encoder(ModelSpec(id="t", source=str(tiny_dir)))
+    texts = ["a", "a b c d e f g h i j k l m n o p q r s t u v w x y z " * 3, "b c", "d"]
+    widths = []
+    forward = encoder._forward
+    encoder._forward = lambda rows, width: widths.append(width) or forward(rows, width)
+    encoder.call_tokens = 4.0
+    split = encoder.embed(texts, normalize=True)
+    assert len(widths) == 2  # the three short texts, then the long one
+    encoder.call_tokens = math.inf
+    whole = encoder.embed(texts, normalize=True)
+    assert len(widths) == 3  # one call padded to the longest
+    np.testing.assert_allclose(split.values, whole.values, atol=1e-5)
+    assert split.padded_tokens < whole.padded_tokens
+    many = ["a"] * SPLIT_MAX_TEXTS + ["a b c d e f g h"]  # past the limit: the budget alone
+    encoder.call_tokens = 4.0
+    widths.clear()
+    encoder.embed(many, normalize=True)
+    assert len(widths) == 1
+
+
+def test_calibrate_measures_a_calls_fixed_cost_in_tokens(tiny_dir, monkeypatch):
+    encoder = load_encoder(ModelSpec(id="t", source=str(tiny_dir), max_seq_length=128))
+    clock, widths = [0.0], []
+    monkeypatch.setattr(sentence_transformer.time, "perf_counter", lambda: clock[0])
+
+    def timed_forward(rows, width):  # 10 ms a call + 0.5 ms a token: 20 tokens a call
+        widths.append(width)
+        clock[0] += 0.010 + 0.0005 * width * len(rows) + (0.005 if len(widths) % 2 else 0)
+        return np.zeros((len(rows), 8), np.float32)
+
+    encoder._forward = timed_forward
+    encoder.calibrate()
+    assert set(widths) == {16, 128}
+    assert encoder.call_tokens == pytest.approx(20)  # the best of the repeats, not the mean
 
 
 def test_holder_frees_the_model_once(tiny_dir):
