@@ -1,4 +1,4 @@
-"""The asyncio load generator: closed-loop workers sharing one pooled httpx client.
+"""The asyncio load generator: closed-loop workers sharing one pooled HTTP client.
 
 ``concurrency`` workers each send a request, wait for the reply, verify it and send the
 next one. Throughput counts requests that *complete* inside the measured window, so the
@@ -26,6 +26,7 @@ import numpy as np
 from loadtest.apis import Api, auth_headers, get_api
 from loadtest.corpus import batched, sentences
 from loadtest.cpu import CpuProbe, CpuSample, delta
+from loadtest.http_client import HTTP_CLIENTS, TRANSPORT_ERRORS, HttpClient, make_http_client
 from loadtest.progress import NoProgress, Progress
 from loadtest.stats import Recorder, Summary, summarize
 from loadtest.verify import ReplyChecker, VerificationError, exception_kind, http_error_kind
@@ -36,8 +37,6 @@ PROFILES: dict[str, tuple[int, int]] = {  # name -> (texts per request, concurre
     "batch32": (32, 4),
 }
 TEXT_POOL_SIZE = 8192
-# Failures a server or network can cause; anything else is a bug here and stops the run.
-TRANSPORT_ERRORS = (httpx.HTTPError, OSError, asyncio.TimeoutError)
 
 
 class ConfigError(ValueError):
@@ -60,6 +59,7 @@ class LoadConfig:
     seed: int = 0
     path: str | None = None
     server_pids: tuple[int, ...] = ()  # processes (and children) whose CPU time to report
+    http_client: str = "aiohttp"  # or httpx (loadtest/http_client.py says why aiohttp)
 
     def __post_init__(self) -> None:
         if self.texts_per_request < 1 or self.concurrency < 1:
@@ -70,6 +70,8 @@ class LoadConfig:
             raise ConfigError("requests must be >= 1")
         if self.warmup_s < 0:
             raise ConfigError("warmup_s must be >= 0")
+        if self.http_client not in HTTP_CLIENTS:
+            raise ConfigError(f"http_client must be one of {', '.join(HTTP_CLIENTS)}")
 
     def public(self) -> dict[str, Any]:
         """The settings as a report shows them (the API key masked)."""
@@ -88,17 +90,14 @@ class RunResult:
 
 
 def make_client(config: LoadConfig,
-                transport: httpx.AsyncBaseTransport | None = None) -> httpx.AsyncClient:
+                transport: httpx.AsyncBaseTransport | None = None) -> HttpClient:
     """One client whose connection pool holds exactly one connection per worker."""
-    limits = httpx.Limits(max_connections=config.concurrency,
-                          max_keepalive_connections=config.concurrency)
-    return httpx.AsyncClient(base_url=config.url, headers=auth_headers(config.api_key),
-                             timeout=httpx.Timeout(config.timeout_s), limits=limits,
-                             transport=transport)
+    return make_http_client(config.http_client, config.url, auth_headers(config.api_key),
+                            config.timeout_s, config.concurrency, transport)
 
 
 class _Run:
-    def __init__(self, config: LoadConfig, api: Api, client: httpx.AsyncClient,
+    def __init__(self, config: LoadConfig, api: Api, client: HttpClient,
                  texts: list[str], stop: asyncio.Event | None):
         self.config, self.api, self.client = config, api, client
         self.batches = batched(itertools.cycle(texts), config.texts_per_request)
@@ -154,8 +153,8 @@ class _Run:
             self.in_flight += 1
             start = time.perf_counter()
             try:
-                response = await self.client.post(request.path, content=request.body,
-                                                   headers=request.headers)
+                response = await self.client.post(request.path, request.body,
+                                                  request.headers)
                 reply_bytes = len(response.content)
                 if response.status_code != 200:
                     kind = http_error_kind(response.status_code)
@@ -226,7 +225,8 @@ async def run_load(config: LoadConfig, *, transport: httpx.AsyncBaseTransport | 
     """
     api = get_api(config.api, config.path)
     progress = progress or NoProgress()
-    async with make_client(config, transport) as client:
+    client = make_client(config, transport)
+    try:
         run = _Run(config, api, client, texts or sentences(TEXT_POOL_SIZE, config.seed), stop)
         ticker = asyncio.create_task(run.ticker(progress))
         try:
@@ -235,6 +235,8 @@ async def run_load(config: LoadConfig, *, transport: httpx.AsyncBaseTransport | 
             ticker.cancel()
         result = run.result()
         progress.done(run.status_line())
+    finally:
+        await client.aclose()
     return result
 
 

@@ -39,6 +39,7 @@ from loadtest import backends, cli, formats, inprocess, report
 from loadtest.apis import API_NAMES, NativeJson, NativeMsgpack, OpenAIBase64, OpenAIFloat, Raw
 from loadtest.corpus import batched, sentences
 from loadtest.cpu import machine_cpu_s, process_tree_cpu_s
+from loadtest.http_client import HTTP_CLIENTS
 from loadtest.naive_server import create_app
 from loadtest.runner import ConfigError, LoadConfig, RunResult, run_load, run_sweep
 from loadtest.stats import Recorder, summarize
@@ -333,11 +334,13 @@ async def test_errors_are_counted_by_kind_without_stopping():
                              "verify_dimension": 10, "http_500": 10}
 
 
-async def test_unreachable_server_is_an_exception_kind():
+@pytest.mark.parametrize(("http_client", "kind"), [("aiohttp", "ClientConnectorError"),
+                                                   ("httpx", "ConnectError")])
+async def test_unreachable_server_is_an_exception_kind(http_client, kind):
     config = LoadConfig(url=f"http://127.0.0.1:{free_port()}", concurrency=2, requests=4,
-                        warmup_s=0.0, timeout_s=2)
+                        warmup_s=0.0, timeout_s=2, http_client=http_client)
     s = (await run_load(config)).summary
-    assert s.requests == 0 and s.error_kinds == {"exception_ConnectError": 4}
+    assert s.requests == 0 and s.error_kinds == {f"exception_{kind}": 4}
 
 
 BURNER = """
@@ -387,10 +390,12 @@ def naive_url() -> Iterator[str]:
     thread.join(10)
 
 
+@pytest.mark.parametrize("http_client", HTTP_CLIENTS)
 @pytest.mark.parametrize("api", ["native-json", "openai-float", "openai-base64"])
-async def test_run_against_naive_server_over_tcp(naive_url, api):
+async def test_run_against_naive_server_over_tcp(naive_url, api, http_client):
     config = LoadConfig(url=naive_url, api=api, model="fake", texts_per_request=5,
-                        concurrency=3, requests=24, warmup_s=0.0, dimension=DIM)
+                        concurrency=3, requests=24, warmup_s=0.0, dimension=DIM,
+                        http_client=http_client)
     s = (await run_load(config)).summary
     assert (s.requests, s.errors, s.embeddings) == (24, 0, 120)
     assert s.latency_ms.p50 <= s.latency_ms.p95 <= s.latency_ms.p99 <= s.latency_ms.max
