@@ -31,9 +31,9 @@ from deployments.replicas import PoolWaker, running_replicas, watch
 logger = logging.getLogger("ray.serve")
 
 # pool calls in flight per (pool, model) and pool replica before requests wait to be
-# merged: one, so requests arriving meanwhile gather into the next call (fewer, larger
-# calls); two (one computing, one queued) measured no faster here (BENCHMARKS.md, #12)
-CALLS_IN_FLIGHT_PER_REPLICA = 1
+# merged: two keep a replica busy (one computing, one queued) while the ingress gathers
+# the next
+CALLS_IN_FLIGHT_PER_REPLICA = 2
 
 try:  # Serve's gRPC transport (throughput-optimized mode) raises these when a replica dies
     from grpc.aio import AioRpcError as _RpcError
