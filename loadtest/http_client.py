@@ -2,7 +2,7 @@
 
 On a small machine the client shares the cores with the server it measures, so its CPU
 per request is taken from the server's throughput. With 32 connections in one pool,
-httpx spent ~1.4 CPU-ms per single-text request here, a third of it checking every pooled
+httpx spent ~1.4-1.7 CPU-ms per single-text request here, a third of it checking every pooled
 connection's expiry on each request; aiohttp (C HTTP parser, per-host connection lists)
 spends a fraction of that (BENCHMARKS.md). aiohttp is the default on the network; httpx
 stays for tests, whose ``transport`` (``httpx.ASGITransport``, ``MockTransport``) replaces
@@ -79,6 +79,4 @@ def make_http_client(kind: str, base_url: str, headers: Mapping[str, str], timeo
     always gets httpx, the only one that can take it."""
     if transport is not None or kind == "httpx":
         return HttpxClient(base_url, headers, timeout_s, connections, transport)
-    if kind != "aiohttp":
-        raise ValueError(f"http client {kind!r}: use one of {', '.join(HTTP_CLIENTS)}")
-    return AiohttpClient(base_url, headers, timeout_s, connections)
+    return AiohttpClient(base_url, headers, timeout_s, connections)  # LoadConfig checked kind

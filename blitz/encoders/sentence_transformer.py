@@ -158,8 +158,8 @@ class SentenceTransformerEncoder(Encoder):
 exc_placeholder = RuntimeError("not computed")
 CALIBRATION_WIDTHS = (16, 128)  # tokens per row of the two timed calls
 CALIBRATION_REPEATS = 5
-MIN_CALL_TOKENS = 4.0
-SPLIT_MAX_TEXTS = 16  # calls with more texts are split by the token budget alone  # a floor, so timing noise cannot split every distinct length
+MIN_CALL_TOKENS = 4.0  # a floor, so timing noise cannot split every distinct length
+SPLIT_MAX_TEXTS = 16  # calls with more texts are split by the token budget alone
 
 
 def call_cost_tokens(short_s: float, long_s: float, short: int, long: int,
