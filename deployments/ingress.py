@@ -31,8 +31,8 @@ from deployments.replicas import PoolWaker, running_replicas, watch
 logger = logging.getLogger("ray.serve")
 
 # pool calls in flight per (pool, model) and pool replica before requests wait to be
-# merged: two keep a replica busy (one computing, one queued) while the ingress gathers
-# the next
+# merged: two keep a replica busy while the ingress gathers the next (with the shipped
+# `workers: 2`, both compute at once; three measured 0.89x on int8 single, 0.95x batch32)
 CALLS_IN_FLIGHT_PER_REPLICA = 2
 
 try:  # Serve's gRPC transport (throughput-optimized mode) raises these when a replica dies

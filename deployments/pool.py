@@ -2,7 +2,8 @@
 
 Each replica holds up to three models (``@serve.multiplexed``, LRU) and batches
 concurrent requests per model with one ``blitz.batching.Batcher``. Model work runs on
-one worker thread and each model load on a thread of its own (one load at a time),
+``workers`` worker threads (that many model calls at once, each with ``torch_threads``
+intra-op threads) and each model load on a thread of its own (one load at a time),
 never on the replica's event loop, so a long load (an ONNX export, say) does not stall
 the models already resident. Work holds a lease on its model, so an eviction never
 frees a model mid-batch.
@@ -78,7 +79,8 @@ class ModelPool:
         self.pool_settings = self.settings.pool(pool)
         self.device = resolve_device("cuda" if pool == "gpu" else "cpu")
         self.cache_dir = self.settings.resolved_cache_dir()
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"blitz-{pool}")
+        self.worker = ThreadPoolExecutor(max_workers=self.pool_settings.workers,
+                                         thread_name_prefix=f"blitz-{pool}")
         self._load_lock = threading.Lock()
         if self.pool_settings.torch_threads:
             import torch
@@ -162,7 +164,7 @@ class ModelPool:
         return await self.get_model(model_id)
 
     async def _run(self, model_id: str, fn) -> Any:
-        """``fn(encoder)`` on the worker thread, holding a lease on the model throughout."""
+        """``fn(encoder)`` on a worker thread, holding a lease on the model throughout."""
         for _ in range(LEASE_TRIES):
             holder = await self._holder(model_id)
 
@@ -231,6 +233,7 @@ class ModelPool:
                 lambda jobs: self._embed_batch(model_id, jobs),
                 max_batch=self.pool_settings.max_batch_size,
                 max_waiting=self.pool_settings.max_queued_texts,
+                max_in_flight=self.pool_settings.workers,
                 name=f"{self.pool} pool, model {model_id!r}",
                 on_reject=lambda: metrics.rejected.inc(tags={"hop": self.pool}),
                 on_waiting=metrics.waiting("pool", self.pool, model_id))
@@ -253,7 +256,8 @@ class ModelPool:
 
     async def stats(self) -> dict[str, Any]:
         """What this replica holds: for tests and operators."""
-        return {"pool": self.pool, "device": self.device, "loaded": list(self.loaded),
+        return {"pool": self.pool, "device": self.device, "workers": self.pool_settings.workers,
+                "loaded": list(self.loaded),
                 "backends": dict(self.backends),
                 "evicted": list(self.evicted), "evictions": self.evictions,
                 "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),

@@ -71,6 +71,9 @@ if part inprocess && model minilm; then
   echo "== in-process ceilings and backends (no server running)"
   "$PY" -m loadtest inprocess --backend torch --sizes 1,32,128 --seconds 10 --out "$OUT/inprocess-torch.json"
   "$PY" -m loadtest inprocess --backend onnx-int8 --sizes 1,32,128 --seconds 10 --no-compare --out "$OUT/inprocess-int8.json"
+  # the pool's threading (serve_config.yaml: workers 2, torch_threads 1): 2 callers x 1 thread
+  "$PY" -m loadtest inprocess --backend torch --sizes 1,32 --seconds 10 --no-compare --threads 1 --callers 2 --out "$OUT/inprocess-torch-2x1.json"
+  "$PY" -m loadtest inprocess --backend onnx-int8 --sizes 1,32 --seconds 10 --no-compare --threads 1 --callers 2 --out "$OUT/inprocess-int8-2x1.json"
   "$PY" -m loadtest.backends --json "$OUT/backends.json"
   "$PY" -m loadtest formats --out "$OUT/formats.json"
 fi
@@ -81,6 +84,12 @@ if part inprocess && model bert-base; then
     compare=--no-compare; [ "$backend" = torch ] && compare=
     "$PY" -m loadtest inprocess --model bert-base --source "$BERT" --backend "$backend" \
       --sizes 1,32 --seconds 8 $compare --out "$OUT/inprocess-bert-base-$name.json"
+  done
+  for backend in torch-bf16 onnx-int8; do
+    name="${backend/torch-/}"; name="${name/onnx-/}"
+    "$PY" -m loadtest inprocess --model bert-base --source "$BERT" --backend "$backend" \
+      --sizes 1,32 --seconds 8 --no-compare --threads 1 --callers 2 \
+      --out "$OUT/inprocess-bert-base-$name-2x1.json"
   done
 fi
 

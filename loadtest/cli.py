@@ -160,7 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="texts per call (default: 1,32,128)")
     inproc.add_argument("--seconds", type=float, default=10.0,
                         help="seconds per engine and size (default: %(default)s)")
-    inproc.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    inproc.add_argument("--threads", type=int,
+                        help="torch intra-op threads per call (default: torch's)")
+    inproc.add_argument("--callers", type=int, default=1,
+                        help="threads calling at once, as a pool's `workers` (default: 1)")
     inproc.add_argument("--no-compare", action="store_true",
                         help="skip plain SentenceTransformer.encode")
     inproc.add_argument("--seed", type=int, default=0, help="corpus seed (default: %(default)s)")
@@ -310,7 +313,7 @@ def cmd_inprocess(args: argparse.Namespace, progress: Progress) -> int:
     rows = inprocess.run_inprocess(
         model_id=args.model, source=args.source, backend=args.backend, sizes=args.sizes,
         seconds=args.seconds, compare_raw=not args.no_compare, seed=args.seed,
-        progress=progress)
+        callers=args.callers, progress=progress)
     print(inprocess.markdown(rows))
     if args.out:
         report.write_json(args.out, inprocess.document(rows))

@@ -53,16 +53,24 @@ class Table:
 MINILM_TORCH = Ceiling("inprocess-torch", backend="torch")
 MINILM_INT8 = Ceiling("inprocess-int8", backend="onnx-int8")
 MINILM_ST = Ceiling("inprocess-torch", engine="sentence-transformers")
+# two threads calling at once, one intra-op thread each: what a pool with `workers: 2`,
+# `torch_threads: 1` (serve_config.yaml) runs
+MINILM_TORCH_2X1 = Ceiling("inprocess-torch-2x1", backend="torch")
+MINILM_INT8_2X1 = Ceiling("inprocess-int8-2x1", backend="onnx-int8")
 BERT_TORCH = Ceiling("inprocess-bert-base-torch", backend="torch")
 BERT_ST = Ceiling("inprocess-bert-base-torch", engine="sentence-transformers")
 BERT_BF16 = Ceiling("inprocess-bert-base-bf16", backend="torch-bf16")
 BERT_INT8 = Ceiling("inprocess-bert-base-int8", backend="onnx-int8")
+BERT_BF16_2X1 = Ceiling("inprocess-bert-base-bf16-2x1", backend="torch-bf16")
+BERT_INT8_2X1 = Ceiling("inprocess-bert-base-int8-2x1", backend="onnx-int8")
 
 TABLES = (
     Table("all-MiniLM-L6-v2 (384 dimensions)", (
         Row("in-process `load_encoder().embed`, torch fp32", inprocess=MINILM_TORCH),
         Row("in-process `SentenceTransformer.encode`, torch fp32", inprocess=MINILM_ST),
         Row("in-process `load_encoder().embed`, ONNX int8", inprocess=MINILM_INT8),
+        Row("in-process, torch fp32, 2 callers x 1 thread", inprocess=MINILM_TORCH_2X1),
+        Row("in-process, ONNX int8, 2 callers x 1 thread", inprocess=MINILM_INT8_2X1),
         Row("naive: FastAPI + sentence-transformers, 2 gunicorn workers (JSON)", "naive",
             ceiling=MINILM_ST),
         Row("Infinity, torch engine (OpenAI API, float)", "infinity-minilm-torch",
@@ -83,6 +91,8 @@ TABLES = (
         Row("in-process `SentenceTransformer.encode`, torch fp32", inprocess=BERT_ST),
         Row("in-process `load_encoder().embed`, torch bf16", inprocess=BERT_BF16),
         Row("in-process `load_encoder().embed`, ONNX int8", inprocess=BERT_INT8),
+        Row("in-process, torch bf16, 2 callers x 1 thread", inprocess=BERT_BF16_2X1),
+        Row("in-process, ONNX int8, 2 callers x 1 thread", inprocess=BERT_INT8_2X1),
         Row("Infinity, torch engine (OpenAI API, float)", "infinity-bert-base-torch",
             ceiling=BERT_ST, peer=True),
         Row("Infinity, optimum engine, ONNX fp32 (OpenAI API, float)",

@@ -1,7 +1,8 @@
 """The encoder contract every backend implements.
 
-Encoders are synchronous and not thread-safe: a pool runs each one on a single worker
-thread of its own, never on the event loop.
+Encoders are synchronous and thread-safe: a pool runs them on its worker threads, never
+on the event loop, and with ``workers`` above 1 several calls on one encoder run at once
+(the model runtimes are reentrant; each backend serializes what is not, its tokenizer).
 """
 
 from __future__ import annotations

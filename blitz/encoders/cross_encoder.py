@@ -8,6 +8,7 @@ A pair longer than ``max_seq_length`` loses the end of its document, never its q
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -30,12 +31,20 @@ class CrossEncoderEncoder(Encoder):
         self.batch_size = batch_size
         # the document is cut, the query kept; max_length as the counts assume
         self._processing = {"text": {"truncation": "only_second", "max_length": limit}}
+        # predict() tokenizes with other truncation settings than _ids(): a fast tokenizer
+        # changing its settings for one thread fails another ("Already borrowed"), so one
+        # call at a time
+        self._lock = threading.Lock()
 
     @property
     def dimension(self) -> None:
         return None
 
     def score(self, query: str, documents: list[str], *, truncate: bool = True) -> Encoded:
+        with self._lock:
+            return self._score(query, documents, truncate)
+
+    def _score(self, query: str, documents: list[str], truncate: bool) -> Encoded:
         limit = self.max_seq_length
         specials = self.tokenizer.num_special_tokens_to_add(pair=True)
         query_tokens = len(self._ids([query])[0])

@@ -13,6 +13,7 @@ traffic); on a GPU it is larger than the token budget and only the budget splits
 from __future__ import annotations
 
 import math
+import threading
 import time
 from typing import Any
 
@@ -40,6 +41,9 @@ class SentenceTransformerEncoder(Encoder):
         self._pad_id = self.tokenizer.pad_token_id or 0
         self._type_ids = "token_type_ids" in getattr(self.tokenizer, "model_input_names", ())
         self._specials = self.tokenizer.num_special_tokens_to_add(pair=False)
+        # a fast tokenizer called with other truncation settings than its last call changes
+        # its state; two threads doing that at once fail ("Already borrowed")
+        self._tokenizer_lock = threading.Lock()
 
     @property
     def dimension(self) -> int:
@@ -47,16 +51,19 @@ class SentenceTransformerEncoder(Encoder):
 
     def token_ids(self, texts: list[str], truncate: bool) -> tuple[list[list[int]], np.ndarray]:
         """Ids with special tokens, truncated to max_seq_length, and billed token counts."""
-        ids = self.tokenizer(texts, add_special_tokens=True, truncation=True,
-                             max_length=self.max_seq_length, return_attention_mask=False,
-                             return_token_type_ids=False)["input_ids"]
+        with self._tokenizer_lock:
+            ids = self.tokenizer(texts, add_special_tokens=True, truncation=True,
+                                 max_length=self.max_seq_length, return_attention_mask=False,
+                                 return_token_type_ids=False)["input_ids"]
         lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
         if not truncate:
             at_limit = np.flatnonzero(lengths >= self.max_seq_length)
             if at_limit.size:
-                full = self.tokenizer([texts[i] for i in at_limit], add_special_tokens=True,
-                                      truncation=False, return_attention_mask=False,
-                                      return_token_type_ids=False)["input_ids"]
+                with self._tokenizer_lock:
+                    full = self.tokenizer([texts[i] for i in at_limit],
+                                          add_special_tokens=True, truncation=False,
+                                          return_attention_mask=False,
+                                          return_token_type_ids=False)["input_ids"]
                 lengths[at_limit] = [len(row) for row in full]
         return ids, check_lengths(lengths, self.max_seq_length, truncate)
 
@@ -98,7 +105,9 @@ class SentenceTransformerEncoder(Encoder):
                                    param="input")
         lengths = np.array([len(row) + self._specials for row in ids], dtype=np.int64)
         counts = check_lengths(lengths, self.max_seq_length, truncate)
-        full = [self.tokenizer.build_inputs_with_special_tokens(list(row[:room])) for row in ids]
+        with self._tokenizer_lock:
+            full = [self.tokenizer.build_inputs_with_special_tokens(list(row[:room]))
+                    for row in ids]
         return self._run(full, counts, normalize)
 
     def _run(self, ids: list[list[int]], counts: np.ndarray, normalize: bool) -> Encoded:

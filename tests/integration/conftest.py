@@ -14,6 +14,8 @@ PREFIX = "/it-main"
 CPU_BATCH = 8
 GPU_BATCH = 16
 MAX_TEXTS = 64
+CPU_WORKERS = 2  # as serve_config.yaml: two model calls at once per CPU pool replica
+BUSY_BATCH_S = 3
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +30,7 @@ def app_args(tiny_models, tmp_path_factory) -> dict:
                    "kind": "cross-encoder"})
     models.append({"id": "broken", "source": "/nonexistent/blitz-model"})
     models.append({"id": "slow", "source": "fake:8:6"})  # takes 6 s to load
+    models.append({"id": "busy", "source": f"fake:8:0:{BUSY_BATCH_S}"})  # each batch 3 s
     small = {"num_cpus": 0.1, "min_replicas": 1, "max_replicas": 1}
     return {
         "models": models,
@@ -35,7 +38,8 @@ def app_args(tiny_models, tmp_path_factory) -> dict:
         "cache_dir": str(tmp_path_factory.mktemp("model-cache")),
         "gpu": "on",
         "routing": {"gpu_min_batch": 10},
-        "cpu_pool": {**small, "max_batch_size": CPU_BATCH, "torch_threads": 1},
+        "cpu_pool": {**small, "max_batch_size": CPU_BATCH, "torch_threads": 1,
+                     "workers": CPU_WORKERS},
         "gpu_pool": {**small, "max_batch_size": GPU_BATCH, "num_gpus": 0.5,
                      "torch_threads": 1},
         "ingress": {"num_cpus": 0.1},

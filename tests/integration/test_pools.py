@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from blitz import codecs
-from tests.integration.conftest import APP, CPU_BATCH, GPU_BATCH
+from tests.integration.conftest import APP, CPU_BATCH, CPU_WORKERS, GPU_BATCH
 
 MSGPACK = {"content-type": "application/msgpack"}
 
@@ -96,3 +96,31 @@ async def test_concurrent_small_requests_are_answered_each_with_its_own_rows(
         if i != 5:
             assert r.status_code == 200, r.text
             assert np.allclose(codecs.unpack(r.content)["embeddings"][0], expected[i], atol=1e-4)
+
+
+async def test_a_pool_replica_runs_as_many_model_calls_at_once_as_it_has_workers(blitz_app):
+    """``workers: 2``: two requests for one model, each its own pool call, run their
+    batches side by side on the replica (a batch of the fake model "busy" holds a worker
+    thread 3 s), and a third waits for a free worker."""
+    import asyncio
+
+    import httpx
+    from ray import serve
+
+    pool = serve.get_deployment_handle("CPUPool", APP)
+    most = 0
+    async with httpx.AsyncClient(base_url=blitz_app, timeout=120) as client:
+        async def one(i):
+            body = {"texts": [f"busy request {i}"], "model": "busy"}
+            return await client.post("/embed", content=codecs.pack(body), headers=MSGPACK)
+
+        requests = [asyncio.ensure_future(one(i)) for i in range(CPU_WORKERS + 1)]
+        while not all(r.done() for r in requests):
+            running = (await pool.stats.remote())["running_batches"].get("busy", 0)
+            assert running <= CPU_WORKERS
+            most = max(most, running)
+            await asyncio.sleep(0.1)
+        replies = await asyncio.gather(*requests)
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    assert most == CPU_WORKERS
+    assert (await pool.stats.remote())["workers"] == CPU_WORKERS

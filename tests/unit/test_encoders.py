@@ -326,3 +326,57 @@ def test_a_load_failure_names_the_model_and_its_source_once(tmp_path):
     assert caught.value.model == "gone" and str(missing) in caught.value.message
     assert "'gone'" in caught.value.public_message() and str(missing) not in (
         caught.value.public_message())
+
+
+def _in_threads(calls, threads: int = 4, rounds: int = 60) -> list:
+    """Each thread runs every call ``rounds`` times, all threads at once; the results of
+    thread 0's last round, or the first exception any thread raised."""
+    import threading
+
+    start, errors, last = threading.Barrier(threads), [], {}
+
+    def worker(k: int) -> None:
+        start.wait()
+        try:
+            for _ in range(rounds):
+                last[k] = [call() for call in calls]
+        except Exception as exc:  # handed to the test
+            errors.append(exc)
+
+    pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+    return last[0]
+
+
+def test_a_bi_encoder_answers_calls_from_several_threads_at_once(tiny):
+    """A pool with ``workers: 2`` runs calls on one encoder from two threads. Calls that
+    tokenize with and without truncation (``truncate=False`` re-tokenizes long inputs)
+    change the fast tokenizer's settings; unguarded, a concurrent call fails with
+    "Already borrowed"."""
+    long, short = ["word " * 40], ["a short one", "two"]
+    calls = [lambda: tiny.embed(long, normalize=True),
+             lambda: tiny.embed_many([(short, True, False), (long, True, False)]),
+             lambda: tiny.embed(short, normalize=False, truncate=False),
+             lambda: tiny.embed_tokens([[5, 6, 7]], normalize=True)]
+    serial = [call() for call in calls]
+    together = _in_threads(calls)
+    np.testing.assert_allclose(together[0].values, serial[0].values, rtol=1e-5)
+    assert isinstance(together[1][1], InputTooLong) and isinstance(serial[1][1], InputTooLong)
+    np.testing.assert_allclose(together[1][0].values, serial[1][0].values, rtol=1e-5)
+    np.testing.assert_allclose(together[2].values, serial[2].values, rtol=1e-5)
+    np.testing.assert_allclose(together[3].values, serial[3].values, rtol=1e-5)
+
+
+def test_a_cross_encoder_answers_calls_from_several_threads_at_once(ce):
+    calls = [lambda: ce.score("query", ["doc one", "doc two " * 30]),
+             lambda: ce.score("another query", ["x"], truncate=True)]
+    serial = [call() for call in calls]
+    together = _in_threads(calls, rounds=30)
+    for a, b in zip(together, serial, strict=True):
+        np.testing.assert_allclose(a.values, b.values, rtol=1e-5)
+        np.testing.assert_array_equal(a.token_counts, b.token_counts)

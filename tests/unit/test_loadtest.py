@@ -552,3 +552,15 @@ def test_backends_table_names_what_auto_chose():
               "corpus": {"texts": 10, "tokens_min": 8, "tokens_max": 40, "tokens_mean": 20}}
     row = backends.markdown(result).splitlines()[2]
     assert row.startswith("| auto(small=onnx-int8, large=torch-bf16) | 30/s (3.00x) |")
+
+
+def test_measure_with_several_callers_calls_from_that_many_threads_at_once():
+    import threading
+
+    seen: set[str] = set()  # thread names: a finished thread's ident can be reused
+    row = inprocess.measure(lambda texts: seen.add(threading.current_thread().name),
+                            sentences(10), 2,
+                            0.0, engine="e", backend="b", warmup_calls=0, min_calls=3,
+                            callers=3)
+    assert row.callers == 3 and row.calls == 9 and row.embeddings == 18
+    assert len(seen) == 3 and threading.current_thread().name not in seen
