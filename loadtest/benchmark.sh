@@ -138,7 +138,7 @@ if part blitz; then
       -d "{\"texts\": [\"warm up\"], \"model\": \"$1\"}" >/dev/null
   }
   if model minilm; then
-    for model in minilm minilm-int8 minilm-auto; do
+    for model in minilm-fp32 minilm-int8 minilm; do   # minilm: cpu_backend auto
       warm_up "$model"
       run --model "$model" --profile single --out "$OUT/blitz-$model-single.json"
       run --model "$model" --profile batch32 --out "$OUT/blitz-$model-batch32.json"

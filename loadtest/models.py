@@ -122,17 +122,13 @@ BACKENDS = {"": "torch", "-bf16": "torch-bf16", "-int8": "onnx-int8"}  # id suff
 
 def bench_config(base: str | Path, name: str, directory: str | Path) -> str:
     """``base`` (a serve config) plus model ``name`` from ``directory`` on each CPU
-    backend (ids ``name``, ``name-bf16``, ``name-int8``) and the first model of ``base``
-    with ``cpu_backend: auto`` (id ``<its id>-auto``), as YAML: the benchmark's config,
-    so the pools, limits and threads are serve_config.yaml's own."""
+    backend (ids ``name``, ``name-bf16``, ``name-int8``), as YAML: the benchmark's config,
+    so the pools, limits, threads and MiniLM entries are serve_config.yaml's own."""
     import yaml
 
     config = yaml.safe_load(Path(base).read_text())
     source = str(Path(directory).resolve())
     for app in config["applications"]:
-        first = app["args"]["models"][0]
-        app["args"]["models"].append({"id": f"{first['id']}-auto", "source": first["source"],
-                                      "cpu_backend": "auto"})
         app["args"]["models"] += [{"id": name + suffix, "source": source, "cpu_backend": backend}
                                   for suffix, backend in BACKENDS.items()]
     return yaml.safe_dump(config, sort_keys=False)

@@ -162,13 +162,16 @@ def ports() -> dict[str, int]:
 
 
 def run_env(directory: Path, ports: dict[str, int], edit=None) -> dict:
-    """Environment for a `scripts/serve.sh` run of serve_config.yaml (minilm only, no GPU,
-    one torch thread; ``edit(args)`` changes the app's args further) on ``ports``, with
+    """Environment for a `scripts/serve.sh` run of serve_config.yaml (minilm on torch only,
+    no GPU, one torch thread; ``edit(args)`` changes the app's args further) on ``ports``, with
     its own Ray."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = ports["http"]
     args = config["applications"][0]["args"]
-    args["models"] = [m for m in args["models"] if m["id"] == "minilm"]
+    # torch, not the shipped `auto`: a start from a cold cache would build two ONNX
+    # models first (~30 s); these tests are about starting and stopping
+    args["models"] = [{**m, "cpu_backend": "torch"} for m in args["models"]
+                      if m["id"] == "minilm"]
     args["gpu"] = "off"
     args["cpu_pool"]["torch_threads"] = 1
     if edit is not None:

