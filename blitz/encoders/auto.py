@@ -5,11 +5,14 @@ meets the same accuracy guard as when named explicitly; one that fails is droppe
 timed on the probe set at ``SMALL_TEXTS`` and at ``LARGE_TEXTS`` texts per call, and
 only the winners stay resident:
 
-    load_auto(spec, open_backend)
-      -> candidates()                     torch, torch-bf16 (native bf16 only), onnx, onnx-int8
-      -> open_backend(name) for each      guard failures and load errors drop the candidate
-      -> measure_rates(...)               texts/s per (backend, texts per call), injectable timer
-      -> choose(...)                      the fastest per size; the crossover in padded tokens
+    load_auto(spec, open_backend, chooser)
+      -> chooser(spec)                    blitz.auto_child: measure_choice in a child process
+         or measure_choice(...)           (here, when there is no chooser or it failed):
+           -> candidates()                torch, torch-bf16 (native bf16 only), onnx, onnx-int8
+           -> open_backend(name) for each guard failures and load errors drop the candidate
+           -> measure_rates(...)          texts/s per (backend, texts per call), injectable timer
+           -> choose(...)                 the fastest per size; the crossover in padded tokens
+      -> open_backend(winner)             in the child's case: only the winners are opened here
       -> AutoEncoder(small, large)        or the one winner alone when it wins both
 
 The crossover: a micro-batch's size is its padded tokens (texts x longest text, what
@@ -23,12 +26,17 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import gc
+import json
 import logging
 import math
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -123,8 +131,18 @@ class AutoChoice:
     def backend(self) -> str:
         return f"auto(small={self.small}, large={self.large})"
 
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> AutoChoice:
+        fields = json.loads(text)
+        fields["rates"] = {backend: {int(size): rate for size, rate in rates.items()}
+                           for backend, rates in fields["rates"].items()}
+        return cls(**fields)
+
     def table(self) -> str:
-        sizes = sorted(next(iter(self.rates.values())))
+        sizes = sorted(next(iter(self.rates.values()), {}))
         lines = [f"{b}: " + ", ".join(f"{r[s]:.0f}/s at {s}" for s in sizes)
                  for b, r in self.rates.items()]
         lines += [f"{b}: dropped ({why})" for b, why in self.dropped.items()]
@@ -177,15 +195,42 @@ class AutoEncoder(SentenceTransformerEncoder):
         super().close()
 
 
-def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
-              backends: Sequence[str] | None = None, timer: Timer = time.perf_counter,
-              seconds: float | None = None) -> Encoder:
-    """``spec`` on the fastest accurate CPU backend per micro-batch size.
+Chooser = Callable[[ModelSpec], "AutoChoice | None"]
+"""Measures and chooses elsewhere (``choose_in_child``); None when that failed and the
+choice is to be measured here."""
 
-    ``open_backend(name)`` loads ``spec`` with ``cpu_backend=name`` (accuracy guard
-    included); a candidate whose load fails is dropped with a warning. The losers are
-    closed before this returns.
-    """
+CHILD_MARK = "blitz-auto-choice "  # the line of the child's stdout that holds its choice
+STDERR_KEPT = 2000  # characters of the child's stderr quoted when it fails
+
+
+def choose_in_child(spec: ModelSpec, cache_dir: str | Path | None,
+                    threads: int) -> AutoChoice | None:
+    """The choice ``measure_choice`` makes for ``spec`` with ``threads`` intra-op threads,
+    made in a child process (``python -m blitz.auto_child``): the candidates' memory goes
+    with it. None (logged) when the child fails, so the caller measures in process and
+    raises what it always raised (a load failure, say)."""
+    command = [sys.executable, "-m", "blitz.auto_child", spec.model_dump_json(), str(threads)]
+    if cache_dir is not None:
+        command.append(str(cache_dir))
+    logger.info("model %r: cpu_backend auto measures its candidates in a child process",
+                spec.id)
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(CHILD_MARK)]
+    if done.returncode != 0 or not lines:
+        logger.warning("model %r: the cpu_backend auto child failed (exit %s); measuring in "
+                       "process:\n%s", spec.id, done.returncode, done.stderr[-STDERR_KEPT:])
+        return None
+    return AutoChoice.from_json(lines[-1][len(CHILD_MARK):])
+
+
+def measure_choice(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
+                   backends: Sequence[str] | None = None, timer: Timer = time.perf_counter,
+                   seconds: float | None = None
+                   ) -> tuple[AutoChoice, dict[str, SentenceTransformerEncoder]]:
+    """Open every candidate (``open_backend(name)`` loads ``spec`` with
+    ``cpu_backend=name``, accuracy guard included; a candidate whose load fails is
+    dropped with a warning), time them on the probe set and choose. Returns the choice
+    and every opened encoder; the caller closes the ones it does not keep."""
     encoders: dict[str, SentenceTransformerEncoder] = {}
     dropped: dict[str, str] = {}
     failures: list[ModelLoadFailed] = []
@@ -217,9 +262,30 @@ def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
     split = (first.token_budget, first.call_tokens)
     choice = choose(rates, mean_micro_batch_tokens(lengths, SMALL_TEXTS, *split),
                     mean_micro_batch_tokens(lengths, LARGE_TEXTS, *split), dropped)
-    for name in set(encoders) - {choice.small, choice.large}:
-        encoders.pop(name).close()
-    return_freed_memory()
+    return choice, encoders
+
+
+def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
+              backends: Sequence[str] | None = None, timer: Timer = time.perf_counter,
+              seconds: float | None = None, chooser: Chooser | None = None) -> Encoder:
+    """``spec`` on the fastest accurate CPU backend per micro-batch size.
+
+    With a ``chooser`` (the loader passes ``choose_in_child``), the candidates are
+    opened and timed elsewhere and only the winners are opened here: a replica that
+    opened all four kept ~170 MiB of the losers' memory after closing them (BENCHMARKS.md,
+    "Memory per process"). Otherwise, or when the chooser fails, ``measure_choice`` runs
+    here and the losers are closed before this returns.
+    """
+    choice = chooser(spec) if chooser is not None else None
+    if choice is not None:
+        encoders = {name: _bi_encoder(open_backend(name))
+                    for name in dict.fromkeys((choice.small, choice.large))}
+    else:
+        choice, encoders = measure_choice(spec, open_backend, backends=backends, timer=timer,
+                                          seconds=seconds)
+        for name in set(encoders) - {choice.small, choice.large}:
+            encoders.pop(name).close()
+        return_freed_memory()
     logger.info("model %r: cpu_backend auto measured texts/s per call size on the probe set: "
                 "%s; chose %s (micro-batches under %d padded tokens run on %s)", spec.id,
                 choice.table(), choice.backend, choice.threshold_tokens, choice.small)
@@ -228,3 +294,9 @@ def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
         winner.backend = choice.backend
         return winner
     return AutoEncoder(encoders[choice.small], encoders[choice.large], choice)
+
+
+def _bi_encoder(encoder: Encoder) -> SentenceTransformerEncoder:
+    if not isinstance(encoder, SentenceTransformerEncoder):
+        raise TypeError(f"cpu_backend auto serves bi-encoders, not {type(encoder)}")
+    return encoder

@@ -24,7 +24,7 @@ from typing import Any
 
 from blitz import accuracy
 from blitz.cpu_features import cpu_supports_bf16
-from blitz.encoders.auto import load_auto
+from blitz.encoders.auto import Chooser, choose_in_child, load_auto
 from blitz.encoders.base import Encoder
 from blitz.encoders.fake import FakeEncoder
 from blitz.encoders.models import open_torch_bi_encoder, open_torch_cross_encoder, wrap
@@ -38,6 +38,10 @@ logger = logging.getLogger("blitz.encoders")
 BUILD_IN_CHILD = True
 """ONNX builds run in a child process (``blitz.onnx_child``) so that the loading process,
 a long-lived replica or bulk actor, does not keep the export's memory."""
+
+CHOOSE_IN_CHILD = True
+"""``cpu_backend: auto`` opens and times its candidates in a child process
+(``blitz.auto_child``) and opens only the winners here, for the same reason."""
 
 # (spec, weights directory, device, cache dir) -> the sentence-transformers model
 Opener = Callable[[ModelSpec, Path, str, str | Path | None], Any]
@@ -105,7 +109,8 @@ def load_encoder(spec: ModelSpec, device: str = "cpu",
             return _fake(spec)
         if backend == "auto":
             return load_auto(spec, lambda name: load_encoder(
-                spec.model_copy(update={"cpu_backend": name}), device, cache_dir))
+                spec.model_copy(update={"cpu_backend": name}), device, cache_dir),
+                chooser=_auto_chooser(cache_dir) if CHOOSE_IN_CHILD else None)
         path = resolve_source(spec, cache_dir)
         model = OPENERS[spec.kind, backend](spec, path, device, cache_dir)
         encoder = (_checked_bf16(spec, model, device) if backend == "torch-bf16"
@@ -115,6 +120,13 @@ def load_encoder(spec: ModelSpec, device: str = "cpu",
         return encoder
     except Exception as exc:
         raise as_load_failure(spec.id, exc, spec.source) from exc
+
+
+def _auto_chooser(cache_dir: str | Path | None) -> Chooser:
+    import torch
+
+    threads = torch.get_num_threads()  # what this thread's models run with: the child too
+    return lambda spec: choose_in_child(spec, cache_dir, threads)
 
 
 def _fake(spec: ModelSpec) -> Encoder:

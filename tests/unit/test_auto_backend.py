@@ -245,3 +245,54 @@ def test_cli_optimize_prints_what_auto_chose(tiny_dir, onnx_cache, tmp_path, mon
     out = capsys.readouterr().out
     assert re.search(r"^cpu_backend auto chose auto\(small=[a-z0-9-]+, large=[a-z0-9-]+\) ",
                      out, re.MULTILINE), out
+
+
+# --- choosing in a child process ----------------------------------------------------------
+
+def test_with_a_chooser_only_the_winners_are_opened(tiny_dir):
+    choice = AutoChoice("onnx-int8", "torch-bf16", 90, rates={"onnx-int8": {1: 9.0, 32: 1.0}})
+    opened: dict = {}
+    encoder = auto.load_auto(_spec(tiny_dir), _timed_opener(tiny_dir, FakeClock(), set(), opened),
+                             chooser=lambda spec: choice)
+    assert set(opened) == {"onnx-int8", "torch-bf16"}  # no candidate opened only to be closed
+    assert isinstance(encoder, AutoEncoder) and encoder.choice is choice
+    assert encoder.small is opened["onnx-int8"] and encoder.large is opened["torch-bf16"]
+
+    opened.clear()
+    alone = auto.load_auto(_spec(tiny_dir), _timed_opener(tiny_dir, FakeClock(), set(), opened),
+                           chooser=lambda spec: AutoChoice("onnx", "onnx", 90, rates={}))
+    assert set(opened) == {"onnx"} and alone is opened["onnx"]
+    assert alone.backend == "auto(small=onnx, large=onnx)"
+
+
+def test_a_failed_chooser_means_measuring_in_process(tiny_dir):
+    clock, opened = FakeClock(), {}
+    encoder = auto.load_auto(_spec(tiny_dir), _timed_opener(tiny_dir, clock, set(), opened),
+                             backends=list(COSTS), timer=clock, seconds=0.05,
+                             chooser=lambda spec: None)
+    assert set(opened) == set(COSTS) and encoder is opened["onnx"]
+
+
+def test_a_choice_survives_the_trip_from_the_child():
+    choice = AutoChoice("onnx-int8", "torch", 56, rates={"onnx-int8": {1: 759.0, 32: 634.0},
+                                                         "torch": {1: 127.0, 32: 900.0}},
+                        dropped={"onnx": "not accurate enough"})
+    assert AutoChoice.from_json(choice.to_json()) == choice
+
+
+def test_the_child_process_measures_and_chooses(tiny_dir, onnx_cache, caplog):
+    with caplog.at_level(logging.INFO, logger="blitz.encoders"):
+        choice = auto.choose_in_child(_spec(tiny_dir), onnx_cache, threads=1)
+    assert choice is not None, caplog.text
+    assert {choice.small, choice.large} <= set(choice.rates) <= set(auto.candidates())
+    assert all(rate > 0 for rates in choice.rates.values() for rate in rates.values())
+    encoder = load_encoder(_spec(tiny_dir), cache_dir=onnx_cache)  # the loader's own path
+    assert encoder.backend == choice.backend or encoder.backend.startswith("auto(")
+    assert "measures its candidates in a child process" in caplog.text
+
+
+def test_a_child_that_fails_is_logged_and_answers_none(tmp_path, caplog):
+    missing = ModelSpec(id="gone", source=str(tmp_path / "no-such-model"), cpu_backend="auto")
+    with caplog.at_level(logging.WARNING, logger="blitz.encoders"):
+        assert auto.choose_in_child(missing, tmp_path, threads=1) is None
+    assert "the cpu_backend auto child failed" in caplog.text
