@@ -243,9 +243,7 @@ def measure_choice(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
             logger.warning("model %r: cpu_backend auto drops %s: %s", spec.id, name,
                            exc.message)
             continue
-        if not isinstance(encoder, SentenceTransformerEncoder):
-            raise TypeError(f"cpu_backend auto serves bi-encoders, not {type(encoder)}")
-        encoders[name] = encoder
+        encoders[name] = _bi_encoder(encoder)
     if not encoders:
         raise failures[0]
 
