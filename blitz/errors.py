@@ -169,21 +169,24 @@ class NotReady(RetryLater):
 
 class ModelLoadFailed(BlitzError):
     """A registered model could not be loaded. ``message`` (paths, URIs, exception text)
-    goes to the server log; the client reads only which model failed and the request id."""
+    goes to the server log; the client reads which model failed, the request id and, when
+    the raiser wrote one, a ``hint`` free of server detail (what was refused and why)."""
 
     status, type, code = 424, "model_load_error", "model_load_failed"
-    expose = False  # public_message() is the fixed text
+    expose = False  # public_message() is the fixed text (and the hint)
 
-    def __init__(self, message: str, param: str | None = None, model: str | None = None):
+    def __init__(self, message: str, param: str | None = None, model: str | None = None,
+                 hint: str | None = None):
         super().__init__(message, param)
         self.model = model
+        self.hint = hint
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.message, self.param, self.model))
+        return (type(self), (self.message, self.param, self.model, self.hint))
 
     def public_message(self) -> str:
         which = f"model {self.model!r}" if self.model else "the model"
-        return f"{which} failed to load; the server log has the cause"
+        return f"{which} failed to load; {self.hint or 'the server log has the cause'}"
 
 
 class InternalError(BlitzError):

@@ -43,6 +43,9 @@ class HttpApi:
             Route("/health", self.health, methods=["GET"]),
             Route("/ready", self.ready, methods=["GET"]),
         ]
+        auth = self.settings.auth
+        # sources name buckets and paths: shown to callers with a key, or when asked for
+        self._show_sources = auth.show_model_sources or bool(auth.resolved_keys())
         self._app = RequestMiddleware(Router(self.routes), [r.path for r in self.routes],
                                       self.settings.auth, service.observe)
 
@@ -119,7 +122,8 @@ class HttpApi:
         return JSONBytesResponse(body)
 
     async def models(self, request: Request) -> Response:
-        return JSONBytesResponse({"object": "list", "data": self.service.describe_models()})
+        return JSONBytesResponse({"object": "list", "data": self.service.describe_models(
+            sources=self._show_sources)})
 
     async def openai_models(self, request: Request) -> Response:
         created = self.service.started
@@ -133,9 +137,7 @@ class HttpApi:
         return JSONBytesResponse({"status": "ok"})
 
     async def ready(self, request: Request) -> Response:
-        await self.service.check_ready()
-        return JSONBytesResponse({"status": "ready", "default_model":
-                                  self.settings.default_model})
+        return JSONBytesResponse(self.service.check_ready())
 
 
 def _record(request: Request) -> RequestRecord:

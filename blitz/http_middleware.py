@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
 import re
 import time
@@ -128,6 +129,25 @@ class RequestMiddleware:
             headers["retry-after"] = str(error.retry_after_s)
         return error, JSONBytesResponse(error.to_payload(request_id),
                                         status_code=error.status, headers=headers)
+
+
+def warn_if_open(host: str | None, auth: AuthSettings) -> bool:
+    """Log a WARNING when the server listens beyond loopback (``host``, Serve's
+    ``http_options.host``) with API keys off: anyone who reaches the port can embed, load
+    any configured model and read every route. True when it warned."""
+    if auth.resolved_keys() or host is None or _is_loopback(host):
+        return False
+    logger.warning("listening on %s with API keys off: anyone who reaches this port can use "
+                   "every route. Set auth.api_keys or $%s (and auth.required: true), or "
+                   "listen on 127.0.0.1", host, auth.api_keys_env)
+    return True
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host.lower() == "localhost"
 
 
 def _digest(key: bytes) -> bytes:

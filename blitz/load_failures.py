@@ -25,7 +25,7 @@ def as_load_failure(model_id: str, exc: BaseException,
     here. Its full text (paths, exception text) stays server-side.
     """
     if isinstance(exc, ModelLoadFailed):
-        return ModelLoadFailed(exc.message, exc.param, model=model_id)
+        return ModelLoadFailed(exc.message, exc.param, model=model_id, hint=exc.hint)
     detail = exc.message if isinstance(exc, BlitzError) else f"{type(exc).__name__}: {exc}"
     origin = f" from {source}" if source else ""
     return ModelLoadFailed(f"model {model_id!r} failed to load{origin}: {detail}",

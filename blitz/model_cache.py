@@ -14,11 +14,16 @@ POSIX): two processes (or
 threads) preparing the same entry build it once, the second waits and reuses it, and
 nobody ever sees a half-written entry. A finished entry is found without taking the lock.
 
-A finished entry is trusted only while it still looks finished: its ``blitz-entry.json``
-parses, every file it lists under ``contents`` (recorded at build time) has the size it
-was built with, and the caller's ``validate`` (loading the model from it, say) succeeds.
-An entry that fails is logged, moved aside and deleted under the lock, and rebuilt once;
-a rebuilt entry that fails again is a real error. Nobody waits for the lock forever: after
+A finished entry is trusted only while it still looks finished and as built: it is a
+directory (not a link), its ``blitz-entry.json`` parses and holds every field its reader
+needs with the right type (``contents``, and the caller's ``fields``), every file it lists
+under ``contents`` (recorded at build time) lies inside the entry (no absolute path, no
+``..``, no link out) with the size it was built with, and the caller's ``validate``
+(loading the model from it, say) succeeds. Anyone who can write the cache can forge a
+record; a forged one is rebuilt, never followed. An entry that fails is logged, moved
+aside and deleted under the lock (only ``<area>/<key>`` itself: a link is unlinked, never
+followed, and no path a record names is touched), and rebuilt once; a rebuilt entry that
+fails again is a real error. Nobody waits for the lock forever: after
 ``lock_timeout`` seconds (``LOCK_TIMEOUT_S`` unless the caller says) the waiter gives up
 with ``ModelLoadFailed`` naming the lock file and the entry.
 """
@@ -38,7 +43,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from filelock import FileLock, Timeout
@@ -60,6 +65,7 @@ _POLL_S = 0.05  # between tries for a held lock
 _STILL_WAITING_S = 60.0  # log again at this interval while waiting
 CACHE_DIR_ENV = "BLITZ_CACHE_DIR"
 Validate = Callable[["CacheEntry"], object]
+Fields = dict[str, type | tuple[type, ...]]  # record field -> the type(s) its value must have
 
 
 @dataclass(frozen=True)
@@ -127,22 +133,61 @@ def _read_entry(path: Path) -> tuple[CacheEntry | None, str | None]:
     return CacheEntry(path, meta, built=False), None
 
 
-def entry_problem(entry: CacheEntry) -> str | None:
-    """What is wrong with ``entry``'s files, or None: each file recorded under ``contents``
-    must still exist with the size it was built with (a cheap check: sizes, not digests)."""
-    contents = entry.meta.get("contents")
-    if contents is None:  # written before contents were recorded: nothing to compare
-        return None
-    if not isinstance(contents, dict):
-        return f"{ENTRY_FILE} has no valid contents list"
-    for relative, size in sorted(contents.items()):
+def entry_problem(entry: CacheEntry, fields: Fields | None = None) -> str | None:
+    """What is wrong with ``entry``, or None. It must be a directory, not a link (builds
+    are renamed into place); its record must hold ``contents`` and every one of ``fields``
+    with its type; each file recorded under ``contents`` must lie inside the entry and
+    still have the size it was built with (a cheap check: sizes, not digests)."""
+    if entry.path.is_symlink():
+        return "it is a symbolic link, not a directory this cache built"
+    problem = record_problem(entry.meta, {"contents": dict, **(fields or {})})
+    if problem:
+        return problem
+    for relative, size in sorted(entry.meta["contents"].items()):
         try:
-            actual = (entry.path / relative).stat().st_size
+            file = inside(entry.path, relative)
+        except ValueError as exc:
+            return str(exc)
+        if not isinstance(size, int) or isinstance(size, bool):
+            return f"{ENTRY_FILE} records no valid size for {relative}"
+        try:
+            actual = file.stat().st_size
         except OSError:
             return f"{relative} is missing"
         if actual != size:
             return f"{relative} has {actual} bytes, {size} when it was built"
     return None
+
+
+def record_problem(meta: dict[str, Any], fields: Fields) -> str | None:
+    """Which of ``fields`` the record ``meta`` lacks or holds with the wrong type, or None
+    (``True`` is not a number here, though Python's ``bool`` is an ``int``)."""
+    for name, kind in fields.items():
+        if name not in meta:
+            return f"{ENTRY_FILE} has no {name}"
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        value = meta[name]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            return f"{ENTRY_FILE} has a {name} of type {type(value).__name__}"
+    return None
+
+
+def inside(directory: Path, relative: object) -> Path:
+    """The file ``directory/relative``; raises ``ValueError`` unless ``relative`` is a
+    relative path without ``..`` that, links resolved, names a file inside ``directory``."""
+    if not isinstance(relative, str) or not relative:
+        raise ValueError(f"{ENTRY_FILE} names {relative!r}, not a file name")
+    if PurePosixPath(relative).is_absolute() or ".." in PurePosixPath(relative).parts:
+        raise ValueError(f"{ENTRY_FILE} names {relative!r}, outside its entry")
+    try:
+        base = directory.resolve()
+        resolved = (directory / relative).resolve()
+    except (OSError, ValueError, RuntimeError) as exc:  # a link loop, a NUL in the name
+        raise ValueError(f"{ENTRY_FILE} names {relative!r}, which cannot be resolved: "
+                         f"{type(exc).__name__}") from exc
+    if resolved == base or not resolved.is_relative_to(base):
+        raise ValueError(f"{ENTRY_FILE} names {relative!r}, which resolves outside its entry")
+    return directory / relative
 
 
 def lock_path(root: Path, area: str, key: str) -> Path:
@@ -207,20 +252,20 @@ def _acquire(lock: FileLock, limit: float, waiting_message: str | None) -> None:
 
 
 def get_or_build(root: Path, area: str, key: str, build: Callable[[Path], dict[str, Any]], *,
-                 validate: Validate | None = None, lock_timeout: float | None = None,
-                 model: str | None = None) -> CacheEntry:
+                 validate: Validate | None = None, fields: Fields | None = None,
+                 lock_timeout: float | None = None, model: str | None = None) -> CacheEntry:
     """The entry ``area/key``, building it with ``build(tmp_dir) -> metadata`` if missing.
 
     ``build`` fills ``tmp_dir`` and returns what to record in the entry's metadata; if it
     raises, nothing is cached and the error propagates.
 
-    A found entry must pass ``entry_problem`` and then ``validate(entry)`` (which raises
-    on an entry it cannot use); one that does not is moved aside, deleted and rebuilt,
-    with a warning naming it. A rebuilt entry that fails ``validate`` raises its error.
+    A found entry must pass ``entry_problem`` (its record holding ``fields``, the ones
+    the caller reads) and then ``validate(entry)`` (which raises on an entry it cannot
+    use); one that does not is moved aside, deleted and rebuilt, with a warning naming it. A rebuilt entry that fails ``validate`` raises its error.
     ``lock_timeout`` and ``model`` go to ``file_lock``.
     """
     found = find_entry(root, area, key)
-    if found is not None and _usable(found, validate):
+    if found is not None and _usable(found, validate, fields):
         return found
     area_dir = root / area
     area_dir.mkdir(parents=True, exist_ok=True)
@@ -232,7 +277,7 @@ def get_or_build(root: Path, area: str, key: str, build: Callable[[Path], dict[s
         if problem:
             logger.warning("model cache entry %s is corrupt (%s); rebuilding it", final, problem)
         if current is not None and (found is None or current.meta != found.meta):
-            if _usable(current, validate):
+            if _usable(current, validate, fields):
                 return current
         if final.exists() or final.is_symlink():  # corrupt: out of everyone's way, disk freed
             _discard(area_dir, final, key)
@@ -243,9 +288,9 @@ def get_or_build(root: Path, area: str, key: str, build: Callable[[Path], dict[s
     return entry
 
 
-def _usable(entry: CacheEntry, validate: Validate | None) -> bool:
+def _usable(entry: CacheEntry, validate: Validate | None, fields: Fields | None) -> bool:
     """Whether ``entry`` passes its checks; logs why not when it does not."""
-    problem = entry_problem(entry)
+    problem = entry_problem(entry, fields)
     if problem is None and validate is not None:
         try:
             validate(entry)
@@ -283,7 +328,8 @@ def _build(area_dir: Path, key: str, build: Callable[[Path], dict[str, Any]]) ->
 
 def _discard(area_dir: Path, final: Path, key: str) -> None:
     """Move a corrupt ``final`` aside in one rename (readers never see it half deleted),
-    then delete it."""
+    then delete it: a link is unlinked, not followed; a directory is deleted with the
+    links in it, never what they point to (``shutil.rmtree`` does not follow them)."""
     aside = area_dir / f".{key}.discarded-{uuid.uuid4().hex[:8]}"
     os.rename(final, aside)
     if aside.is_dir() and not aside.is_symlink():

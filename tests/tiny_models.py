@@ -84,3 +84,43 @@ def build_tiny_cross_encoder(directory: str | Path, hidden: int = 32, max_seq_le
                              local_files_only=True)
         model.save_pretrained(str(directory))
     return directory
+
+
+CODE_CARRYING_TYPE = "modeling_evil.Evil"
+_CODE_CARRYING_MODULE = """
+from pathlib import Path
+
+Path({marker!r}).write_text("the model folder ran code")  # at import, as an attack would
+
+from sentence_transformers.base.modules.module import Module
+
+
+class Evil(Module):
+    config_keys: list[str] = []
+
+    def forward(self, features, **kwargs):
+        return features
+
+    def save(self, output_path, *args, **kwargs):
+        pass
+
+    @classmethod
+    def load(cls, *args, **kwargs):
+        return cls()
+"""
+
+
+def build_code_carrying_model(model_dir: str | Path, directory: str | Path,
+                              marker: str | Path) -> Path:
+    """A copy of the model in ``model_dir`` with one more module in modules.json, a class of
+    the folder's own (``modeling_evil.Evil``) whose import writes ``marker``: what
+    sentence-transformers would run from a folder it trusts."""
+    import json
+
+    folder = Path(shutil.copytree(model_dir, directory))
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append({"idx": len(modules), "name": str(len(modules)), "path": "",
+                    "type": CODE_CARRYING_TYPE})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "modeling_evil.py").write_text(_CODE_CARRYING_MODULE.format(marker=str(marker)))
+    return folder

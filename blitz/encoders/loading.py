@@ -5,6 +5,8 @@
                                                | auto (``encoders.auto``: each of the others
                                                through this same path, measured, the winners)
       -> resolve_source(spec)                  a local directory (downloaded if need be)
+      -> check_model_folder(spec, path)        refused if it would run its own code
+                                               (``blitz.model_trust``; ``trust_remote_code``)
       -> OPENERS[spec.kind, backend](...)      the sentence-transformers model
       -> the bf16 guard (torch-bf16 only)      ``blitz.accuracy`` vs fp32, then bf16
       -> wrap(spec, model, device)             the Encoder
@@ -29,6 +31,7 @@ from blitz.encoders.base import Encoder
 from blitz.encoders.fake import FakeEncoder
 from blitz.encoders.models import open_torch_bi_encoder, open_torch_cross_encoder, wrap
 from blitz.load_failures import as_load_failure
+from blitz.model_trust import check_model_folder
 from blitz.onnx_child import build_in_child
 from blitz.onnx_export import load_onnx
 from blitz.registry import ModelSpec, resolve_source
@@ -112,6 +115,7 @@ def load_encoder(spec: ModelSpec, device: str = "cpu",
                 spec.model_copy(update={"cpu_backend": name}), device, cache_dir),
                 chooser=_auto_chooser(cache_dir) if CHOOSE_IN_CHILD else None)
         path = resolve_source(spec, cache_dir)
+        check_model_folder(spec, path)
         model = OPENERS[spec.kind, backend](spec, path, device, cache_dir)
         encoder = (_checked_bf16(spec, model, device) if backend == "torch-bf16"
                    else wrap(spec, model, device))

@@ -3,6 +3,8 @@
 
 ``open_*`` return the library's own model (torch, or onnxruntime through its ONNX
 backend); ``wrap`` makes any of them an ``Encoder`` sized for the device it runs on.
+Each passes ``spec.trust_remote_code`` on; the folder was checked before
+(``blitz.model_trust``), as sentence-transformers trusts any local folder's modules.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ def open_torch_bi_encoder(spec: ModelSpec, path: Path, device: str = "cpu") -> S
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
     if (path / "modules.json").exists():
-        return SentenceTransformer(str(path), device=device, local_files_only=True)
+        return SentenceTransformer(str(path), device=device, local_files_only=True,
+                                   trust_remote_code=spec.trust_remote_code)
     # a plain transformers checkpoint: add the pooling the spec asks for
-    word = Transformer(str(path))
+    word = Transformer(str(path), **transformer_trust(spec))
     pool = Pooling(word.get_embedding_dimension(), spec.pooling or "mean")
     return SentenceTransformer(modules=[word, pool], device=device)
 
@@ -57,7 +60,18 @@ def open_torch_cross_encoder(spec: ModelSpec, path: Path, device: str = "cpu") -
     """``spec``'s cross-encoder in torch, full precision."""
     from sentence_transformers import CrossEncoder
 
-    return CrossEncoder(str(path), device=device, local_files_only=True)
+    return CrossEncoder(str(path), device=device, local_files_only=True,
+                        trust_remote_code=spec.trust_remote_code)
+
+
+def transformer_trust(spec: ModelSpec, model_kwargs: dict[str, Any] | None = None
+                      ) -> dict[str, dict[str, Any]]:
+    """A ``Transformer`` module's keyword arguments passing ``spec.trust_remote_code`` to
+    each transformers loader (model, processor, config); ``model_kwargs`` added to the
+    model's."""
+    trust = {"trust_remote_code": spec.trust_remote_code}
+    return {"model_kwargs": {**(model_kwargs or {}), **trust}, "processor_kwargs": trust,
+            "config_kwargs": trust}
 
 
 def onnx_model_kwargs(file_name: str | None = None) -> dict[str, Any]:
@@ -88,6 +102,7 @@ def open_onnx_file(spec: ModelSpec, directory: Path, file_name: str) -> Any:
     kwargs = onnx_model_kwargs(file_name)
     if spec.kind == "cross-encoder":
         return CrossEncoder(str(directory), backend="onnx", device="cpu", local_files_only=True,
-                            model_kwargs=kwargs)
+                            model_kwargs=kwargs, trust_remote_code=spec.trust_remote_code)
     return SentenceTransformer(str(directory), backend="onnx", device="cpu",
-                               local_files_only=True, model_kwargs=kwargs)
+                               local_files_only=True, model_kwargs=kwargs,
+                               trust_remote_code=spec.trust_remote_code)

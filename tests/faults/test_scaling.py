@@ -223,3 +223,54 @@ async def test_in_flight_requests_drain_on_redeploy_and_on_delete(deploy):
         assert reply.status_code == 200, reply.text
         check(reply)
     assert app not in serve.status().applications
+
+
+async def test_redeploy_on_a_cluster_with_no_free_cpu_completes(deploy):
+    """Every CPU of the cluster is claimed (the ingress takes all that is free): a redeploy
+    that adds a model must still complete, the ingress replaced in place, not wait forever
+    for room for its surge replica while the old config serves on. Every request answers
+    200 or 503 with Retry-After, and the new model answers within the bound."""
+    import ray
+    from ray import serve
+
+    from deployments.app import build_app
+
+    app = "fault-redeploy-full"
+    free = ray.available_resources().get("CPU", 0.0)
+    assert free > 0.3, f"the shared cluster has {free} CPUs free"
+    pool = {"num_cpus": 0.1}
+    ingress = {"num_cpus": round(free - 0.1 - 0.01, 2)}  # all but a crumb too small to surge
+    before = small_app([{"id": "a", "source": "fake:8"}], cpu_pool=pool, ingress=ingress)
+    after = small_app([{"id": "a", "source": "fake:8"}, {"id": "b", "source": "fake:16"}],
+                      cpu_pool=pool, ingress=ingress)
+    url = deploy(app, before)
+    assert ray.available_resources().get("CPU", 0.0) < ingress["num_cpus"]  # no room to surge
+    request, check = embed("a", 2, 8)
+    record = LoadRecord()
+    phase = {"done": False}
+
+    async def redeploy() -> None:
+        try:
+            await asyncio.sleep(1)
+            serve.run_many([serve.RunTarget(build_app(after), name=app, route_prefix=f"/{app}")],
+                           wait_for_applications_running=False)
+            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                new_request, new_check = embed("b", 3, 16)
+
+                async def new_model_answers() -> bool:
+                    reply = await new_request(client)
+                    if reply.status_code == 200:
+                        new_check(reply)
+                    return reply.status_code == 200
+
+                await wait_for(new_model_answers, "the new model after a redeploy on a full "
+                               "cluster", timeout_s=WAIT_S)
+        finally:
+            phase["done"] = True
+
+    await asyncio.gather(
+        run_clients(url, 2, request, lambda: phase["done"], WAIT_S + 30, record, check=check),
+        redeploy())
+    print(f"\nredeploy on a full cluster: {record.statuses()}")
+    assert record.outcomes and not record.bad(), record.bad()[:5]
+    assert await running(app, "Ingress") == 1

@@ -35,12 +35,22 @@ def test_rayservice_serves_serve_config_applications_with_the_gpu_pool_bound():
     expected = copy.deepcopy(serve_config()["applications"])
     for app in expected:  # the GPU group starts at zero pods: `auto` would never bind it
         app["args"]["gpu"] = "on"
+        app["args"]["auth"]["required"] = True  # it listens on 0.0.0.0: keys on
     assert served["applications"] == expected
     for app in served["applications"]:
         BlitzSettings.from_args(app["args"])  # valid settings, not just valid YAML
     assert served["http_options"]["host"] == "0.0.0.0"
     assert (served["http_options"]["request_timeout_s"]
             == serve_config()["http_options"]["request_timeout_s"])
+
+
+def test_rayservice_pods_read_api_keys_from_a_secret():
+    cluster = rayservice()["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        (container,) = group["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert env["BLITZ_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "blitz-api-keys"
 
 
 def test_rayservice_cluster_matches_the_installed_ray_and_has_a_gpu_group_from_zero():

@@ -9,9 +9,10 @@ import orjson
 import pytest
 
 from blitz import codecs
-from blitz.config import BlitzSettings
+from blitz.config import AuthSettings, BlitzSettings
 from blitz.errors import ModelLoadFailed
 from blitz.http_api import HttpApi
+from blitz.http_middleware import warn_if_open
 from blitz.local import LocalDispatcher
 from blitz.service import EmbeddingService, RequestRecord
 
@@ -129,20 +130,23 @@ async def test_each_http_request_is_observed_once_with_its_status():
                         ("/rerank", "", "", 413, 0), ("/health", "", "", 200, 0)]
 
 
-# ---- item 4: readiness says nothing internal, is cached, and shares one check -----------
+# ---- item 4: readiness says nothing internal and calls no model ------------------------
 
-async def test_ready_hides_the_cause_and_reuses_its_answer(caplog):
+async def test_ready_follows_the_default_models_load_failures_and_hides_the_cause(caplog):
     secret = "directory '/srv/models/secret-dir/bge' does not exist"
-    client, _, dispatcher = build({"ingress": {"ready_cache_s": 60}},
-                                  fail=ModelLoadFailed(secret, model="fake"))
+    client, _, dispatcher = build(fail=ModelLoadFailed(secret, model="fake"))
     with caplog.at_level(logging.WARNING, logger="blitz"):
         async with client:
-            first = await client.get("/ready")
-            second = await client.get("/ready")
-    for r in (first, second):
-        assert r.status_code == 503 and r.headers["retry-after"]
-        assert "secret" not in r.text and "not ready" in r.json()["error"]["message"]
-    assert dispatcher.calls == 1  # the second answer came from the cache
+            assert (await client.get("/ready")).status_code == 200
+            assert (await client.post("/embed", json={"texts": ["a"]})).status_code == 424
+            failed = await client.get("/ready")
+            dispatcher.fail = None
+            assert (await client.post("/embed", json={"texts": ["a"]})).status_code == 200
+            again = await client.get("/ready")
+    assert failed.status_code == 503 and failed.headers["retry-after"]
+    assert "secret" not in failed.text and "not ready" in failed.json()["error"]["message"]
+    assert again.status_code == 200
+    assert dispatcher.calls == 2  # the two requests; readiness made no model call
     assert "secret-dir" in caplog.text  # the cause is in the log
 
 
@@ -183,3 +187,33 @@ async def test_keys_are_checked_and_startup_says_whether_they_are_on(caplog, mon
     with caplog.at_level(logging.INFO, logger="blitz"):
         build()
     assert "API keys off" in caplog.text
+
+
+@pytest.mark.parametrize("host, keys, warned", [
+    ("0.0.0.0", [], True), ("::", [], True), ("10.1.2.3", [], True),
+    ("127.0.0.1", [], False), ("localhost", [], False), ("::1", [], False),
+    ("0.0.0.0", ["k-1"], False), (None, [], False)])
+def test_listening_beyond_loopback_without_keys_is_a_warning(caplog, monkeypatch, host, keys,
+                                                             warned):
+    monkeypatch.delenv("BLITZ_API_KEYS", raising=False)
+    with caplog.at_level(logging.WARNING, logger="blitz"):
+        assert warn_if_open(host, AuthSettings(api_keys=keys)) is warned
+    assert ("with API keys off" in caplog.text) is warned
+
+
+# ---- item 5 (round two): model sources are for operators ------------------------------
+
+async def test_models_shows_sources_only_to_operators(monkeypatch):
+    monkeypatch.delenv("BLITZ_API_KEYS", raising=False)
+    for extra, key, shown in [({}, None, False),
+                              ({"auth": {"show_model_sources": True}}, None, True),
+                              ({"auth": {"api_keys": ["k-1"]}}, "k-1", True)]:
+        client, _, _ = build(extra)
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        async with client:
+            models = (await client.get("/models", headers=headers)).json()["data"]
+            listed = (await client.get("/v1/models", headers=headers)).text
+        assert [("source" in m) for m in models] == [shown], extra
+        assert "fake:8" not in listed
+        if shown:
+            assert models[0]["source"] == "fake:8"

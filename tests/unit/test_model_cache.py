@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import subprocess
 import sys
 import threading
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from blitz import model_cache
+from blitz import model_cache, onnx_export
+from blitz.accuracy import AccuracyReport
 from blitz.errors import ModelLoadFailed
+from blitz.registry import ModelSpec
 
 AREA, KEY = "fake-area", "fake-key"
 PAYLOAD = b"weights " * 512
@@ -119,14 +122,124 @@ def test_an_entry_rebuilt_by_someone_else_is_not_discarded(tmp_path, monkeypatch
     assert not got.built and got.meta["build"] == 11 and builder.calls == 1
 
 
-def test_entries_without_recorded_contents_still_load(tmp_path):
-    """Entries written before ``contents`` was recorded are checked by loading alone."""
-    builder = Builder()
-    entry = _build(tmp_path, builder)
+# --- forged entries: anyone who can write the cache can write a record -------------------
+
+def _forge(entry: model_cache.CacheEntry, **changes) -> None:
+    """Rewrite ``entry``'s record; a change to None deletes that field."""
     meta = json.loads((entry.path / model_cache.ENTRY_FILE).read_text())
-    del meta["contents"]
+    meta.update(changes)
+    meta = {name: value for name, value in meta.items() if value is not None}
     (entry.path / model_cache.ENTRY_FILE).write_text(json.dumps(meta))
-    assert not _build(tmp_path, builder).built
+
+
+@pytest.mark.parametrize("forgery", [
+    "no contents", "a .. path", "an absolute path", "a link out", "the entry a link out",
+])
+def test_a_forged_entry_is_rebuilt_and_nothing_outside_it_is_touched(tmp_path, caplog, forgery):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "weights.bin").write_bytes(PAYLOAD)  # what a forged record points at
+    (outside / ".." / "sibling.bin").write_bytes(PAYLOAD)
+    builder = Builder()
+    entry = _build(tmp_path / "cache", builder)
+    contents = entry.meta["contents"]
+    if forgery == "no contents":
+        _forge(entry, contents=None)
+    elif forgery == "a .. path":
+        _forge(entry, contents={**contents, "../../../sibling.bin": len(PAYLOAD)})
+    elif forgery == "an absolute path":
+        _forge(entry, contents={**contents, str(outside / "weights.bin"): len(PAYLOAD)})
+    elif forgery == "a link out":
+        (entry.path / "sub" / "weights.bin").unlink()
+        (entry.path / "sub" / "weights.bin").symlink_to(outside / "weights.bin")
+    else:  # the whole entry swapped for a link to a directory that looks like one
+        shutil.copytree(entry.path, outside / "entry")
+        shutil.rmtree(entry.path)
+        entry.path.symlink_to(outside / "entry", target_is_directory=True)
+
+    with caplog.at_level(logging.WARNING, logger="blitz.model_cache"):
+        rebuilt = _build(tmp_path / "cache", builder)
+    assert rebuilt.built and builder.calls == 2 and "rebuilding" in caplog.text
+    assert rebuilt.path.is_dir() and not rebuilt.path.is_symlink()
+    assert _names(tmp_path / "cache") == [KEY]
+    # the rebuild removed the forged entry only, never what its record or links named
+    assert (outside / "weights.bin").read_bytes() == PAYLOAD
+    assert (tmp_path / "sibling.bin").read_bytes() == PAYLOAD
+    if forgery == "the entry a link out":
+        assert (outside / "entry" / model_cache.ENTRY_FILE).exists()
+
+
+def test_a_record_missing_a_field_its_reader_needs_is_rebuilt(tmp_path):
+    builder = Builder()
+    fields = {"build": int}
+    entry = model_cache.get_or_build(tmp_path, AREA, KEY, builder, fields=fields)
+    _forge(entry, build="1")
+    again = model_cache.get_or_build(tmp_path, AREA, KEY, builder, fields=fields)
+    assert again.built and again.meta["build"] == 2
+    _forge(again, build=None)
+    assert model_cache.get_or_build(tmp_path, AREA, KEY, builder, fields=fields).built
+
+
+def _fake_onnx_build(accuracy: float, builds: list[int]):
+    """``onnx_export._build_onnx`` without an export: a graph file and a given accuracy."""
+    def build(spec, path, tmp, quantization, say):
+        builds.append(1)
+        (tmp / "onnx").mkdir()
+        (tmp / onnx_export.ONNX_FILE).write_bytes(b"graph")
+        return onnx_export.ONNX_FILE, AccuracyReport("cosine", accuracy, accuracy, 3), None
+    return build
+
+
+def _forged_onnx_entry(tmp_path: Path, spec: ModelSpec, source: Path, **record) -> Path:
+    """A record planted where ``spec``'s ONNX build belongs, as an attacker would write it."""
+    key, parts = onnx_export.onnx_cache_key(spec, source)
+    entry = tmp_path / "cache" / onnx_export.AREA / key
+    (entry / "onnx").mkdir(parents=True)
+    (entry / onnx_export.ONNX_FILE).write_bytes(b"graph")
+    perfect = {"metric": "cosine", "minimum": 1.0, "mean": 1.0, "probes": 3}
+    meta = {**parts, "model_id": spec.id, "file_name": onnx_export.ONNX_FILE,
+            "int8_recipe": None, "accuracy": perfect, "build_seconds": 1.0,
+            "contents": {onnx_export.ONNX_FILE: 5}, **record}
+    (entry / model_cache.ENTRY_FILE).write_text(
+        json.dumps({name: value for name, value in meta.items() if value is not None}))
+    return entry
+
+
+@pytest.mark.parametrize("forgery", [
+    "no contents, an absolute file_name", "a .. file_name", "no contents",
+    "a file_name not built", "build_seconds not a number", "accuracy not a report",
+])
+def test_a_forged_onnx_record_is_rebuilt_and_meets_the_guard(tmp_path, monkeypatch, forgery):
+    """A forged record claiming accuracy 1.0 must not skip the accuracy guard: the entry is
+    rebuilt, and the real build (0.5 here) is refused."""
+    source = tmp_path / "source"
+    source.mkdir()
+    outside = tmp_path / "cache" / onnx_export.AREA / "outside.onnx"
+    outside.parent.mkdir(parents=True)
+    outside.write_bytes(b"another graph")
+    spec = ModelSpec(id="m", source=str(source), cpu_backend="onnx")
+    builds: list[int] = []
+    monkeypatch.setattr(onnx_export, "_build_onnx", _fake_onnx_build(0.5, builds))
+    record = {
+        "no contents, an absolute file_name": {"contents": None, "file_name": str(outside)},
+        "a .. file_name": {"file_name": "../outside.onnx",
+                           "contents": {"../outside.onnx": outside.stat().st_size}},
+        "no contents": {"contents": None},
+        "a file_name not built": {"file_name": "onnx/other.onnx"},
+        "build_seconds not a number": {"build_seconds": "fast"},
+        "accuracy not a report": {"accuracy": {"metric": "cosine", "minimum": "1.0",
+                                               "mean": "1.0", "probes": "3"}},
+    }[forgery]
+    entry = _forged_onnx_entry(tmp_path, spec, source, **record)
+    if forgery == "a file_name not built":
+        (entry / "onnx" / "other.onnx").write_bytes(b"unchecked graph")
+
+    with pytest.raises(ModelLoadFailed, match="not accurate enough.*min cosine 0.5000"):
+        onnx_export.prepare_onnx(spec, source, tmp_path / "cache")
+    assert builds == [1]
+    assert outside.read_bytes() == b"another graph"  # named by the record, never touched
+    recorded = json.loads((entry / model_cache.ENTRY_FILE).read_text())
+    assert recorded["file_name"] == onnx_export.ONNX_FILE and recorded["accuracy"]["minimum"] == 0.5
 
 
 # --- the lock timeout -------------------------------------------------------------------

@@ -31,7 +31,7 @@ def test_preload_is_off_by_default_and_takes_registered_ids():
     ({"cpu_pool": {"preload": [m["id"] for m in MODELS]}}, "a replica holds at most 3"),
     ({"gpu_pool": {"preload": ["m0", "m0"]}}, "lists a model twice"),
     ({"gpu_pool": {"preload": ["nope"]}}, "gpu_pool.preload names unknown models: ['nope']"),
-    ({"cpu_pool": {"preload": ["m1", "m2", "m3"]}}, "default model 'm0', which /ready loads"),
+    ({"cpu_pool": {"preload": ["m1", "m2", "m3"]}}, "default model 'm0': its first request"),
 ])
 def test_preload_that_cannot_stay_resident_is_refused(pools, message):
     with pytest.raises(ValidationError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -43,13 +43,18 @@ def test_a_full_cpu_preload_that_includes_the_default_model_is_accepted():
     assert len(full.cpu_pool.preload) == MAX_MODELS_PER_REPLICA
 
 
-class GatedDispatcher(LocalDispatcher):
-    """Model calls wait for ``open``: a pool whose replicas are still preloading."""
+class StartingDispatcher(LocalDispatcher):
+    """Pools that start when told (``running``), and model calls that wait for ``open``: a
+    pool whose replicas are still starting or preloading."""
 
     def __init__(self, settings):
         super().__init__(settings)
+        self.running: frozenset[str] = frozenset()
         self.open = asyncio.Event()
         self.calls = 0
+
+    def running_pools(self):
+        return self.running
 
     async def embed(self, pool, model_id, job):
         self.calls += 1
@@ -57,16 +62,41 @@ class GatedDispatcher(LocalDispatcher):
         return await super().embed(pool, model_id, job)
 
 
-async def test_ready_answers_503_while_the_pool_starts_and_200_once_it_answers():
-    config = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:8"}],
-                                      "ingress": {"ready_timeout_s": 0.05}})
-    dispatcher = GatedDispatcher(config)
+async def test_impatient_probes_get_answers_during_start_up_and_ready_follows_the_pool():
+    """Probes that give up after 0.5 s (Kubernetes' default is 1 s) each get an answer
+    while the pool starts, and the first probe after it runs answers 200: nothing a
+    probe that left behind stays stuck, and no probe calls a model."""
+    config = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:8"}]})
+    dispatcher = StartingDispatcher(config)
     api = HttpApi(EmbeddingService(config, dispatcher))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(api), base_url="http://blitz",
+                                 timeout=0.5) as client:
+        starting = await asyncio.gather(*(client.get("/ready") for _ in range(8)))
+        assert {r.status_code for r in starting} == {503}
+        assert all(r.headers["retry-after"] for r in starting)
+        dispatcher.running = frozenset({"cpu"})
+        r = await client.get("/ready")
+        assert r.status_code == 200
+        assert r.json() == {"status": "ready", "default_model": "fake", "pools": ["cpu"]}
+        # a full model queue (calls that never return) does not make the replica unready
+        stuck = asyncio.ensure_future(client.post("/embed", json={"texts": ["a"]}))
+        await asyncio.sleep(0.05)
+        assert (await client.get("/ready")).status_code == 200
+        stuck.cancel()
+    assert dispatcher.calls == 1  # the /embed above; readiness loaded nothing
+
+
+async def test_a_cpu_pool_that_scales_to_zero_is_ready_without_a_replica():
+    config = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:8"}],
+                                      "cpu_pool": {"min_replicas": 0}})
+    api = HttpApi(EmbeddingService(config, StartingDispatcher(config)))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
                                  base_url="http://blitz") as client:
-        waiting = [await client.get("/ready") for _ in range(2)]
-        assert [r.status_code for r in waiting] == [503, 503]
-        assert waiting[0].headers["retry-after"]
-        dispatcher.open.set()
         assert (await client.get("/ready")).status_code == 200
-    assert dispatcher.calls == 1  # the probes shared one check, which went on past its timeout
+
+
+def test_the_old_readiness_settings_are_accepted_and_ignored(caplog):
+    config = BlitzSettings.from_args({"models": MODELS[:1], "ingress": {
+        "ready_timeout_s": 5, "ready_cache_s": 5, "pool_timeout_s": 7}})
+    assert config.ingress.pool_timeout_s == 7
+    assert "ingress.ready_timeout_s is no longer used" in caplog.text

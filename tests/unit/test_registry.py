@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from blitz.config import BlitzSettings
 from blitz.errors import ModelLoadFailed, UnknownModel
-from blitz.registry import ModelSpec, Registry, read_dimension, resolve_source
+from blitz.registry import ModelSpec, Registry, hub_repo, read_dimension, resolve_source
 
 
 def test_package_source_resolves_the_embedded_model():
@@ -27,6 +27,42 @@ def test_hf_source_offline_fails_clearly(monkeypatch):
         resolve_source(ModelSpec(id="remote", source="hf:org/does-not-exist"))
 
 
+@pytest.mark.parametrize("rest, expected", [
+    ("org/name", ("org/name", None)),
+    ("org/name@3f2a9c1d", ("org/name", "3f2a9c1d")),
+    ("org/name@v1.0", ("org/name", "v1.0")),
+    ("org/name@refs/pr/7", ("org/name", "refs/pr/7")),
+])
+def test_hub_sources_name_a_revision_after_at(rest, expected):
+    assert hub_repo(rest) == expected
+    assert ModelSpec(id="m", source=f"hf:{rest}").location().rest == rest
+
+
+def test_the_revision_is_what_is_downloaded(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download",
+                        lambda repo_id, **kwargs: asked.append((repo_id, kwargs)) or str(tmp_path))
+    resolve_source(ModelSpec(id="m", source="hf:org/name@3f2a9c1d"))
+    resolve_source(ModelSpec(id="m", source="hf:org/name"))
+    assert asked == [("org/name", {"revision": "3f2a9c1d"}), ("org/name", {"revision": None})]
+
+
+def test_the_revision_is_part_of_the_onnx_cache_key(tmp_path):
+    from blitz.onnx_export import onnx_cache_key
+
+    keys = {onnx_cache_key(ModelSpec(id="m", source=source, cpu_backend="onnx"), tmp_path)[0]
+            for source in ("hf:org/name", "hf:org/name@v1", "hf:org/name@v2")}
+    assert len(keys) == 3
+
+
+def test_trust_remote_code_is_off_unless_set_and_reaches_child_processes():
+    assert ModelSpec(id="m", source="fake:4").trust_remote_code is False
+    trusted = ModelSpec(id="m", source="fake:4", trust_remote_code=True)
+    assert ModelSpec.model_validate_json(trusted.model_dump_json()).trust_remote_code
+
+
 def test_only_registered_ids_are_served():
     registry = Registry([ModelSpec(id="a", source="fake:4")])
     assert registry.get("a").id == "a"
@@ -37,6 +73,10 @@ def test_only_registered_ids_are_served():
 @pytest.mark.parametrize("bad", [
     {"id": "has space", "source": "fake:4"},
     {"id": "ok", "source": "hf:noslash"},
+    {"id": "ok", "source": "hf:noslash@v1"},
+    {"id": "ok", "source": "hf:org/name@"},
+    {"id": "ok", "source": "hf:org/name@../../etc"},
+    {"id": "ok", "source": "hf:org/name@v 1"},
     {"id": "ok", "source": "fake:x"},
     {"id": "ok", "source": "package:"},
     {"id": "ok", "source": "fake:4", "kind": "generator"},
