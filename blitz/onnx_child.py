@@ -13,11 +13,11 @@ the cached build as usual.
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
 from blitz import model_cache
+from blitz.child_process import run_child
 from blitz.registry import ModelSpec
 
 logger = logging.getLogger("blitz.onnx_export")
@@ -48,7 +48,7 @@ def build_in_child(spec: ModelSpec, path: Path, cache_dir: str | Path | None) ->
         command.append(str(cache_dir))
     logger.info("model %r: building its %s model in a child process", spec.id,
                 spec.cpu_backend)
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = run_child(command)  # killed past the load deadline, or with this process
     if done.returncode != 0:
         logger.warning("model %r: the child build failed (exit %s); building in process:\n%s",
                        spec.id, done.returncode, done.stderr[-STDERR_KEPT:])

@@ -1,12 +1,14 @@
 """The model pool: one class, bound as the CPU pool and (when GPUs exist) the GPU pool.
 
 Each replica holds up to three models (``@serve.multiplexed``, LRU) and batches
-concurrent requests per model with one ``blitz.batching.Batcher``. Model work runs on
-``workers`` worker threads (that many model calls at once, each with ``torch_threads``
-intra-op threads) and each model load on a thread of its own (one load at a time),
-never on the replica's event loop, so a long load (an ONNX export, say) does not stall
-the models already resident. Work holds a lease on its model, so an eviction never
-frees a model mid-batch.
+concurrent requests per model with one ``blitz.batching.Batcher``; it serves only the
+registry's ids. Model work runs on ``workers`` worker threads (``blitz.worker_slots``:
+that many model calls at once, each with ``torch_threads`` intra-op threads) and each
+model load on a thread of its own (``blitz.load_queue``: one load at a time, shared by
+its callers, within ``load_timeout_s``), never on the replica's event loop, so a long
+load (an ONNX export, say) does not stall the models already resident. Work holds a
+lease on its model, so an eviction never frees a model mid-batch. A load or all workers
+stuck past their deadlines fail ``check_health``, and Serve replaces the replica.
 """
 
 from __future__ import annotations
@@ -14,52 +16,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import ray
 from ray import serve
 
+from blitz import child_process
 from blitz.batching import Batcher
 from blitz.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from blitz.encoders.base import Encoded, Encoder
 from blitz.encoders.holder import ModelFreed, ModelHolder
 from blitz.encoders.loading import load_encoder, resolve_device
-from blitz.errors import ModelLoadFailed, Overloaded, TimedOut, Unavailable
+from blitz.errors import ModelLoadFailed, Overloaded, Unavailable
 from blitz.load_failures import LoadFailures, as_load_failure
+from blitz.load_queue import LoadQueue
 from blitz.registry import ModelSpec, preflight_source
 from blitz.schemas import EmbedJob, RerankJob
+from blitz.worker_slots import WorkerSlots
 from deployments.logs import route_library_logs_to_serve
 from deployments.metrics import metrics
 
 logger = logging.getLogger("ray.serve")
 EVICTIONS_KEPT = 32  # the last evicted ids kept for stats(); the count is kept in full
 LEASE_TRIES = 3  # a model evicted between lookup and use is loaded again this often
-R = TypeVar("R")
-
-
-def in_own_thread(fn: Callable[[], R], name: str, lock: threading.Lock) -> asyncio.Future[R]:
-    """``fn()`` on a new thread that ends with it, holding ``lock`` (one load at a time).
-
-    Not a long-lived executor: a thread that ran torch keeps an idle OpenMP thread team
-    for as long as it lives, and with one such team beside the worker's, torch fp32 ran
-    ~15% slower on this 2-core machine (BENCHMARKS.md, "Before/after"). The team ends
-    with its thread.
-    """
-    def locked() -> R:
-        with lock:
-            return fn()
-
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
-    try:
-        return asyncio.get_running_loop().run_in_executor(executor, locked)
-    finally:
-        executor.shutdown(wait=False)  # the thread exits once ``fn`` returns
 
 
 def _rss_bytes() -> int:
@@ -79,9 +61,12 @@ class ModelPool:
         self.pool_settings = self.settings.pool(pool)
         self.device = resolve_device("cuda" if pool == "gpu" else "cpu")
         self.cache_dir = self.settings.resolved_cache_dir()
-        self.worker = ThreadPoolExecutor(max_workers=self.pool_settings.workers,
-                                         thread_name_prefix=f"blitz-{pool}")
-        self._load_lock = threading.Lock()
+        self.workers = WorkerSlots(self.pool_settings.workers,
+                                   stuck_after_s=self.pool_settings.call_timeout_s,
+                                   name=f"blitz-{pool}")
+        self.loads: LoadQueue[Encoder] = LoadQueue(
+            deadline_s=self.pool_settings.load_timeout_s, name=f"blitz-{pool}-load",
+            on_failure=lambda model_id, exc: self._load_failed(self.registry.get(model_id), exc))
         if self.pool_settings.torch_threads:
             import torch
 
@@ -99,22 +84,20 @@ class ModelPool:
 
     @serve.multiplexed(max_num_models_per_replica=MAX_MODELS_PER_REPLICA)
     async def get_model(self, model_id: str) -> ModelHolder:
+        """Serve's loader (it runs one at a time). A caller that gives up leaves the load
+        running for the next caller of the id; a failure comes through ``_load_failed``
+        (the queue's ``on_failure``), so it is remembered and counted once per load."""
         spec = self.registry.get(model_id)  # only registered ids ever load
         started = time.perf_counter()
+        timeout = self.pool_settings.load_timeout_s
 
         def load() -> Encoder:
-            encoder = load_encoder(spec, self.device, self.cache_dir)
+            with child_process.deadline(timeout):  # a child build or measurement dies with it
+                encoder = load_encoder(spec, self.device, self.cache_dir)
             encoder.warmup()
             return encoder
 
-        # shielded: a caller that gives up does not throw away a load half done
-        future = in_own_thread(load, f"blitz-{self.pool}-load", self._load_lock)
-        try:
-            encoder = await asyncio.shield(future)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            raise self._load_failed(spec, exc) from exc
+        encoder = await self.loads.load(model_id, load)
         seconds = time.perf_counter() - started
         metrics.model_load_seconds.observe(seconds, tags={"model": model_id, "pool": self.pool})
         metrics.model_loads.inc(tags={"model": model_id, "pool": self.pool, "result": "loaded"})
@@ -163,9 +146,21 @@ class ModelPool:
                 raise self._load_failed(spec, exc) from exc
         return await self.get_model(model_id)
 
+    async def check_health(self) -> None:
+        """Serve calls this every ``health_check_period_s`` (10 s) on the replica's loop;
+        raising makes Serve replace the replica (after three in a row): a model load
+        stuck past ``load_timeout_s`` (no other model can load), or every worker stuck in
+        a call past ``call_timeout_s`` (no work can run)."""
+        problem = self.loads.problem() or self.workers.problem()
+        if problem is not None:
+            logger.error("unhealthy %s pool replica: %s", self.pool, problem)
+            raise RuntimeError(problem)
+
     async def _run(self, model_id: str, fn) -> Any:
         """``fn(encoder)`` on a worker thread, holding a lease on the model throughout."""
+        what = f"model {model_id!r}"
         for _ in range(LEASE_TRIES):
+            self.workers.refuse_if_stuck(what)  # before loading a model for nothing
             holder = await self._holder(model_id)
 
             def work(holder: ModelHolder = holder) -> Any:
@@ -175,14 +170,10 @@ class ModelPool:
                 finally:
                     holder.release()
 
-            future = asyncio.get_running_loop().run_in_executor(self.worker, work)
             try:
-                return await asyncio.wait_for(future, self.pool_settings.call_timeout_s)
+                return await self.workers.run(work, self.pool_settings.call_timeout_s, what)
             except ModelFreed:
                 continue
-            except asyncio.TimeoutError:
-                raise TimedOut(f"model {model_id!r} gave no answer within "
-                               f"{self.pool_settings.call_timeout_s:g} s") from None
         raise Unavailable(f"model {model_id!r} was evicted {LEASE_TRIES} times in a row "
                           "while waiting; the pool holds too many models for its load")
 
@@ -202,7 +193,8 @@ class ModelPool:
         """Several requests' jobs in one call (the ingress merges concurrent ones); each
         gets its own result or error, so one bad input fails alone. Text jobs enter the
         model's batcher together, so they can share one batch."""
-        model_id = serve.get_multiplexed_model_id()
+        model_id = self._model_id()
+        self.workers.refuse_if_stuck(f"model {model_id!r}")  # queued, it could never run
         texts = [i for i, job in enumerate(jobs) if job.token_ids is None]
         tokens = [i for i, job in enumerate(jobs) if job.token_ids is not None]
 
@@ -225,6 +217,14 @@ class ModelPool:
     async def _embed_tokens(self, model_id: str, job: EmbedJob) -> Encoded:
         return await self._run(model_id, lambda encoder: encoder.embed_tokens(
             job.token_ids, normalize=job.normalize, truncate=job.truncate))
+
+    def _model_id(self) -> str:
+        """The request's model id, when the registry knows it (``UnknownModel``, 404,
+        otherwise): a handle caller can send any id, and none may create a batcher or a
+        metric label here."""
+        model_id = serve.get_multiplexed_model_id()
+        self.registry.get(model_id)
+        return model_id
 
     def _batcher(self, model_id: str) -> Batcher:
         batcher = self._batchers.get(model_id)
@@ -250,7 +250,7 @@ class ModelPool:
         return results
 
     async def rerank(self, job: RerankJob) -> Encoded:
-        model_id = serve.get_multiplexed_model_id()
+        model_id = self._model_id()
         return await self._run(model_id, lambda encoder: encoder.score(
             job.query, job.documents, truncate=job.truncate))
 
@@ -263,7 +263,11 @@ class ModelPool:
                 "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "rss_bytes": _rss_bytes(),
                 "waiting_texts": {m: b.waiting for m, b in self._batchers.items()},
-                "running_batches": {m: b.in_flight for m, b in self._batchers.items()}}
+                "running_batches": {m: b.in_flight for m, b in self._batchers.items()},
+                "busy_workers": self.workers.busy, "stuck_workers": self.workers.stuck,
+                "waiting_for_workers": self.workers.waiting,
+                "loading": self.loads.loading, "queued_loads": self.loads.queued,
+                "load_overdue_s": round(self.loads.overdue_s(), 1)}
 
 
 def _slice(job: EmbedJob, start: int, size: int) -> EmbedJob:

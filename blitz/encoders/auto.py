@@ -31,7 +31,6 @@ import gc
 import json
 import logging
 import math
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from blitz.child_process import run_child
 from blitz.cpu_features import cpu_supports_bf16
 from blitz.encoders.base import Encoder
 from blitz.encoders.sentence_transformer import SentenceTransformerEncoder, length_batches
@@ -214,7 +214,7 @@ def choose_in_child(spec: ModelSpec, cache_dir: str | Path | None,
         command.append(str(cache_dir))
     logger.info("model %r: cpu_backend auto measures its candidates in a child process",
                 spec.id)
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = run_child(command)  # killed past the load deadline, or with this process
     lines = [line for line in done.stdout.splitlines() if line.startswith(CHILD_MARK)]
     if done.returncode != 0 or not lines:
         logger.warning("model %r: the cpu_backend auto child failed (exit %s); measuring in "

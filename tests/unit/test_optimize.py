@@ -42,7 +42,10 @@ def test_cli_optimize_prints_accuracy_and_speed(minilm_run):
                          rf"(\d+\.\d\d)x$", out, re.MULTILINE)
         assert line, out
         fast, base, ratio = int(line[1]), int(line[2]), float(line[3])
-        assert fast > 0 and base > 0 and ratio == pytest.approx(fast / base, rel=0.05, abs=0.01)
+        assert fast > 0 and base > 0
+        # the rates are printed rounded: the ratio lies within what the rounding allows (a
+        # loaded machine's torch fp32 can print as 4/s, where the rounding alone is 12%)
+        assert (fast - 0.5) / (base + 0.5) - 0.01 <= ratio <= (fast + 0.5) / (base - 0.5) + 0.01
     assert "exporting to ONNX" in err and "checking accuracy" in err
 
 

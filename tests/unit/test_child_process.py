@@ -1,0 +1,132 @@
+"""Child processes of a model load (blitz.child_process): killed with their process group
+past their deadline, and killed when their parent dies; the ONNX build and the auto
+backend's measurement both start theirs this way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from blitz import child_process, onnx_child
+from blitz.child_process import ChildTimedOut, deadline, run_child
+from blitz.encoders import auto
+from blitz.registry import ModelSpec
+
+WAIT_S = 10.0  # bound on every wait; a healthy run needs a small part of it
+
+# writes its pid, starts a grandchild that writes its own, then sleeps
+_SPAWNER = """
+import subprocess, sys, time
+out = sys.argv[1]
+subprocess.Popen([sys.executable, "-c",
+                  f"import os, time; open({out!r} + '.grandchild', 'w').write(str(os.getpid())); time.sleep(60)"])
+open(out + ".child", "w").write(str(__import__("os").getpid()))
+time.sleep(60)
+"""
+
+# a replica stand-in: starts a child through run_child and waits for it
+_PARENT = """
+import sys
+from blitz.child_process import run_child
+run_child([sys.executable, "-c", sys.argv[1], sys.argv[2]], timeout_s=60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper counts as dead)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def _read_pid(path: Path) -> int:
+    deadline_at = time.monotonic() + WAIT_S
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline_at, f"{path.name} never started"
+        time.sleep(0.02)
+    return int(path.read_text())
+
+
+def _until_gone(pid: int) -> None:
+    deadline_at = time.monotonic() + WAIT_S
+    while _alive(pid):
+        assert time.monotonic() < deadline_at, f"process {pid} outlived its deadline"
+        time.sleep(0.02)
+
+
+def test_a_child_past_its_timeout_is_killed_with_its_process_group(tmp_path):
+    out = tmp_path / "pids"
+    started = time.monotonic()
+    with pytest.raises(ChildTimedOut, match="did not finish within 1 s"):
+        run_child([sys.executable, "-c", _SPAWNER, str(out)], timeout_s=1)
+    assert time.monotonic() - started < 5
+    for name in ("child", "grandchild"):
+        _until_gone(_read_pid(out.with_suffix(f".{name}")))
+
+
+def test_a_child_dies_with_its_parent(tmp_path):
+    out = tmp_path / "pids"
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, _SPAWNER, str(out)],
+                              cwd=Path(__file__).parents[2])
+    try:
+        child = _read_pid(out.with_suffix(".child"))
+        _read_pid(out.with_suffix(".grandchild"))
+        parent.send_signal(signal.SIGKILL)  # a replica killed: no cleanup code runs
+        parent.wait(WAIT_S)
+        _until_gone(child)
+    finally:
+        parent.kill()
+        parent.wait(WAIT_S)
+        for name in ("child", "grandchild"):  # the grandchild is the child's business
+            path = out.with_suffix(f".{name}")
+            if path.exists() and _alive(int(path.read_text())):
+                os.kill(int(path.read_text()), signal.SIGKILL)
+
+
+def test_a_child_outside_any_deadline_gets_the_default(monkeypatch):
+    assert child_process.time_left() == child_process.DEFAULT_TIMEOUT_S
+    with deadline(30):
+        assert 29 < child_process.time_left() <= 30
+        with deadline(60):  # an inner block never extends the outer one
+            assert child_process.time_left() <= 30
+    done = run_child([sys.executable, "-c", "print('hi')"])
+    assert (done.returncode, done.stdout) == (0, "hi\n")
+
+
+@pytest.fixture
+def hanging_python(tmp_path) -> types.SimpleNamespace:
+    """A ``sys`` whose ``executable`` hangs: a child started from it never finishes."""
+    script = tmp_path / "hanging-python"
+    script.write_text("#!/bin/sh\nexec sleep 30\n")
+    script.chmod(0o755)
+    return types.SimpleNamespace(executable=str(script))
+
+
+def test_the_load_deadline_kills_the_onnx_build_child(tmp_path, hanging_python, monkeypatch):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    spec = ModelSpec(id="m", source=str(model), cpu_backend="onnx")
+    monkeypatch.setattr(onnx_child, "sys", hanging_python)
+    started = time.monotonic()
+    with deadline(0.5), pytest.raises(ChildTimedOut, match="blitz.onnx_child"):
+        onnx_child.build_in_child(spec, model, tmp_path / "cache")
+    assert time.monotonic() - started < 5
+
+
+def test_the_load_deadline_kills_the_auto_backend_child(tmp_path, hanging_python, monkeypatch):
+    spec = ModelSpec(id="m", source=str(tmp_path), cpu_backend="auto")
+    monkeypatch.setattr(auto, "sys", hanging_python)
+    started = time.monotonic()
+    with deadline(0.5), pytest.raises(ChildTimedOut, match="blitz.auto_child"):
+        auto.choose_in_child(spec, tmp_path / "cache", threads=1)
+    assert time.monotonic() - started < 5
