@@ -5,6 +5,7 @@ Every setting is declared here once, with its default and meaning.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +23,8 @@ API_KEYS_ENV = "BLITZ_API_KEYS"
 # metrics_interval_s); a look-back window must be longer than that.
 AUTOSCALING_METRICS_PUSH_S = 10.0
 MAX_MODELS_PER_REPLICA = 3  # models one pool replica holds (Serve multiplexing, LRU)
+RETIRED_INGRESS_SETTINGS = frozenset({"ready_cache_s", "ready_timeout_s"})
+logger = logging.getLogger("blitz.config")
 
 
 class _Settings(BaseModel):
@@ -77,7 +80,16 @@ class PoolSettings(_Settings):
     max_queued_texts: int = Field(
         4096, ge=1, description="texts waiting per model on a replica; past it: 503")
     call_timeout_s: float = Field(
-        60.0, gt=0, description="one model call (a batch); past it its requests get 503")
+        60.0, gt=0, description="one model call (a batch), and the longest it waits for a "
+        "free worker; past it its requests get 503. A replica whose workers are all stuck "
+        "in calls longer than this refuses new work (503) and reports itself unhealthy, "
+        "so Serve replaces it")
+    load_timeout_s: float = Field(
+        600.0, gt=0, description="one model load (download, ONNX build or cpu_backend auto "
+        "measurement in a child process, warmup; a first ONNX build takes ~30-60 s); past "
+        "it its requests get 424 (remembered for load_failure_ttl_s), its child process is "
+        "killed, and a load thread still running reports the replica unhealthy. Loads "
+        "run one at a time, so those queued behind it get 503")
     load_failure_ttl_s: float = Field(
         30.0, ge=0, description="a failed model load is answered 424 at once this long")
     torch_threads: int | None = Field(
@@ -130,7 +142,6 @@ class IngressSettings(_Settings):
         4096, ge=1, description="texts waiting per (pool, model) for a pool call; past it: 503")
     pool_timeout_s: float = Field(
         120.0, gt=0, description="one pool call, model load included; past it: 503")
-    ready_cache_s: float = Field(5.0, ge=0, description="how long a /ready answer is reused")
     resources: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources each ingress replica needs")
     graceful_shutdown_timeout_s: float = Field(
@@ -141,9 +152,18 @@ class IngressSettings(_Settings):
     max_surge_percent: int = Field(
         100, ge=0, le=100, description="extra ingress replicas started during a redeploy, so "
         "the old ones serve until the new ones are ready")
-    ready_timeout_s: float = Field(
-        5.0, gt=0, description="longest /ready waits for the default model (a pool still "
-        "starting or preloading); past it: 503, and the check goes on for the next probe")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _retired(cls, value: Any) -> Any:
+        """Settings of the old /ready, which waited on a model call: accepted, ignored."""
+        if isinstance(value, dict) and RETIRED_INGRESS_SETTINGS & value.keys():
+            value = dict(value)
+            for name in sorted(RETIRED_INGRESS_SETTINGS & value.keys()):
+                value.pop(name)
+                logger.warning("ingress.%s is no longer used (/ready answers at once from "
+                               "the pools' state): remove it from the config", name)
+        return value
 
 
 class Limits(_Settings):
@@ -154,6 +174,9 @@ class Limits(_Settings):
         1_048_576, ge=1, description="token ids in one OpenAI token-id input, all rows")
     max_chars_per_text: int = Field(100_000, ge=1)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_buffered_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024, description="request bodies one ingress replica holds "
+        "while reading them, all together; past it: 503 (a body is read whole, then decoded)")
     max_top_n: int = Field(1000, ge=1)
 
 
@@ -161,6 +184,9 @@ class AuthSettings(_Settings):
     api_keys: list[str] = Field(default_factory=list, description="accepted Bearer keys")
     api_keys_env: str = Field(API_KEYS_ENV, description="env var with comma-separated keys")
     required: bool = Field(False, description="refuse to start when no key resolves")
+    show_model_sources: bool = Field(
+        False, description="GET /models shows each model's `source` (bucket URIs, paths) "
+        "even with keys off; with keys on, only callers with a key reach /models anyway")
 
     def resolved_keys(self) -> list[str]:
         from_env = os.environ.get(self.api_keys_env, "")
@@ -235,8 +261,8 @@ class BlitzSettings(_Settings):
                 and self.default_model not in preload):
             raise ValueError(
                 f"cpu_pool.preload fills all {MAX_MODELS_PER_REPLICA} model slots but leaves "
-                f"out the default model {self.default_model!r}, which /ready loads: the "
-                "readiness probe would evict a preloaded model")
+                f"out the default model {self.default_model!r}: its first request would "
+                "evict a preloaded model")
 
     @classmethod
     def from_args(cls, args: dict[str, Any] | None) -> BlitzSettings:

@@ -16,7 +16,7 @@ from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
 from blitz import codecs
-from blitz.errors import PayloadTooLarge
+from blitz.errors import Overloaded, PayloadTooLarge
 from blitz.http_middleware import RECORD, RequestMiddleware
 from blitz.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
 from blitz.schemas import EmbedRequest, OpenAIEmbeddingRequest, RerankRequest
@@ -33,6 +33,7 @@ class HttpApi:
         # documents, numpy arrays): more than this is refused before it is built
         limits = self.settings.limits
         self._max_containers = 2 * limits.max_texts_per_request + 64
+        self._buffered = 0  # bytes of request bodies being read now (max_buffered_bytes)
         self.routes = [  # the hot routes first: the router tries them in order
             Route("/embed", self.embed, methods=["POST"]),
             Route("/v1/embeddings", self.openai_embeddings, methods=["POST"]),
@@ -55,20 +56,32 @@ class HttpApi:
     # ---- body --------------------------------------------------------------------------
 
     async def _body(self, request: Request) -> Any:
-        limit = self.settings.limits.max_body_bytes
+        """The decoded body. Bodies are read whole before decoding; all those being read
+        on this replica together stay under ``limits.max_buffered_bytes`` (past it: 503),
+        and every byte is given back when the request ends, however it ends."""
+        limits = self.settings.limits
+        limit = limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLarge(f"body is {declared} bytes; the limit max_body_bytes is "
                                   f"{limit}")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"body is over {limit} bytes; the limit max_body_bytes "
-                                      f"is {limit}")
-            chunks.append(chunk)
-        return codecs.decode_body(b"".join(chunks), request.headers.get("content-type"), limit,
-                                  self._max_containers)
+        chunks: list[bytes] = []
+        held = 0  # bytes of this body counted in self._buffered
+        try:
+            async for chunk in request.stream():
+                held += len(chunk)
+                self._buffered += len(chunk)
+                if held > limit:
+                    raise PayloadTooLarge(f"body is over {limit} bytes; the limit "
+                                          f"max_body_bytes is {limit}")
+                if self._buffered > limits.max_buffered_bytes:
+                    raise Overloaded("this server is reading too many large bodies at once; "
+                                     "retry shortly")
+                chunks.append(chunk)
+            return codecs.decode_body(b"".join(chunks), request.headers.get("content-type"),
+                                      limit, self._max_containers)
+        finally:
+            self._buffered -= held
 
     @staticmethod
     def _model_id(request: Request, body_model: str | None) -> str | None:
@@ -83,11 +96,11 @@ class HttpApi:
 
     async def embed(self, request: Request) -> Response:
         req = EmbedRequest.parse(await self._body(request), self.settings.limits)
+        fmt, accept_layout = codecs.choose_reply(request.headers.get("accept"))  # before work
         result = await self.service.embed(
             req.texts, model=self._model_id(request, req.model), normalize=req.normalize,
             truncate=req.truncate, dimensions=req.dimensions, dtype=req.dtype,
             prompt_name=req.prompt_name, record=_record(request))
-        fmt, accept_layout = codecs.choose_reply(request.headers.get("accept"))
         if fmt == "raw":
             return RawArrayResponse(result.embeddings)
         if fmt == "json":
@@ -112,12 +125,13 @@ class HttpApi:
 
     async def rerank(self, request: Request) -> Response:
         req = RerankRequest.parse(await self._body(request), self.settings.limits)
+        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
         result = await self.service.rerank(
             req.query, req.documents, model=self._model_id(request, req.model),
             top_n=req.top_n, return_documents=req.return_documents, truncate=req.truncate,
             record=_record(request))
         body = result.to_dict()  # no arrays: portable in either msgpack layout
-        if codecs.choose_reply(request.headers.get("accept"), "json")[0] == "msgpack":
+        if fmt == "msgpack":
             return MsgpackResponse(body)
         return JSONBytesResponse(body)
 

@@ -222,6 +222,7 @@ class EmbeddingService:
                 [self.dispatcher.embed(pool, spec.id, job) for job in jobs], size)
             values = parts[0].values if len(parts) == 1 else np.concatenate(
                 [p.values for p in parts])
+            self._dimensions[spec.id] = int(values.shape[1])  # known now, if it was not
             tokens = int(sum(int(p.token_counts.sum()) for p in parts))
             values = quantize(truncate_dimensions(values, dimensions, normalize), dtype)
             record.pool, record.tokens = pool, tokens
@@ -245,9 +246,9 @@ class EmbeddingService:
     def _check_dimensions(self, spec: ModelSpec, dimensions: int | None) -> None:
         if dimensions is None:
             return
-        if spec.id not in self._dimensions:
-            self._dimensions[spec.id] = read_dimension(spec)
-        known = self._dimensions[spec.id]
+        known = self._dimensions.get(spec.id)
+        if known is None:  # from the files; a model whose files are remote: its first reply
+            known = self._dimensions[spec.id] = read_dimension(spec)
         if known is not None and dimensions > known:
             raise InvalidValue(
                 f"dimensions={dimensions} is larger than model {spec.id!r}'s dimension {known}",

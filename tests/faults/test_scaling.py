@@ -17,6 +17,7 @@ Delays are short settings (seconds); the models are fakes whose batches take a s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -225,52 +226,72 @@ async def test_in_flight_requests_drain_on_redeploy_and_on_delete(deploy):
     assert app not in serve.status().applications
 
 
+@contextlib.contextmanager
+def cpus_claimed(cpus: float):
+    """A placement group holding ``cpus`` CPUs of the cluster (whole bundles, then one
+    fraction: Ray takes fractions only below 1), removed on exit."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundles = [{"CPU": 1.0}] * int(cpus)
+    if cpus - int(cpus) > 0.01:
+        bundles.append({"CPU": round(cpus - int(cpus), 2)})
+    group = placement_group(bundles, strategy="PACK")
+    try:
+        ray.get(group.ready(), timeout=60)
+        yield
+    finally:
+        remove_placement_group(group)
+
+
 async def test_redeploy_on_a_cluster_with_no_free_cpu_completes(deploy):
-    """Every CPU of the cluster is claimed (the ingress takes all that is free): a redeploy
-    that adds a model must still complete, the ingress replaced in place, not wait forever
-    for room for its surge replica while the old config serves on. Every request answers
-    200 or 503 with Retry-After, and the new model answers within the bound."""
+    """Every CPU of the cluster is claimed (the app's replicas and a placement group hold
+    them all): a redeploy that adds a model must still complete, the ingress replaced in
+    place, not wait forever for room for its surge replica while the old config serves on.
+    Every request answers 200 or 503 with Retry-After, and the new model answers within the
+    bound."""
     import ray
     from ray import serve
 
     from deployments.app import build_app
 
     app = "fault-redeploy-full"
-    free = ray.available_resources().get("CPU", 0.0)
-    assert free > 0.3, f"the shared cluster has {free} CPUs free"
-    pool = {"num_cpus": 0.1}
-    ingress = {"num_cpus": round(free - 0.1 - 0.01, 2)}  # all but a crumb too small to surge
+    pool, ingress = {"num_cpus": 0.1}, {"num_cpus": 0.5}
     before = small_app([{"id": "a", "source": "fake:8"}], cpu_pool=pool, ingress=ingress)
     after = small_app([{"id": "a", "source": "fake:8"}, {"id": "b", "source": "fake:16"}],
                       cpu_pool=pool, ingress=ingress)
     url = deploy(app, before)
-    assert ray.available_resources().get("CPU", 0.0) < ingress["num_cpus"]  # no room to surge
-    request, check = embed("a", 2, 8)
-    record = LoadRecord()
-    phase = {"done": False}
+    free = ray.available_resources().get("CPU", 0.0)
+    with cpus_claimed(free - 0.05):  # a crumb stays free, too small for a surge replica
+        assert ray.available_resources().get("CPU", 0.0) < ingress["num_cpus"]
+        request, check = embed("a", 2, 8)
+        record = LoadRecord()
+        phase = {"done": False}
 
-    async def redeploy() -> None:
-        try:
-            await asyncio.sleep(1)
-            serve.run_many([serve.RunTarget(build_app(after), name=app, route_prefix=f"/{app}")],
-                           wait_for_applications_running=False)
-            async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-                new_request, new_check = embed("b", 3, 16)
+        async def redeploy() -> None:
+            try:
+                await asyncio.sleep(1)
+                serve.run_many([serve.RunTarget(build_app(after), name=app,
+                                                route_prefix=f"/{app}")],
+                               wait_for_applications_running=False)
+                async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                    new_request, new_check = embed("b", 3, 16)
 
-                async def new_model_answers() -> bool:
-                    reply = await new_request(client)
-                    if reply.status_code == 200:
-                        new_check(reply)
-                    return reply.status_code == 200
+                    async def new_model_answers() -> bool:
+                        reply = await new_request(client)
+                        if reply.status_code == 200:
+                            new_check(reply)
+                        return reply.status_code == 200
 
-                await wait_for(new_model_answers, "the new model after a redeploy on a full "
-                               "cluster", timeout_s=WAIT_S)
-        finally:
-            phase["done"] = True
+                    await wait_for(new_model_answers, "the new model after a redeploy on a "
+                                   "full cluster")
+            finally:
+                phase["done"] = True
 
-    await asyncio.gather(
-        run_clients(url, 2, request, lambda: phase["done"], WAIT_S + 30, record, check=check),
-        redeploy())
+        await asyncio.gather(
+            run_clients(url, 2, request, lambda: phase["done"], WAIT_S + 30, record,
+                        check=check),
+            redeploy())
     print(f"\nredeploy on a full cluster: {record.statuses()}")
     assert record.outcomes and not record.bad(), record.bad()[:5]
     assert await running(app, "Ingress") == 1

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import httpx
+import numpy as np
 import orjson
 import pytest
 
 from blitz import codecs
 from blitz.config import AuthSettings, BlitzSettings
+from blitz.encoders.base import Encoded
 from blitz.errors import ModelLoadFailed
 from blitz.http_api import HttpApi
 from blitz.http_middleware import warn_if_open
@@ -17,6 +20,7 @@ from blitz.local import LocalDispatcher
 from blitz.service import EmbeddingService, RequestRecord
 
 MSGPACK = {"content-type": "application/msgpack"}
+JSON = "application/json"
 
 
 class CountingDispatcher(LocalDispatcher):
@@ -217,3 +221,59 @@ async def test_models_shows_sources_only_to_operators(monkeypatch):
         assert "fake:8" not in listed
         if shown:
             assert models[0]["source"] == "fake:8"
+
+
+# ---- refused before the model runs ---------------------------------------------------
+
+class RemoteModelDispatcher(CountingDispatcher):
+    """A model whose files are elsewhere (hf:), so its dimension is unknown until it answers."""
+
+    async def embed(self, pool, model_id, job):
+        self.calls += 1
+        n = len(job.texts or job.token_ids or ())
+        return Encoded(np.ones((n, 8), np.float32), np.ones(n, np.int64), n)
+
+
+async def test_a_bad_accept_layout_and_too_many_dimensions_are_refused_before_the_model():
+    settings = BlitzSettings.from_args({"models": [{"id": "remote", "source": "hf:org/remote"}]})
+    dispatcher = RemoteModelDispatcher(settings)
+    api = HttpApi(EmbeddingService(settings, dispatcher))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
+                                 base_url="http://blitz") as client:
+        r = await client.post("/embed", json={"texts": ["a"]},
+                              headers={"accept": "application/msgpack; layout=nope"})
+        assert r.status_code == 400 and dispatcher.calls == 0
+        assert (await client.post("/embed", json={"texts": ["a"]})).status_code == 200
+        assert dispatcher.calls == 1  # the model's dimension (8) is known from here on
+        r = await client.post("/embed", json={"texts": ["a"], "dimensions": 16})
+        assert r.status_code == 422 and "dimension 8" in r.text
+        assert dispatcher.calls == 1
+
+
+async def test_bodies_read_at_once_share_one_bound_and_give_it_back():
+    """Two bodies that each fit ``max_body_bytes`` but not together in
+    ``max_buffered_bytes``: the second is a 503 while the first is still arriving, and every
+    byte is given back once the first ends (here: its client leaves mid-body)."""
+    client, _, dispatcher = build({"limits": {"max_body_bytes": 64 * 1024,
+                                              "max_buffered_bytes": 96 * 1024}})
+    api = client._transport.app  # type: ignore[attr-defined]
+    arrived = asyncio.Event()
+    leave = asyncio.Event()
+
+    async def slow_body():
+        yield b'{"texts": ["' + b"a" * 60_000
+        arrived.set()
+        await leave.wait()
+        raise ConnectionResetError("the client left")
+
+    async with client:
+        first = asyncio.ensure_future(client.post("/embed", content=slow_body(),
+                                                  headers={"content-type": JSON}))
+        await arrived.wait()
+        r = await client.post("/embed", json={"texts": ["b" * 50_000]})
+        assert r.status_code == 503 and r.headers["retry-after"]
+        leave.set()
+        assert (await first).status_code >= 400  # nobody reads it: the client has gone
+        assert api._buffered == 0
+        assert (await client.post("/embed", json={"texts": ["b" * 50_000]})).status_code == 200
+    assert dispatcher.calls == 1
