@@ -83,8 +83,9 @@ def fit_surge(options: dict[str, Any], available: dict[str, float]) -> dict[str,
         "free now: %s): it is replaced in place, so its requests wait for the new replica. "
         "Free resources (or lower max_surge_percent) to keep the old replica serving "
         "meanwhile", options["name"], options["max_surge_percent"],
-        {k: round(v, 2) for k, v in sorted(available.items())
-         if k in ("CPU", "GPU") or not k.startswith(("node:", "memory", "object_store"))})
+        {k: round(v, 2) for k, v in sorted(available.items())  # not Ray's own bookkeeping
+         if k in ("CPU", "GPU") or not (k.startswith(("node:", "memory", "object_store"))
+                                        or "_group_" in k)})
     return {**options, "max_surge_percent": 0}
 
 
