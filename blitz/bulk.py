@@ -228,10 +228,12 @@ LINE = "_line"  # a batch column: the row's position in its file
 class JsonLines:
     """JSON lines as rows. Ray Data's ``read_text`` gives one line per row (column
     ``text``), numbered in column ``_line``; out come the text column, the id column and
-    ``_refused``: why a line has no text to embed (not a JSON object, a missing, null or
-    non-string value), empty otherwise. Ids keep the first line's type (int or str); a
-    line without an id, or whose id is not an int when the first one is, gets its line
-    position (refused, with the reason, in the int case)."""
+    ``_refused``: why a line has no text to embed, empty otherwise. Whatever a line holds,
+    it is refused, never raised: not JSON (or nested too deep to parse), not an object,
+    a missing, null, non-string or empty text, a text with a lone surrogate (a ``\\ud800``
+    escape, which no tokenizer takes). Ids keep the first object's type (int or str); a
+    line without an id gets its line position, and so does a line whose id does not fit
+    that type (refused, with the reason)."""
 
     def __init__(self, text_column: str, id_column: str, first: dict[str, Any]):
         self.text_column, self.id_column = text_column, id_column
@@ -241,37 +243,78 @@ class JsonLines:
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         texts, ids, reasons = [], [], []
         for line, position in zip(batch["text"], batch[LINE], strict=True):
-            try:
-                row = json.loads(line)
-            except ValueError:
-                row = None
-            reason: str | None = "not a JSON object"
-            if isinstance(row, dict):
-                reason = refusal(row.get(self.text_column))
-            else:
-                row = {}
-            ident = row.get(self.id_column)
-            if self.id_type is None:
-                ident = int(position)
-            elif self.id_type is int and type(ident) is not int:
-                ident, reason = int(position), reason or "id is not an integer"
-            elif self.id_type is str:
-                ident = str(position) if ident is None else str(ident)
-            texts.append(row[self.text_column] if reason is None else "")
-            reasons.append(reason or "")
+            text, ident, reason = self.row(json_object(line), int(position))
+            texts.append(text)
             ids.append(ident)
+            reasons.append(reason or "")
         return {self.id_column: np.array(ids, dtype=object if self.id_type is str else np.int64),
                 self.text_column: np.array(texts, dtype=object),
                 REFUSED: np.array(reasons, dtype=object)}
 
+    def row(self, row: dict[str, Any] | None, position: int) -> tuple[str, Any, str | None]:
+        """(text, id, why the line is refused or None) for the object on one line."""
+        reason: str | None = "not a JSON object"
+        if row is None:
+            row = {}
+        else:
+            text: Any = row.get(self.text_column)
+            reason = refusal(text) or (None if _encodable(text) else
+                                       "text is not valid Unicode (a lone surrogate)")
+        ident = row.get(self.id_column)
+        if self.id_type is None:
+            ident = position
+        elif self.id_type is int:
+            if type(ident) is not int:
+                ident, reason = position, reason or "id is not an integer"
+            elif not INT64_MIN <= ident <= INT64_MAX:
+                ident, reason = position, reason or "id is outside the 64-bit integer range"
+        elif ident is None:
+            ident = str(position)
+        elif type(ident) not in (str, int, float, bool):
+            ident, reason = str(position), reason or "id is not a string or number"
+        elif not _encodable(str(ident)):
+            ident, reason = str(position), reason or "id is not valid Unicode (a lone surrogate)"
+        else:
+            ident = str(ident)
+        return (row[self.text_column] if reason is None else ""), ident, reason
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def json_object(line: str | bytes) -> dict[str, Any] | None:
+    """The JSON object on ``line``; None when the line is not JSON (undecodable, invalid,
+    nested deeper than the parser goes) or holds another value. A byte-order mark before
+    it is skipped, as ``json.loads`` skips it in bytes."""
+    if isinstance(line, str):
+        line = line.removeprefix("\ufeff")
+    try:
+        row = json.loads(line)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are
+        return None  # ValueErrors; json's C parser raises RecursionError at its depth limit
+    return row if isinstance(row, dict) else None
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form (JSON's ``\\ud800`` escapes give lone surrogates)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
 
 def first_json_row(fs: Any, path: str) -> dict[str, Any]:
-    """The first JSON object in a JSON-lines file (its keys tell whether it has ids)."""
+    """The first JSON object in a JSON-lines file (its keys tell whether it has ids), or
+    ``{}`` when it has none. Lines holding no object are passed over (the job refuses
+    them one by one): only reading the file raises."""
     with fs.open(path, "rb", compression="infer") as f:
         for line in f:
-            if line.strip():
-                row = json.loads(line)
-                return row if isinstance(row, dict) else {}
+            row = json_object(line)
+            if row is not None:
+                return row
     return {}
 
 

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import base64
 import math
-import re
 from typing import Any, Literal
 
 import msgpack
 import numpy as np
 import orjson
 
-from blitz.errors import BadRequest, PayloadTooLarge
+from blitz.errors import BadRequest, PayloadTooLarge, echo
 
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 JSON_TYPE = "application/json"
@@ -43,6 +42,7 @@ ALLOWED_DTYPES = frozenset(
     {"<f2", "<f4", "<f8", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "|b1"}
 )
 DEFAULT_MAX_BUFFER = 64 * 1024 * 1024
+MAX_DIMS = 32  # numpy 1's limit (numpy 2 takes 64); an embedding has 2
 
 
 def _encode_ndarray(obj: Any) -> Any:
@@ -62,7 +62,8 @@ def _encode_ndarray(obj: Any) -> Any:
 def _decode_ndarray(obj: dict) -> Any:
     if obj.get(b"nd") is not True:
         return obj
-    if obj.get(b"kind") not in (b"", "", None):
+    kind = obj.get(b"kind")
+    if not (kind is None or (isinstance(kind, (bytes, str)) and not kind)):
         raise BadRequest("array kind must be empty (object arrays are not accepted)")
     return _checked_array(obj.get(b"type"), obj.get(b"shape"), obj.get(b"data"))
 
@@ -72,20 +73,25 @@ def _checked_array(dtype_str: Any, shape: Any, data: Any) -> np.ndarray:
     if isinstance(dtype_str, bytes):
         dtype_str = dtype_str.decode("ascii", "replace")
     if not isinstance(dtype_str, str) or dtype_str not in ALLOWED_DTYPES:
-        raise BadRequest(f"array dtype {dtype_str!r} is not allowed")
+        shown = echo(dtype_str) if isinstance(dtype_str, str) else type(dtype_str).__name__
+        raise BadRequest(f"array dtype {shown!r} is not allowed")
     if not isinstance(shape, (list, tuple)) or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise BadRequest("array shape must be a list of non-negative integers")
+    if len(shape) > MAX_DIMS:  # before the product: a long list of big ints is slow to multiply
+        raise BadRequest(f"array shape has {len(shape)} dimensions, more than {MAX_DIMS}")
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise BadRequest("array data must be bytes")
     dtype = np.dtype(dtype_str)
-    if math.prod(shape) * dtype.itemsize != len(data):
-        raise BadRequest(
-            f"array data is {len(data)} bytes, shape {list(shape)} of {dtype_str} needs "
-            f"{math.prod(shape) * dtype.itemsize}"
-        )
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    needs = math.prod(shape) * dtype.itemsize
+    if needs != len(data):
+        raise BadRequest(f"array data is {len(data)} bytes, shape {echo(list(shape))} of "
+                         f"{dtype_str} needs {needs}")
+    try:
+        return np.frombuffer(data, dtype=dtype).reshape(shape)
+    except ValueError as exc:  # an empty array with a dimension over numpy's size limit
+        raise BadRequest(f"array shape {echo(list(shape))} is too large") from exc
 
 
 def portable_array(array: np.ndarray) -> tuple[bytes | memoryview, list[int], str]:
@@ -162,23 +168,66 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"cannot serialize {type(obj).__name__}")
 
 
-# a JSON string literal, escapes included (unrolled, so long strings scan fast)
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+# JSON's string delimiter, escape and container openers, as byte values
+_QUOTE, _BACKSLASH, _OPENERS = ord('"'), ord("\\"), (ord("["), ord("{"))
+# bytes per vectorized pass: its temporary arrays stay small (under glibc's threshold for
+# mapping memory afresh on each allocation) and in the CPU's caches
+_SCAN_CHUNK = 16 * 1024
 
 
-def _json_containers(data: bytes, limit: int) -> int:
-    """Lists and objects in ``data``: brackets counted, those inside strings left out
-    (the exact count is only taken when the quick one is over ``limit``)."""
-    quick = data.count(b"[") + data.count(b"{")
-    if quick <= limit:
-        return quick
-    bare = _JSON_STRING.sub(b"", data)
-    return bare.count(b"[") + bare.count(b"{")
+def _json_containers_over(data: bytes, limit: int) -> bool:
+    """Whether ``data`` opens more than ``limit`` lists and objects: ``[`` and ``{``
+    outside strings.
+
+    Counting every bracket settles it when that count is within ``limit``. Otherwise one
+    pass over fixed-size chunks finds the strings (a quote opens or closes one unless it
+    follows an odd run of backslashes), vectorized, and stops once the limit is crossed:
+    linear in the size of ``data`` whatever its bytes, with no regex to backtrack. Between
+    chunks it carries only whether a string is open and whether the next byte is escaped.
+    """
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return False
+    count, inside, escaped = 0, False, False
+    for start in range(0, len(data), _SCAN_CHUNK):
+        end = min(start + _SCAN_CHUNK, len(data))
+        if not escaped and data.find(b'"', start, end) < 0 and not data.endswith(
+                b"\\", start, end):  # no string starts or ends here
+            if not inside:
+                count += data.count(b"[", start, end) + data.count(b"{", start, end)
+        else:
+            count, inside, escaped = _count_chunk(
+                np.frombuffer(data, np.uint8, end - start, start), count, inside, escaped)
+        if count > limit:
+            return True
+    return False
+
+
+def _count_chunk(chunk: np.ndarray, count: int, inside: bool,
+                 escaped: bool) -> tuple[int, bool, bool]:
+    """``count`` plus the brackets outside strings in ``chunk``, whether a string is open
+    after it and whether the byte after it is escaped; ``inside`` and ``escaped`` say the
+    same of its start."""
+    quotes = chunk == _QUOTE
+    backslashes = chunk == _BACKSLASH
+    if escaped:  # its first byte is an escaped quote or backslash: neither counts
+        quotes[0] = backslashes[0] = False
+    escapes_next = False
+    if backslashes.any():
+        edges = np.diff(backslashes.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        after_odd = ends[(ends - starts) % 2 == 1]  # a run of odd length escapes this byte
+        if len(after_odd) and after_odd[-1] == len(chunk):
+            escapes_next, after_odd = True, after_odd[:-1]
+        quotes[after_odd] = False
+    in_string = np.bitwise_xor.accumulate(quotes.view(np.uint8)) != inside
+    openers = (chunk == _OPENERS[0]) | (chunk == _OPENERS[1])
+    return (count + int(np.count_nonzero(openers & ~in_string)), bool(in_string[-1]),
+            escapes_next)
 
 
 def loads_json(data: bytes, max_containers: int | None = None) -> Any:
     """Parse JSON from an untrusted peer; ``max_containers`` as in ``unpack``."""
-    if max_containers is not None and _json_containers(data, max_containers) > max_containers:
+    if max_containers is not None and _json_containers_over(data, max_containers):
         raise _too_many_containers(max_containers)
     try:
         return orjson.loads(data)
@@ -223,9 +272,8 @@ def decode_body(body: bytes, content_type: str | None, max_bytes: int,
         if body.lstrip()[:1] in (b"{", b"["):
             return loads_json(body, max_containers)
         return unpack(body, max_bytes, max_containers)
-    raise BadRequest(
-        f"unsupported content type {base!r}; send application/msgpack or application/json"
-    )
+    raise BadRequest(f"unsupported content type {echo(base)!r}; send application/msgpack or "
+                     "application/json")
 
 
 def choose_reply_format(accept: str | None, default: ReplyFormat = "msgpack") -> ReplyFormat:
@@ -267,5 +315,5 @@ def _layout(value: str) -> ArrayLayout:
     for layout in ARRAY_LAYOUTS:
         if value.lower() == layout:
             return layout
-    raise BadRequest(f"Accept names layout={value!r}; the msgpack layouts are "
+    raise BadRequest(f"Accept names layout={echo(value)!r}; the msgpack layouts are "
                      f"{', '.join(ARRAY_LAYOUTS)}", param="accept")

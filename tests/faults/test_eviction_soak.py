@@ -85,8 +85,11 @@ async def test_eviction_soak_keeps_answers_correct_and_memory_flat(
     warm = next(rss for n, rss in samples if n >= WARMUP_EVICTIONS)
     final_evictions, final = samples[-1]
     drift = (final - warm) / warm
+    step = max(100, EVICTIONS // 8)  # the trend tells a leak (steady) from warm-up (early)
+    trend = {n // step * step: rss for n, rss in samples if n >= WARMUP_EVICTIONS}
     print(f"\neviction soak: {final_evictions} evictions, {answers} answers, RSS "
-          f"{warm / 2**20:.0f} -> {final / 2**20:.0f} MiB ({drift:+.1%})")
+          f"{warm / 2**20:.0f} -> {final / 2**20:.0f} MiB ({drift:+.1%}); by evictions: "
+          + ", ".join(f"{n}: {rss / 2**20:.0f}" for n, rss in sorted(trend.items())))
     assert not failures, failures[:5]
     assert final_evictions >= EVICTIONS + WARMUP_EVICTIONS
     assert abs(drift) <= 0.10

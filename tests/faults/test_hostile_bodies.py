@@ -10,6 +10,7 @@ import asyncio
 import time
 
 import httpx
+import msgpack
 import orjson
 import pytest
 
@@ -29,6 +30,26 @@ BODIES = {
     "boolean token ids": ("/v1/embeddings", orjson.dumps({"input": [[True] * 500] * 2000}),
                           JSON),
     "deep nesting": ("/embed", b"[" * 100_000 + b"]" * 100_000, JSON),
+    # an open string of escaped quotes after the brackets: quadratic for a backtracking
+    # pre-scan of strings (25 minutes for 1 MB); the second just over the container limit
+    "escaped quotes after 5000 [ (395 KiB)": (
+        "/embed", b"[" * 5000 + b'"' + b'\\"' * 200_000, JSON),
+    "escaped quotes after 4200 [ (297 KiB)": (
+        "/v1/embeddings", b"[" * 4200 + b'"' + b'\\"' * 150_000, JSON),
+    # the linear-cost families of tests/unit/test_fuzz_codecs.py, a few MiB each
+    "escape-heavy string (2.9 MiB)": (
+        "/embed", b'{"texts":["' + b'[\\"' * 1_000_000 + b'"]}', JSON),
+    "unterminated escape-heavy string (4.8 MiB)": (
+        "/embed", b'{"texts":["' + b'{\\\\\\"' * 1_000_000, JSON),
+    "strings holding brackets (3.8 MiB)": (
+        "/embed", b'{"texts":[' + b'"[{",' * 800_000 + b'""]}', JSON),
+    "many keys (4.3 MiB)": (
+        "/embed", b"{" + b",".join(b'"key-%07d":0' % i for i in range(280_000)) + b"}", JSON),
+    "deep maps (4 MiB)": ("/embed", b'{"a":' * 700_000 + b"1" + b"}" * 700_000, JSON),
+    "msgpack array of 500k dimensions (4.3 MiB)": (
+        "/embed", msgpack.packb({"texts": ["a"], "x": {
+            b"nd": True, b"type": "<f4", b"kind": b"", b"shape": [2**63] * 500_000,
+            b"data": b""}}), MSGPACK),
 }
 
 

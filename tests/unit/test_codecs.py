@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from blitz import codecs
-from blitz.errors import BadRequest
+from blitz.errors import ECHO_CHARS, BadRequest, PayloadTooLarge
 
 
 def test_arrays_round_trip_without_copies_and_read_by_msgpack_numpy():
@@ -93,6 +93,31 @@ def test_reply_layout_negotiation(accept, expected):
 def test_an_unknown_layout_in_accept_is_a_bad_request():
     with pytest.raises(BadRequest, match="numpy, portable"):
         codecs.choose_reply("application/msgpack; layout=js")
+
+
+@pytest.mark.parametrize("refuse", [
+    lambda junk: codecs.decode_body(b"x", f"text/{junk}", 1000),
+    lambda junk: codecs.choose_reply(f"application/msgpack; layout={junk}"),
+])
+def test_errors_echo_only_a_prefix_of_a_header(refuse):
+    with pytest.raises(BadRequest) as info:
+        refuse("x" * 100_000)
+    assert "x" * (ECHO_CHARS - 10) in info.value.message and len(info.value.message) < 200
+
+
+def test_the_json_container_limit_skips_brackets_in_strings_and_escapes():
+    tricky = rb'{"texts":["[[{{\\", "\"[{", "\\\"[[", "a"], "x": [[], {}]}'
+    assert codecs.loads_json(tricky, max_containers=5)["x"] == [[], {}]
+    with pytest.raises(PayloadTooLarge):
+        codecs.loads_json(tricky, max_containers=4)
+
+
+def test_an_unterminated_string_full_of_escaped_quotes_is_refused_at_once():
+    body = b"[" * 5000 + b'"' + b'\\"' * 200_000  # quadratic for a backtracking pre-scan
+    with pytest.raises(PayloadTooLarge):
+        codecs.loads_json(body, max_containers=4160)
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        codecs.loads_json(b'["' + b'[\\"' * 200_000, max_containers=4160)
 
 
 @pytest.mark.parametrize("array", [

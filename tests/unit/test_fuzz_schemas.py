@@ -1,0 +1,107 @@
+"""Property-based tests of the request parsers (blitz/schemas.py) on strangers' bodies.
+
+Whatever a decoded body holds, ``parse`` returns a request or raises a ``BlitzError``
+with a short message, and its cost grows linearly with the body.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from blitz.config import Limits
+from blitz.errors import BlitzError
+from blitz.schemas import EmbedRequest, OpenAIEmbeddingRequest, RerankRequest
+from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
+
+LIMITS = Limits(max_texts_per_request=8, max_token_ids_per_request=20)
+SERVER_LIMITS = Limits()
+
+# what msgpack or JSON decoding can hand a parser, numpy arrays (msgpack-numpy) included
+SCALARS = (st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats()
+           | st.text(max_size=10) | st.binary(max_size=6)
+           | st.sampled_from([np.zeros(3, np.float32), np.arange(4), np.array(7)]))
+VALUES = st.recursive(
+    SCALARS,
+    lambda kids: (st.lists(kids, max_size=10)
+                  | st.dictionaries(st.text(max_size=6) | st.binary(max_size=4), kids,
+                                    max_size=4)
+                  | st.lists(kids, max_size=4).map(lambda docs: [{"text": d} for d in docs])),
+    max_leaves=25)
+FIELDS = ["texts", "inputs", "input", "model", "normalize", "truncate", "dimensions", "dtype",
+          "prompt_name", "layout", "encoding_format", "user", "query", "documents", "top_n",
+          "return_documents"]
+# the values each field takes, and values it refuses, in lists of every shape
+FIELD_VALUES = (VALUES | st.lists(st.text(max_size=4), max_size=12)
+                | st.lists(st.integers(-3, 2**40) | st.booleans(), max_size=25)
+                | st.lists(st.lists(st.integers(-3, 50), max_size=6), max_size=10)
+                | st.sampled_from(["float32", "int8", "binary", "base64", "float", "portable",
+                                   "numpy", 1, 0, True, -1]))
+BODIES = (st.dictionaries(st.sampled_from(FIELDS), FIELD_VALUES, max_size=6)
+          | st.dictionaries(st.text(max_size=8), VALUES, max_size=4) | VALUES)
+
+
+def parsed_or_refused(parse: Any, body: Any, limits: Limits) -> Any:
+    try:
+        return parse(body, limits)
+    except BlitzError as exc:
+        assert len(exc.message) < 400  # a short message, not the body echoed back
+        return None
+
+
+@given(BODIES, st.sampled_from([LIMITS, SERVER_LIMITS, None]))
+def test_any_body_is_an_embed_request_or_refused(body, limits):
+    request = parsed_or_refused(EmbedRequest.parse, body, limits)
+    if request is not None:
+        texts = request.texts
+        assert isinstance(texts, str) or all(type(t) is str for t in texts)
+
+
+@given(BODIES, st.sampled_from([LIMITS, SERVER_LIMITS, None]))
+def test_any_body_is_an_openai_request_or_refused(body, limits):
+    request = parsed_or_refused(OpenAIEmbeddingRequest.parse, body, limits)
+    if request is not None:
+        texts, token_ids = request.texts_or_token_ids()
+        if texts is not None:
+            assert token_ids is None and all(type(t) is str for t in texts)
+        else:
+            assert all(type(t) is int for row in token_ids for t in row)
+
+
+@given(BODIES, st.sampled_from([LIMITS, SERVER_LIMITS, None]))
+def test_any_body_is_a_rerank_request_or_refused(body, limits):
+    request = parsed_or_refused(RerankRequest.parse, body, limits)
+    if request is not None:
+        assert type(request.query) is str and all(type(d) is str for d in request.documents)
+
+
+def _parse(parse: Any) -> Any:
+    return lambda body: parsed_or_refused(parse, body, SERVER_LIMITS)
+
+
+# (body at size n, parser, n); a body over a limit is refused after one len()
+FAMILIES: dict[str, tuple[Any, Any, int]] = {
+    "embed: texts": (lambda n: {"texts": ["a"] * n}, _parse(EmbedRequest.parse), 1_000),
+    "embed: texts over the limit": (lambda n: {"texts": ["a"] * n},
+                                    _parse(EmbedRequest.parse), 200_000),
+    "openai: token ids": (lambda n: {"input": list(range(n))},
+                          _parse(OpenAIEmbeddingRequest.parse), 100_000),
+    "openai: token ids, bad last": (lambda n: {"input": [*range(n), "x"]},
+                                    _parse(OpenAIEmbeddingRequest.parse), 100_000),
+    "openai: token-id rows": (lambda n: {"input": [list(range(n // 1000))] * 1000},
+                              _parse(OpenAIEmbeddingRequest.parse), 200_000),
+    "openai: many keys": (lambda n: {f"key-{i:07}": 0 for i in range(n)} | {"input": "a"},
+                          _parse(OpenAIEmbeddingRequest.parse), 20_000),
+    "rerank: document objects": (lambda n: {"query": "q", "documents": [{"text": "d"}] * n},
+                                 _parse(RerankRequest.parse), 1_000),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_parse_cost_grows_linearly(family):
+    build, call, n = FAMILIES[family]
+    assert cost_ratio(build, call, n) <= MAX_RATIO
