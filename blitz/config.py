@@ -216,6 +216,11 @@ class BulkSettings(_Settings):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto: cuda when the cluster has GPUs, else cpu")
     torch_threads: int = Field(1, ge=1, description="intra-op threads per CPU actor")
+    max_row_bytes: int = Field(4 << 20, ge=1, description="a JSON line, or a CSV or Parquet "
+                               "text, longer than this is refused (errors.jsonl)")
+    force: bool = Field(False, description="redo units that an earlier run wrote with other "
+                        "options or from another version of the input (they are refused "
+                        "otherwise)")
 
 
 class BlitzSettings(_Settings):

@@ -97,21 +97,26 @@ def storage_options(protocol: str) -> dict[str, Any]:
     return {}
 
 
+# Where object storage is, never who may read it: a bulk job passes these to its workers
+# (a MinIO endpoint, a region); each worker finds its own credentials.
+LOCATION_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
+
+
+def location_env() -> dict[str, str]:
+    """The ``LOCATION_ENV`` variables set in this process."""
+    return {name: os.environ[name] for name in LOCATION_ENV if os.environ.get(name)}
+
+
 def filesystem_for(uri: str) -> tuple[Any, str]:
     """(fsspec filesystem, path) for a bulk job's input or output: a local path or an
-    object-storage URI. The filesystem is pickled into the job's tasks, which may run on
-    other nodes, so S3 credentials set in this process's environment travel with it."""
+    object-storage URI. Credentials are never passed in: the filesystem resolves them
+    where it runs (environment, profile, instance or pod role) and refreshes expiring
+    ones, so a filesystem is opened on each worker from the URI and never shipped."""
     import fsspec
 
     protocol = uri.split("://", 1)[0] if "://" in uri else "file"
-    options = storage_options(protocol)
-    if protocol == "s3":
-        for option, name in (("key", "AWS_ACCESS_KEY_ID"), ("secret", "AWS_SECRET_ACCESS_KEY"),
-                             ("token", "AWS_SESSION_TOKEN")):
-            if os.environ.get(name):
-                options[option] = os.environ[name]
     try:
-        return fsspec.core.url_to_fs(uri, **options)
+        return fsspec.core.url_to_fs(uri, **storage_options(protocol))
     except ImportError as exc:
         package = PACKAGES.get(protocol, protocol)
         raise InvalidValue(f"{protocol}:// paths need the {package!r} package; "

@@ -1,19 +1,25 @@
 """Bulk embedding on Ray Data: the Ray glue around ``blitz.bulk``.
 
-For each input file not done yet (see ``blitz.bulk`` for the output layout and how a
-rerun resumes), one Ray Data pipeline:
+One job is one Ray Data pipeline over every input file not done yet, so the encoder
+actors start and load the model once:
 
-    read_parquet | read_json(lines) | read_csv      the file, on the cluster
-      -> map_batches(RowNumberer, 1 actor)         only when it has no id column
+    from_items(pending files)                       one block per file
+      -> map_batches(read_file)                     each file's rows (blitz.bulk_read),
+                                                    opened on the worker from its URI
       -> repartition(batch_size rows per block)     so every actor gets work
       -> map_batches(EmbedBatches, actor pool)      one encoder per actor
-      -> write_parquet(OUTPUT/<unit>)               fixed-size-list embeddings
-    then OUTPUT/<unit>/_SUCCESS.
+      -> iter_batches on this driver, in order      each unit written (UnitWriter) and
+                                                    published as soon as the stream
+                                                    moves past it
+
+Which units run, and what OUTPUT may hold, is ``blitz.bulk_units``' decision, made
+before anything is read or deleted. Nothing secret is in a task: workers open storage
+from the URI with their own credentials (``blitz.storage.filesystem_for``); the driver
+passes only where the store is (``blitz.storage.location_env``).
 
 The actor pool has one actor per GPU when the cluster has GPUs, else one per CPU
 (``BulkSettings.actors`` overrides it); CPU actors leave one logical CPU to the reads
-and writes (``_actor_cpus``). Ray Data's progress bars show rows/s; the job
-prints one line per file with the rows so far and an ETA in files.
+(``_actor_cpus``).
 """
 
 from __future__ import annotations
@@ -24,66 +30,64 @@ from typing import Any, TextIO
 
 import ray
 
-from blitz.bulk import (
-    ERRORS_FILE,
-    LINE,
-    BatchEncoder,
-    JsonLines,
-    RowNumberer,
-    check_options,
-    finish_unit,
-    first_json_row,
-    format_of,
-    list_inputs,
-    merge_errors,
-    reset_unit,
-    unit_done,
-    unit_name,
-    unit_rows,
-    write_error_part,
-)
+from blitz import bulk_units, bulk_write
+from blitz.bulk import BatchEncoder, backend_label, check_options, format_of, list_inputs
+from blitz.bulk_read import columns_of, read_rows
 from blitz.config import BlitzSettings, BulkSettings
 from blitz.errors import InvalidValue
 from blitz.registry import ModelSpec
-from blitz.storage import filesystem_for
+from blitz.storage import filesystem_for, location_env
 
 
 class EmbedBatches:
     """The callable class ``map_batches`` runs on each actor: one encoder per actor."""
 
     def __init__(self, spec: ModelSpec, options: BulkSettings, device: str,
-                 cache_dir: str | None, out_fs: Any, unit_dir: str, file: str):
+                 cache_dir: str | None):
         import torch
 
         if device == "cpu":
             torch.set_num_threads(options.torch_threads)
         self.encoder = BatchEncoder(spec, options, device, cache_dir)
-        self.out_fs, self.unit_dir, self.file = out_fs, unit_dir, file
 
-    def __call__(self, batch: dict) -> Any:
-        table, refused = self.encoder.encode(batch)
-        write_error_part(self.out_fs, self.unit_dir, refused, self.file)
-        return table
+    def __call__(self, rows: Any) -> Any:
+        return self.encoder.encode(rows)
+
+
+def read_file(files: Any, *, text_column: str, id_column: str, batch_rows: int,
+              max_row_bytes: int) -> Any:
+    """``map_batches`` function: the rows of each file named in ``files`` (unit, url,
+    kind), opened here with this worker's credentials."""
+    for unit, url, kind in zip(files["unit"].to_pylist(), files["url"].to_pylist(),
+                               files["kind"].to_pylist(), strict=True):
+        fs, path = filesystem_for(url)
+        with fs.open(path, "rb", compression="infer") as f:
+            yield from read_rows(f, kind, unit, text_column=text_column, id_column=id_column,
+                                 batch_rows=batch_rows, max_row_bytes=max_row_bytes)
 
 
 @dataclass
 class BulkReport:
     files: int = 0
-    skipped: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # done by an earlier run
     rows_written: int = 0  # this run
-    rows_total: int = 0  # in OUTPUT, skipped files included
+    refused_now: int = 0  # this run
+    rows_total: int = 0  # in OUTPUT for this INPUT, skipped files included
     refused: int = 0  # in the errors file, skipped files included
     errors_path: str = ""
     seconds: float = 0.0
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (s, rows) per unit
 
 
 def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = None,
                   options: BulkSettings | None = None, address: str | None = None,
-                  log: TextIO | None = None) -> BulkReport:
+                  log: TextIO | None = None, progress: bool | None = None) -> BulkReport:
     """Embed every row of ``input`` into ``output`` (see the module docstring).
 
     ``settings`` gives the registry (default: the built-in one); ``options`` the job.
     Connects to Ray at ``address`` (or starts a local instance) unless Ray is running.
+    ``log`` gets a line per published unit; ``progress`` shows a progress bar (rows/s,
+    ETA) on a terminal (None: when stderr is one).
     """
     from deployments.cli import require_ray_data
 
@@ -94,90 +98,181 @@ def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = N
     check_options(spec, options)
     in_fs, in_path = filesystem_for(input)
     out_fs, out_path = filesystem_for(output)
+    out_path = out_path.rstrip("/")
     base, files = list_inputs(in_fs, in_path)
+    root = in_path if files == [in_path] else base  # one file, or what a run may search
+    bulk_units.check_no_overlap(in_fs, root, files, out_fs, out_path)
+    errors_fs, errors_path = (filesystem_for(options.errors) if options.errors
+                              else (out_fs, f"{out_path}/{bulk_units.ERRORS_FILE}"))
+    if options.errors:
+        bulk_units.check_no_overlap(in_fs, root, files, errors_fs, errors_path,
+                                    what="errors file")
+        bulk_units.check_errors_target(errors_fs, errors_path)
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
     device = _device(options)
-    actors = options.actors or _actor_count(device, options)
-    cache_dir = str(settings.resolved_cache_dir())
-    report = BulkReport(files=len(files))
+    job = {"model": spec.id, "source": spec.source, "backend": backend_label(spec, device),
+           "dtype": options.dtype, "dimensions": options.dimensions,
+           "prompt_name": options.prompt_name, "normalize": options.normalize,
+           "text_column": options.text_column, "id_column": options.id_column}
+    protocol = in_fs.protocol[0] if isinstance(in_fs.protocol, tuple) else in_fs.protocol
+    units = [bulk_units.Unit(
+        index=i, file=file, url=file if protocol in ("file", "local") else f"{protocol}://{file}",
+        kind=format_of(file) or "", directory=f"{out_path}/{bulk_units.unit_name(base, file)}",
+        fingerprint=bulk_units.input_fingerprint(in_fs, file)) for i, file in enumerate(files)]
+    report = BulkReport(files=len(files), errors_path=errors_path)
     started = time.perf_counter()
-    units = []
-    for n, file in enumerate(files, 1):
-        unit_dir = f"{out_path.rstrip('/')}/{unit_name(base, file)}"
-        units.append(unit_dir)
-        if unit_done(out_fs, unit_dir):
-            report.skipped.append(file)
-            report.rows_total += unit_rows(out_fs, unit_dir)
-            continue
-        reset_unit(out_fs, unit_dir)
-        _embed_file(file, in_fs, unit_dir, out_fs, spec, options, device, actors, cache_dir)
-        finish_unit(out_fs, unit_dir)
-        rows = unit_rows(out_fs, unit_dir)
-        report.rows_written += rows
-        report.rows_total += rows
-        elapsed = time.perf_counter() - started
-        done = n - len(report.skipped)
-        left = (len(files) - n) * elapsed / max(done, 1)
-        if log is not None:
-            log.write(f"[{n}/{len(files)}] {file}: {rows} rows; {report.rows_written} rows "
-                      f"this run, {report.rows_written / elapsed:.0f} rows/s, "
-                      f"ETA {left:.0f} s\n")
-    report.errors_path = options.errors or f"{out_path.rstrip('/')}/{ERRORS_FILE}"
-    errors_fs, errors_path = (filesystem_for(options.errors) if options.errors
-                              else (out_fs, report.errors_path))
-    report.refused = merge_errors(errors_fs, units, errors_path)
+    bulk_units.claim_output(out_fs, out_path)  # refused, untouched, when it is not ours
+    with bulk_units.output_lock(out_fs, out_path):
+        plan = bulk_units.plan_units(out_fs, out_path, units, job, options.force)
+        _check_columns(in_fs, plan.pending, options)
+        for unit in plan.units:
+            if unit.done is not None:
+                report.skipped.append(unit.file)
+                report.rows_total += int(unit.done.get("rows", 0))
+        if plan.pending:
+            attempt = bulk_units.new_attempt(out_fs, out_path)
+            _run(plan.pending, spec, options, device, str(settings.resolved_cache_dir()),
+                 out_fs, attempt, job, report, log, progress, started)
+            bulk_units.end_attempt(out_fs, out_path)
+        report.refused = bulk_write.merge_errors(errors_fs, [u.directory for u in units],
+                                                 errors_path)
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _embed_file(file: str, in_fs: Any, unit_dir: str, out_fs: Any, spec: ModelSpec,
-                options: BulkSettings, device: str, actors: int, cache_dir: str) -> None:
-    from pyarrow.fs import FSSpecHandler, PyFileSystem
+def _check_columns(in_fs: Any, pending: list[bulk_units.Unit], options: BulkSettings) -> None:
+    """Refuse, before the job starts, a CSV or Parquet file without the text column."""
+    problems = []
+    for unit in pending:
+        if unit.kind == "json":
+            continue
+        try:
+            with in_fs.open(unit.file, "rb", compression="infer") as f:
+                columns = columns_of(f, unit.kind)
+        except ValueError as exc:
+            problems.append(f"{unit.file} cannot be read as {unit.kind} ({exc})")
+            continue
+        if columns is not None and options.text_column not in columns:
+            problems.append(f"{unit.file} has no column {options.text_column!r} (columns: "
+                            f"{', '.join(columns)})")
+    if problems:
+        raise InvalidValue("; ".join(problems) + " (--text-column names the column)",
+                           param="text_column")
+
+
+def _run(pending: list[bulk_units.Unit], spec: ModelSpec, options: BulkSettings, device: str,
+         cache_dir: str, out_fs: Any, attempt: str, job: dict[str, Any], report: BulkReport,
+         log: TextIO | None, progress: bool | None, started: float) -> None:
+    """The pipeline over ``pending``; each unit published as soon as it is complete."""
+    from tqdm import tqdm
 
     context = ray.data.DataContext.get_current()
-    context.execution_options.preserve_order = True  # row positions, and output in order
-    source, sink = PyFileSystem(FSSpecHandler(in_fs)), PyFileSystem(FSSpecHandler(out_fs))
-    kind = format_of(file)
-    if kind == "json":  # read as lines and parsed here: pyarrow's reader fails a whole
-        # file on one value of another type, Ray's lines=True reader takes no filesystem
-        ds = _numbered(ray.data.read_text(file, filesystem=source, file_extensions=None),
-                       LINE)
-        ds = ds.map_batches(JsonLines(options.text_column, options.id_column,
-                                      first_json_row(in_fs, file)), batch_format="numpy")
-    else:
-        if kind == "parquet":
-            ds = ray.data.read_parquet(file, filesystem=source)
-        else:
-            ds = ray.data.read_csv(file, filesystem=source, file_extensions=None)
-        columns = ds.columns()
-        if options.text_column not in columns:
-            raise InvalidValue(f"{file} has no column {options.text_column!r} (columns: "
-                               f"{', '.join(columns)})", param="text_column")
-        if options.id_column in columns:
-            ds = ds.select_columns([options.id_column, options.text_column])
-        else:
-            ds = _numbered(ds.select_columns([options.text_column]), options.id_column)
+    context.execution_options.preserve_order = True  # units complete in order
+    context.enable_progress_bars = False  # ours below counts rows across the whole job
+    payloads = job_payloads(pending, spec, options, device, cache_dir)
+    ds: Any = ray.data.from_items(payloads["files"], override_num_blocks=len(pending))
+    ds = ds.map_batches(read_file, batch_size=1, batch_format="pyarrow",
+                        fn_kwargs=payloads["read_kwargs"], **payloads["read_remote_args"])
     ds = ds.repartition(target_num_rows_per_block=options.batch_size)
+    actors = options.actors or _actor_count(device, options)
     per_actor = {"num_gpus": 1} if device == "cuda" else {"num_cpus": _actor_cpus(actors)}
-    ds = ds.map_batches(
-        EmbedBatches, batch_size=options.batch_size, batch_format="numpy",
-        fn_constructor_args=(spec, options, device, cache_dir, out_fs, unit_dir, file),
-        concurrency=actors, **per_actor)
-    ds.write_parquet(unit_dir, filesystem=sink)
+    ds = ds.map_batches(EmbedBatches, batch_size=options.batch_size, batch_format="pyarrow",
+                        fn_constructor_args=payloads["encoder_args"], concurrency=actors,
+                        **per_actor)
+    by_index = {u.index: u for u in pending}
+    order = [u.index for u in pending]
+    total = sum(int(u.fingerprint["size"]) for u in pending)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="blitz embed", disable=(
+        None if progress is None else not progress), leave=False)
+    writers: dict[int, bulk_write.UnitWriter] = {}
+    credited: dict[int, int] = {}
+
+    def publish(index: int) -> None:
+        unit = by_index[index]
+        writer = writers.pop(index, None) or _writer(out_fs, attempt, unit, options, spec,
+                                                     device)
+        record = writer.publish(job)
+        report.rows_written += record["rows"]
+        report.refused_now += record["refused"]
+        report.rows_total += record["rows"]
+        bar.update(int(unit.fingerprint["size"]) - credited.pop(index, 0))
+        report.timeline.append((time.perf_counter() - started, report.rows_written))
+        if log is not None:
+            elapsed = time.perf_counter() - started
+            log.write(f"{unit.file}: {record['rows']} rows, {record['refused']} refused; "
+                      f"{report.rows_written} rows this run, "
+                      f"{report.rows_written / max(elapsed, 1e-9):.0f} rows/s\n")
+
+    try:
+        for table in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            for index, part in _by_unit(table):
+                if index not in order:
+                    raise RuntimeError(f"rows of unit {index} arrived after it was published")
+                while order[0] != index:  # the stream has moved past it
+                    publish(order.pop(0))
+                writer = writers.get(index)
+                if writer is None:
+                    writer = writers[index] = _writer(out_fs, attempt, by_index[index],
+                                                      options, spec, device)
+                writer.add(part)
+                seen = min(writer.offset, int(by_index[index].fingerprint["size"]))
+                bar.update(seen - credited.get(index, 0))
+                credited[index] = seen
+                rows = report.rows_written + sum(w.rows for w in writers.values())
+                bar.set_postfix_str(f"{rows} rows, "
+                                    f"{rows / max(time.perf_counter() - started, 1e-9):.0f} "
+                                    "rows/s", refresh=False)
+        while order:
+            publish(order.pop(0))
+    finally:
+        bar.close()
+        for writer in writers.values():
+            writer.close()
 
 
-def _numbered(ds: Any, column: str) -> Any:
-    """``ds`` with ``column`` set to each row's position (one actor, rows in order)."""
-    return ds.map_batches(RowNumberer, fn_constructor_args=(column,),
-                          batch_format="numpy", batch_size=None, concurrency=1, num_cpus=0)
+def job_payloads(pending: list[bulk_units.Unit], spec: ModelSpec, options: BulkSettings,
+                 device: str, cache_dir: str) -> dict[str, Any]:
+    """Everything the job hands to Ray, which pickles it into task specs and the object
+    store: file URIs, options, the model's spec, where the store is; never a credential."""
+    where = location_env()
+    return {
+        "files": [{"unit": u.index, "url": u.url, "kind": u.kind} for u in pending],
+        "read_kwargs": {"text_column": options.text_column, "id_column": options.id_column,
+                        "batch_rows": options.batch_size,
+                        "max_row_bytes": options.max_row_bytes},
+        "read_remote_args": {"runtime_env": {"env_vars": where}} if where else {},
+        "encoder_args": (spec, options, device, cache_dir)}
+
+
+def _writer(out_fs: Any, attempt: str, unit: bulk_units.Unit, options: BulkSettings,
+            spec: ModelSpec, device: str) -> bulk_write.UnitWriter:
+    normalize = spec.normalize if options.normalize is None else options.normalize
+    metadata = {b"blitz.model": spec.id.encode(),
+                b"blitz.backend": backend_label(spec, device).encode(),
+                b"blitz.dtype": options.dtype.encode(),
+                b"blitz.normalize": str(normalize).lower().encode()}
+    staging = f"{attempt}/{unit.directory.rsplit('/', 1)[-1]}"
+    return bulk_write.UnitWriter(out_fs, staging, unit, options.id_column, metadata)
+
+
+def _by_unit(table: Any) -> list[tuple[int, Any]]:
+    """``table``'s rows as (unit, rows) runs, in order."""
+    import numpy as np
+
+    units = table.column("_unit").to_numpy()
+    if len(units) == 0:
+        return []
+    cuts = [0, *(np.flatnonzero(np.diff(units)) + 1).tolist(), len(units)]
+    return [(int(units[a]), table.slice(a, b - a)) for a, b in zip(cuts, cuts[1:],
+                                                                    strict=False)]
 
 
 def _actor_cpus(actors: int) -> float:
     """Logical CPUs each CPU actor claims: one each, but always one CPU left over for
-    Ray Data's list, read and write tasks. Actors that claimed every CPU would wait
-    forever for the reads that feed them (seen on a 2-CPU machine). Each actor still
-    runs ``torch_threads`` threads; the claim only schedules."""
+    Ray Data's read tasks. Actors that claimed every CPU would wait forever for the
+    reads that feed them (seen on a 2-CPU machine). Each actor still runs
+    ``torch_threads`` threads; the claim only schedules."""
     spare = ray.cluster_resources().get("CPU", 1) - 1
     return max(0.0, min(1.0, spare / actors))
 
@@ -192,4 +287,3 @@ def _actor_count(device: str, options: BulkSettings) -> int:
     resources = ray.cluster_resources()
     have = resources.get("GPU" if device == "cuda" else "CPU", 1)
     return max(1, min(int(have), options.max_actors))
-

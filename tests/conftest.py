@@ -27,14 +27,27 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def serve_instance():
+def aws_files(tmp_path_factory) -> dict[str, Path]:
+    """The AWS config and credentials files Ray's workers read, as a node's own profile
+    would be: empty until a test writes them (tests/integration/test_bulk.py)."""
+    root = tmp_path_factory.mktemp("aws")
+    files = {"config": root / "config", "credentials": root / "credentials"}
+    for path in files.values():
+        path.write_text("")
+    return files
+
+
+@pytest.fixture(scope="session")
+def serve_instance(aws_files):
     import ray
     from ray import serve
 
     port = free_port()
     ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1",
-                                       "TOKENIZERS_PARALLELISM": "false"}})
+             runtime_env={"env_vars": {
+                 "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                 "AWS_CONFIG_FILE": str(aws_files["config"]),
+                 "AWS_SHARED_CREDENTIALS_FILE": str(aws_files["credentials"])}})
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()

@@ -1,11 +1,15 @@
-"""The bulk job on Ray Data (deployments/bulk.py), on the session's shared Ray instance:
-Parquet and JSONL in, Parquet out, vectors against in-process sentence-transformers; bad
-rows; resuming; s3:// in and out against a moto server; the ``blitz embed`` command."""
+"""The bulk job (deployments/bulk.py) on the session's shared Ray instance: Parquet,
+JSONL and CSV in, Parquet out, vectors against in-process sentence-transformers; every
+ordinary mistake of the issue #22 list (OUTPUT holding INPUT, colliding names, a bad
+first line, deep nesting, a rerun with another model or dtype, OUTPUT under INPUT);
+s3:// in and out against a moto server with credentials that rotate mid-job; the
+``blitz embed`` command, its default config and exit statuses."""
 
 from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +19,7 @@ import pytest
 
 from blitz.bulk import embed_dataset
 from blitz.config import BlitzSettings, BulkSettings
+from blitz.errors import InvalidValue
 from deployments.cli import main as blitz_main
 from tests.ports import free_port
 
@@ -25,7 +30,8 @@ TEXTS = [f"document number {i} about {'cats' if i % 2 else 'the stock market'}"
 @pytest.fixture(scope="module")
 def settings(tiny_models, tmp_path_factory) -> BlitzSettings:
     return BlitzSettings(
-        models=[{"id": "tiny-a", "source": str(tiny_models["tiny-a"])}],
+        models=[{"id": "tiny-a", "source": str(tiny_models["tiny-a"])},
+                {"id": "tiny-b", "source": str(tiny_models["tiny-b"])}],
         cache_dir=str(tmp_path_factory.mktemp("bulk-cache")))
 
 
@@ -46,13 +52,21 @@ def corpus(tmp_path) -> Path:
     return root
 
 
-def read_unit(path: Path) -> pa.Table:
-    tables = [pq.read_table(f) for f in sorted(path.glob("*.parquet"))]
-    return pa.concat_tables(tables)
+def unit_dir(out: Path, name: str) -> Path:
+    [found] = out.glob(f"{name}-????????")
+    return found
+
+
+def read_unit(out: Path, name: str) -> pa.Table:
+    return pq.read_table(unit_dir(out, name) / "part-00000.parquet")
 
 
 def vectors(table: pa.Table) -> np.ndarray:
     return np.stack(table.column("embedding").to_numpy(zero_copy_only=False))
+
+
+def errors(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.integration
@@ -63,105 +77,230 @@ def test_parquet_and_jsonl_in_parquet_out_equal_in_process_and_bad_rows_refused(
     assert (report.files, report.rows_written, report.refused) == (2, 37, 3)
 
     model = reference("tiny-a", tiny_models["tiny-a"])
-    a = read_unit(out / "a.parquet")
+    a = read_unit(out, "a.parquet")
     assert a.column("id").to_pylist() == [f"p{i}" for i in range(30)]
     assert a.schema.field("embedding").type == pa.list_(pa.float32(), 32)
-    assert pq.read_metadata(sorted((out / "a.parquet").glob("*.parquet"))[0]).metadata[
-        b"blitz.model"] == b"tiny-a"
+    assert a.schema.metadata[b"blitz.model"] == b"tiny-a"
     expected = model.encode(TEXTS[:30], normalize_embeddings=True)
     cosines = np.sum(vectors(a) * expected, axis=1) / np.linalg.norm(expected, axis=1)
     assert cosines.min() >= 0.9999
 
-    b = read_unit(out / "b.jsonl")  # no id column: the row's position in its file
+    b = read_unit(out, "b.jsonl")  # no id column: the row's position in its file
     kept = [0, 1, 3, 4, 6, 8, 9]
     assert b.column("id").to_pylist() == kept
     np.testing.assert_allclose(vectors(b), model.encode(
         [TEXTS[30 + i] for i in kept], normalize_embeddings=True), atol=1e-5)
-    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
-    assert sorted((e["id"], e["reason"]) for e in errors) == [
-        (2, "null text"), (5, "empty text"), (7, "not a string (int)")]
-    assert all(e["file"].endswith("b.jsonl") for e in errors)
+    assert sorted((e["id"], e["reason"], e["line"]) for e in errors(out)) == [
+        (2, "null text", 3), (5, "empty text", 6), (7, "not a string (int)", 8)]
+    assert all(e["file"].endswith("b.jsonl") for e in errors(out))
+    assert not (out / "_attempts").exists()
 
 
 @pytest.mark.integration
-def test_a_rerun_skips_finished_files_and_redoes_interrupted_ones(
+def test_a_rerun_skips_finished_files_and_redoes_a_cut_off_publish(
         serve_instance, settings, corpus, tmp_path):
     out = tmp_path / "out"
     embed_dataset(str(corpus), str(out), settings=settings, options=options())
-    first = read_unit(out / "a.parquet")
+    first = read_unit(out, "a.parquet")
 
     again = embed_dataset(str(corpus), str(out), settings=settings, options=options())
     assert (len(again.skipped), again.rows_written, again.rows_total) == (2, 0, 37)
     assert again.refused == 3  # the errors file still lists the skipped file's refusals
 
-    # an interrupted unit: no _SUCCESS and a stray partial file
-    (out / "a.parquet" / "_SUCCESS").unlink()
-    pq.write_table(pa.table({"id": ["partial"]}), out / "a.parquet" / "stray.parquet")
+    a = unit_dir(out, "a.parquet")  # a publish cut off before its record was final
+    (a / "_SUCCESS").rename(a / "_PUBLISHING")
     resumed = embed_dataset(str(corpus), str(out), settings=settings, options=options())
     assert [Path(f).name for f in resumed.skipped] == ["b.jsonl"]
     assert resumed.rows_written == 30
-    assert read_unit(out / "a.parquet").column("id").to_pylist() == first.column(
+    assert read_unit(out, "a.parquet").column("id").to_pylist() == first.column(
         "id").to_pylist()
+    assert sorted(p.name for p in a.iterdir()) == ["_SUCCESS", "part-00000.parquet"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("where", ["holds the input file", "is the input", "under the input"])
+def test_output_overlapping_input_is_refused_and_nothing_is_touched(
+        serve_instance, settings, tmp_path, where):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "corpus.csv").write_text("id,text\n1,a cat\n")
+    input_, output = {"holds the input file": (data / "corpus.csv", data),
+                      "is the input": (data, data),
+                      "under the input": (data, data / "out")}[where]
+    with pytest.raises(InvalidValue, match="overlaps INPUT"):
+        embed_dataset(str(input_), str(output), settings=settings, options=options())
+    assert sorted(p.name for p in data.iterdir()) == ["corpus.csv"]
+    assert (data / "corpus.csv").read_text() == "id,text\n1,a cat\n"
+
+
+@pytest.mark.integration
+def test_files_whose_flattened_names_collide_are_both_written(serve_instance, settings,
+                                                              tmp_path):
+    root = tmp_path / "in"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "b.csv").write_text("id,text\n" + "".join(f"{i},one {i}\n" for i in range(10)))
+    (root / "a__b.csv").write_text("id,text\n" + "".join(f"{i},two {i}\n"
+                                                         for i in range(10, 20)))
+    report = embed_dataset(str(root), str(tmp_path / "out"), settings=settings,
+                           options=options())
+    assert (report.rows_written, report.skipped) == (20, [])
+    ids = sorted(i for unit in (tmp_path / "out").glob("a__b.csv-*")
+                 for i in pq.read_table(unit / "part-00000.parquet").column("id").to_pylist())
+    assert ids == list(range(20))
+
+
+@pytest.mark.integration
+def test_a_bad_first_line_and_deep_nesting_are_refused_rows_not_a_failed_job(
+        serve_instance, settings, tmp_path):
+    root = tmp_path / "in"
+    root.mkdir()
+    good = [json.dumps({"id": i, "text": f"text {i}"}) for i in range(20)]
+    (root / "first.jsonl").write_text("\n".join(["{not json", *good[:10]]) + "\n")
+    (root / "deep.jsonl").write_bytes(b"[" * 100_000 + b"\n" + b"\xff\xfe\n"
+                                      + "\n".join(good[10:]).encode())
+    report = embed_dataset(str(root), str(tmp_path / "out"), settings=settings,
+                           options=options())
+    assert (report.rows_written, report.refused) == (20, 3)
+    assert sorted(e["reason"] for e in errors(tmp_path / "out")) == [
+        "not a JSON object"] * 3
+
+
+@pytest.mark.integration
+def test_a_rerun_with_another_model_or_dtype_is_refused_unless_forced(
+        serve_instance, settings, corpus, tmp_path):
+    out = tmp_path / "out"
+    embed_dataset(str(corpus), str(out), settings=settings, options=options())
+    for change in ({"model": "tiny-b"}, {"dtype": "int8"}, {"dimensions": 16}):
+        with pytest.raises(InvalidValue, match="--force"):
+            embed_dataset(str(corpus), str(out), settings=settings, options=options(**change))
+    assert read_unit(out, "a.parquet").schema.field("embedding").type == pa.list_(
+        pa.float32(), 32)
+
+    forced = embed_dataset(str(corpus), str(out), settings=settings,
+                           options=options(model="tiny-b", force=True))
+    assert forced.rows_written == 37
+    for name in ("a.parquet", "b.jsonl"):
+        table = read_unit(out, name)
+        assert table.schema.metadata[b"blitz.model"] == b"tiny-b"
+        assert table.schema.field("embedding").type == pa.list_(pa.float32(), 48)
+
+    (corpus / "b.jsonl").write_text(json.dumps({"text": "changed"}) + "\n")
+    with pytest.raises(InvalidValue, match="input file changed"):
+        embed_dataset(str(corpus), str(out), settings=settings, options=options(model="tiny-b"))
+
+
+@pytest.mark.integration
+def test_output_that_another_program_wrote_is_refused(serve_instance, settings, corpus,
+                                                      tmp_path):
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "report.pdf").write_bytes(b"%PDF")
+    with pytest.raises(InvalidValue, match="did not write"):
+        embed_dataset(str(corpus), str(out), settings=settings, options=options())
+    assert sorted(p.name for p in out.iterdir()) == ["report.pdf"]
+
+
+CREDENTIAL_PROCESS = """
+import json, sys, time
+from pathlib import Path
+counter = Path(sys.argv[1])
+n = int(counter.read_text() or 0) + 1 if counter.exists() else 1
+counter.write_text(str(n))
+expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
+print(json.dumps({"Version": 1, "AccessKeyId": f"ROTATING{n}",
+                  "SecretAccessKey": f"rotating-secret-{n}", "SessionToken": f"token-{n}",
+                  "Expiration": expires}))
+"""
 
 
 @pytest.fixture
-def s3(monkeypatch):
-    """A moto S3 server with a bucket ``bulk``; the environment points boto at it."""
+def s3(monkeypatch, aws_files, tmp_path):
+    """A moto S3 server with a bucket ``bulk``. Credentials come from a profile whose
+    ``credential_process`` hands out a new key each time (expiring in a minute), in the
+    AWS files Ray's workers read (tests/conftest.py): every process resolves its own,
+    and boto refreshes them as they near expiry."""
     from moto.server import ThreadedMotoServer
 
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    script, counter = tmp_path / "credentials.py", tmp_path / "issued"
+    script.write_text(CREDENTIAL_PROCESS)
+    aws_files["config"].write_text(f"[default]\nregion = us-east-1\ncredential_process = "
+                                   f"{sys.executable} {script} {counter}\n")
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+                 "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(aws_files["config"]))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(aws_files["credentials"]))
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     import boto3
 
     client = boto3.client("s3")
     client.create_bucket(Bucket="bulk")
     try:
-        yield client
+        yield client, counter
     finally:
+        aws_files["config"].write_text("")
         server.stop()
 
 
 @pytest.mark.integration
-def test_s3_in_and_out(serve_instance, settings, tiny_models, reference, corpus, s3):
-    s3.upload_file(str(corpus / "a.parquet"), "bulk", "in/a.parquet")
+def test_s3_in_and_out_with_credentials_that_rotate(serve_instance, settings, tiny_models,
+                                                   reference, corpus, s3):
+    client, issued = s3
+    client.upload_file(str(corpus / "a.parquet"), "bulk", "in/a.parquet")
+    client.upload_file(str(corpus / "b.jsonl"), "bulk", "in/sub/b.jsonl")
+    before = int(issued.read_text())
     report = embed_dataset("s3://bulk/in/", "s3://bulk/out", settings=settings,
                            options=options())
-    assert (report.rows_written, report.refused) == (30, 0)
-    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="bulk", Prefix="out/")["Contents"]}
-    assert {"out/a.parquet/_SUCCESS", "out/errors.jsonl"} <= keys
-    parts = sorted(k for k in keys if k.endswith(".parquet"))
-    table = pa.concat_tables(
-        pq.read_table(io.BytesIO(s3.get_object(Bucket="bulk", Key=k)["Body"].read()))
-        for k in parts)
+    assert (report.rows_written, report.refused) == (37, 3)
+    assert int(issued.read_text()) - before >= 3  # refreshed in the driver and the workers
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket="bulk", Prefix="out/")["Contents"]}
+    [a_unit] = {k.split("/")[1] for k in keys if k.startswith("out/a.parquet-")}
+    assert {f"out/{a_unit}/_SUCCESS", "out/errors.jsonl", "out/_BLITZ"} <= keys
+    assert not any("_attempts" in k or "_PUBLISHING" in k for k in keys)
+    table = pq.read_table(io.BytesIO(client.get_object(
+        Bucket="bulk", Key=f"out/{a_unit}/part-00000.parquet")["Body"].read()))
     assert table.column("id").to_pylist() == [f"p{i}" for i in range(30)]
     np.testing.assert_allclose(vectors(table), reference("tiny-a", tiny_models["tiny-a"]).encode(
         TEXTS[:30], normalize_embeddings=True), atol=1e-5)
+    again = embed_dataset("s3://bulk/in/", "s3://bulk/out", settings=settings,
+                          options=options())
+    assert (len(again.skipped), again.rows_written, again.rows_total) == (2, 0, 37)
+
+
+def write_config(path: Path, settings: BlitzSettings) -> None:
+    models = [m.model_dump(exclude_defaults=True) for m in settings.models]
+    path.write_text(json.dumps({"applications": [{"name": "blitz", "args": {
+        "models": models, "cache_dir": settings.cache_dir}}]}))
 
 
 @pytest.mark.integration
-def test_blitz_embed_command(serve_instance, settings, tmp_path, capsys):
-    config = tmp_path / "serve_config.yaml"
-    models = [m.model_dump(exclude_defaults=True) for m in settings.models]
-    config.write_text(json.dumps({"applications": [{"name": "blitz", "args": {
-        "models": models, "cache_dir": settings.cache_dir}}]}))
+def test_blitz_embed_command(serve_instance, settings, tmp_path, capsys, monkeypatch):
+    write_config(tmp_path / "serve_config.yaml", settings)
+    monkeypatch.chdir(tmp_path)  # ./serve_config.yaml names the models, as for serve run
     corpus = tmp_path / "in.csv"
     corpus.write_text("id,text\n1,first line\n2,\n3,third line\n")
-    argv = ["embed", str(corpus), str(tmp_path / "out"), "--config", str(config),
-            "--dtype", "int8", "--dimensions", "16", "--actors", "1", "--device", "cpu"]
-    assert blitz_main(argv) == 0
+    argv = ["embed", str(corpus), str(tmp_path / "out"), "--model", "tiny-b", "--dtype",
+            "int8", "--dimensions", "16", "--actors", "1", "--device", "cpu"]
+    assert blitz_main(argv) == 3  # done, with a refused row
     printed = capsys.readouterr().out
-    assert "wrote 2 rows" in printed and "refused 1 rows" in printed
-    table = read_unit(tmp_path / "out" / "in.csv")
+    assert "models from serve_config.yaml" in printed
+    assert "wrote 2 rows, refused 1 rows, skipped 0 files" in printed
+    table = read_unit(tmp_path / "out", "in.csv")
     assert table.schema.field("embedding").type == pa.list_(pa.int8(), 16)
 
+    good = tmp_path / "good.csv"
+    good.write_text("id,text\n1,fine\n")
+    assert blitz_main(["embed", str(good), str(tmp_path / "out3"), "--actors", "1",
+                       "--device", "cpu", "--model", "tiny-a"]) == 0
     bad = tmp_path / "bad.csv"
     bad.write_text("id,text\n1,\n2,\n")
-    assert blitz_main(["embed", str(bad), str(tmp_path / "out2"), "--config", str(config),
-                       "--actors", "1", "--device", "cpu"]) == 1  # nothing could be written
+    assert blitz_main(["embed", str(bad), str(tmp_path / "out2"), "--actors", "1",
+                       "--device", "cpu", "--model", "tiny-a"]) == 1  # nothing written
+    with pytest.raises(SystemExit) as usage:  # a rerun that would mix models
+        blitz_main(argv[:4] + ["tiny-a", "--actors", "1", "--device", "cpu"])
+    assert usage.value.code == 2
+    assert "--force" in capsys.readouterr().err

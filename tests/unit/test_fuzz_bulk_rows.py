@@ -1,10 +1,9 @@
-"""Property-based tests of the bulk job's row readers (blitz/bulk.py) on arbitrary files.
+"""Property-based tests of the bulk job's readers (blitz/bulk_read.py) on arbitrary files.
 
-Every line or row of a JSONL, CSV or Parquet file ends as an embedded row or as a refused
-one with a reason (errors.jsonl): no content makes a reader or the batch step raise. The
-file-level refusals are Ray Data's readers' (``read_text`` decodes the whole file as
-UTF-8; pyarrow's CSV reader refuses a row with another number of cells, or a header that
-is not UTF-8) and the job's check that the text column exists.
+Every line or row of a JSONL, CSV or Parquet file ends as a row to embed or as a refused
+row with a reason (errors.jsonl), and the batch step takes whatever the readers give: no
+content makes a reader or the batch step raise. The one file-level refusal is the job's
+check that a CSV or Parquet file has the text column (and a CSV header that can be read).
 """
 
 from __future__ import annotations
@@ -15,24 +14,14 @@ import itertools
 import json
 from typing import Any
 
-import fsspec
-import numpy as np
 import pyarrow as pa
-import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blitz.bulk import (
-    LINE,
-    REFUSED,
-    BatchEncoder,
-    JsonLines,
-    RowNumberer,
-    error_lines,
-    first_json_row,
-)
+from blitz.bulk import BatchEncoder
+from blitz.bulk_read import ROWS, columns_of, read_rows
 from blitz.config import BulkSettings
 from blitz.registry import ModelSpec
 from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
@@ -46,21 +35,21 @@ def encoder() -> BatchEncoder:
     return BatchEncoder(FAKE, BulkSettings())
 
 
-def embed_rows(encoder: BatchEncoder, batch: dict[str, np.ndarray], rows: int) -> None:
-    """The job's batch step on ``batch``: every row is embedded or refused with a reason,
-    and the refused ones make an errors file."""
-    table, refused = encoder.encode(batch)
-    assert table.num_rows + len(refused) == rows
-    assert all(isinstance(r.reason, str) and r.reason for r in refused)
-    for line in error_lines(refused, "in.jsonl").splitlines():
-        assert set(json.loads(line)) == {"id", "reason", "file"}
+def read(data: bytes, kind: str, batch_rows: int = 3, max_row_bytes: int = 1 << 16) -> pa.Table:
+    tables = list(read_rows(io.BytesIO(data), kind, 0, text_column="text", id_column="id",
+                            batch_rows=batch_rows, max_row_bytes=max_row_bytes))
+    assert all(t.schema.equals(ROWS) for t in tables)
+    return pa.concat_tables(tables) if tables else ROWS.empty_table()
 
 
-def numpy_batch(table: pa.Table) -> dict[str, np.ndarray]:
-    """``table`` as Ray Data's numpy batches hold it (a column of nulls is NaN)."""
-    return {name: (np.full(len(column), np.nan, np.float32) if pa.types.is_null(column.type)
-                   else column.combine_chunks().to_numpy(zero_copy_only=False))
-            for name, column in zip(table.column_names, table.columns, strict=True)}
+def embed_rows(encoder: BatchEncoder, rows: pa.Table) -> None:
+    """The job's batch step on ``rows``: each row either has a text or a reason, and the
+    batch step returns every row."""
+    texts, reasons = rows.column("_text").to_pylist(), rows.column("_refused").to_pylist()
+    assert all(bool(t.strip()) != bool(r) for t, r in zip(texts, reasons, strict=True))
+    if rows.num_rows:
+        out = encoder.encode(rows)
+        assert out.column("_refused").to_pylist() == reasons
 
 
 # --- JSON lines -------------------------------------------------------------------------
@@ -83,37 +72,11 @@ JSONL = (st.lists(LINES, max_size=8).map(lambda lines: "\n".join(lines).encode(
          | st.binary(max_size=80))
 
 
-def read_lines(data: bytes) -> list[str]:
-    """``data``'s lines as Ray Data's ``read_text`` gives them (it fails the whole file on
-    bytes that are not UTF-8; here they arrive as lone surrogates instead)."""
-    text = data.decode("utf-8", "surrogateescape")
-    return [line for line in text.splitlines() if line.strip()]
-
-
 @given(JSONL)
 def test_any_json_lines_file_becomes_embedded_or_refused_rows(encoder, data):
-    fs = fsspec.filesystem("memory")
-    path = f"/fuzz-bulk/{next(_files)}.jsonl"
-    fs.pipe(path, data)
-    try:
-        first = first_json_row(fs, path)
-    finally:
-        fs.rm(path)
-    assert isinstance(first, dict)
-    lines = read_lines(data)
-    rows = JsonLines("text", "id", first)({"text": np.array(lines, dtype=object),
-                                            LINE: np.arange(len(lines))})
-    assert len(rows["id"]) == len(rows["text"]) == len(rows[REFUSED]) == len(lines)
-    embed_rows(encoder, rows, len(lines))
-
-
-@given(st.lists(LINES, max_size=8), st.sampled_from([{}, {"id": 1}, {"id": "a"}]))
-def test_json_lines_as_bytes_are_read_as_lines_of_text(lines, first):
-    reader = JsonLines("text", "id", first)
-    as_text = reader({"text": np.array(lines, dtype=object), LINE: np.arange(len(lines))})
-    raw = [line.encode("utf-8", "surrogatepass") for line in lines]
-    as_bytes = reader({"text": np.array(raw, dtype=object), LINE: np.arange(len(lines))})
-    assert as_bytes[REFUSED].tolist() == as_text[REFUSED].tolist()
+    rows = read(data, "json")
+    assert rows.num_rows == sum(1 for line in data.split(b"\n") if line.strip())
+    embed_rows(encoder, rows)
 
 
 # (line at size n): one batch holding the line, read with integer ids
@@ -131,25 +94,35 @@ LINE_SIZES = {"deep nesting": 100_000, "deep maps": 30_000, "long text": 50_000,
               "unterminated string": 50_000}
 
 
+def read_json(data: bytes) -> pa.Table:
+    return read(data, "json", batch_rows=256, max_row_bytes=1 << 24)
+
+
 @pytest.mark.parametrize("family", list(LINE_FAMILIES))
 def test_reading_a_line_costs_linear_time(family):
-    reader = JsonLines("text", "id", {"id": 1})
+    def file(n: int) -> bytes:
+        return ('{"id": 1, "text": "first"}\n' + LINE_FAMILIES[family](n)).encode(
+            "utf-8", "surrogatepass")
 
-    def batch(n: int) -> dict[str, np.ndarray]:
-        return {"text": np.array([LINE_FAMILIES[family](n)], dtype=object), LINE: np.arange(1)}
-
-    assert cost_ratio(batch, reader, LINE_SIZES[family]) <= MAX_RATIO
+    assert cost_ratio(file, read_json, LINE_SIZES[family]) <= MAX_RATIO
 
 
 def test_reading_many_lines_costs_linear_time():
-    reader = JsonLines("text", "id", {"id": 1})
     lines = ['{"id": 1, "text": "a"}', "[" * 50, "bad", '{"text": "\\ud800"}',
-             '{"id": 1180591620717411303424, "text": "a"}']
+             '{"id": 1180591620717411303424, "text": "a"}', "\xff"]
 
-    def batch(n: int) -> dict[str, np.ndarray]:
-        return {"text": np.array(lines * n, dtype=object), LINE: np.arange(len(lines) * n)}
+    def file(n: int) -> bytes:
+        return "\n".join(lines * n).encode("utf-8", "surrogateescape")
 
-    assert cost_ratio(batch, reader, 200) <= MAX_RATIO
+    assert cost_ratio(file, read_json, 200) <= MAX_RATIO
+
+
+def test_a_line_longer_than_the_limit_is_skipped_in_linear_time():
+    def file(n: int) -> bytes:
+        return b'{"id": 1, "text": "a"}\n' + b"[" * n + b"\n" + b'{"id": 2, "text": "b"}'
+
+    assert cost_ratio(file, lambda data: read(data, "json", max_row_bytes=1000),
+                      1 << 20) <= MAX_RATIO
 
 
 # --- CSV and Parquet --------------------------------------------------------------------
@@ -176,16 +149,12 @@ def csv_files(draw: st.DrawFn) -> bytes:
 @given(csv_files() | st.binary(max_size=80))
 def test_any_csv_file_becomes_embedded_or_refused_rows(encoder, data):
     try:
-        table = pa_csv.read_csv(io.BytesIO(data))
-        names = table.column_names
-    except (pa.ArrowInvalid, UnicodeDecodeError):  # the reader fails the file: a row of
-        return  # another length, a header that is not UTF-8
-    if "text" not in names:  # the job refuses the file (InvalidValue)
+        columns = columns_of(io.BytesIO(data), "csv")
+    except ValueError:  # the job refuses the file: its header cannot be read
         return
-    batch = numpy_batch(table.select(["text", *(["id"] if "id" in names else [])]))
-    if "id" not in batch:
-        batch = RowNumberer("id")(batch)
-    embed_rows(encoder, batch, table.num_rows)
+    if columns is None or "text" not in columns:  # empty, or refused (no text column)
+        return
+    embed_rows(encoder, read(data, "csv"))
 
 
 COLUMNS = st.sampled_from([
@@ -208,7 +177,6 @@ def test_any_parquet_columns_become_embedded_or_refused_rows(encoder, text, ids)
     columns = {"text": text} | ({} if ids is None else {"id": ids})
     sink = io.BytesIO()
     pq.write_table(pa.table(columns), sink)
-    batch = numpy_batch(pq.read_table(io.BytesIO(sink.getvalue())))
-    if "id" not in batch:
-        batch = RowNumberer("id")(batch)
-    embed_rows(encoder, batch, len(text))
+    rows = read(sink.getvalue(), "parquet")
+    assert rows.num_rows == len(text)
+    embed_rows(encoder, rows)
