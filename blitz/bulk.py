@@ -13,6 +13,9 @@ a glob, local or object storage) into OUTPUT, one *unit* per input file. The pie
   API applies them;
 - ``blitz.bulk_write.UnitWriter``: each unit's rows into Parquet and its refusals into
   ``_errors.jsonl``, published whole with its record.
+
+The job that runs them is ``deployments.bulk.embed_dataset`` (Ray Data): ``blitz/`` never
+imports the Ray glue.
 """
 
 from __future__ import annotations
@@ -35,18 +38,6 @@ from blitz.service import apply_prompt
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 GLOB_CHARS = "*?["
 PASSED = ("_unit", "_row", "_line", "_id_int", "_id_str", "_id_kind", "_refused", "_offset")
-
-
-def embed_dataset(input: str, output: str, **options: Any) -> Any:
-    """Embed every row of ``input`` into ``output``: the Python form of ``blitz embed``.
-
-    The job runs on Ray Data (``deployments.bulk.embed_dataset``, which documents the
-    keyword arguments: ``settings``, ``options``, ``address``, ``log``); it is imported
-    here only when called, so importing ``blitz`` never imports Ray.
-    """
-    from deployments.bulk import embed_dataset as run_on_ray_data
-
-    return run_on_ray_data(input, output, **options)
 
 
 # --- inputs -----------------------------------------------------------------

@@ -214,7 +214,7 @@ def _compare_with_torch(spec: ModelSpec, cache_dir: Path, stages: Stages,
     from blitz import accuracy
     from blitz.encoders.loading import load_encoder
     from blitz.probes import PROBE_TEXTS
-    from loadtest.throughput import compare_throughput
+    from blitz.throughput import compare_throughput
 
     texts = list(PROBE_TEXTS)
     report = None

@@ -276,11 +276,6 @@ def decode_body(body: bytes, content_type: str | None, max_bytes: int,
                      "application/json")
 
 
-def choose_reply_format(accept: str | None, default: ReplyFormat = "msgpack") -> ReplyFormat:
-    """The format the client's Accept header prefers; ``default`` when it names none."""
-    return choose_reply(accept, default)[0]
-
-
 def choose_reply(accept: str | None,
                  default: ReplyFormat = "msgpack") -> tuple[ReplyFormat, ArrayLayout | None]:
     """The format the client's Accept header prefers (``default`` when it names none) and

@@ -53,6 +53,3 @@ class LoadFailures:
             del self._failed[model_id]
             return
         raise error
-
-    def forget(self, model_id: str) -> None:
-        self._failed.pop(model_id, None)

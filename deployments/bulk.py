@@ -37,6 +37,7 @@ from blitz.config import BlitzSettings, BulkSettings
 from blitz.errors import InvalidValue
 from blitz.registry import ModelSpec
 from blitz.storage import filesystem_for, location_env
+from deployments.bulk_extra import require_ray_data
 
 
 class EmbedBatches:
@@ -89,8 +90,6 @@ def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = N
     ``log`` gets a line per published unit; ``progress`` shows a progress bar (rows/s,
     ETA) on a terminal (None: when stderr is one).
     """
-    from deployments.cli import require_ray_data
-
     require_ray_data()
     settings = settings or BlitzSettings()
     options = options or BulkSettings()

@@ -14,25 +14,12 @@ from typing import Any, TextIO
 
 from blitz import cli
 from blitz.config import BulkSettings
-
-BULK_EXTRA_MISSING = (
-    "blitz embed needs Ray Data, which the serving install leaves out (it brings pandas, "
-    "which every Serve process would then import): install the bulk extra with "
-    "`bash scripts/install.sh bulk` or `pip install -e '.[bulk]'`")
-
+from deployments.bulk_extra import require_ray_data
 
 EXIT_CODES = """exit status: 0 every row is in OUTPUT; 3 done, but some rows were refused (see
 the errors file); 1 the job failed or no row could be embedded; 2 usage (bad options,
 OUTPUT overlapping INPUT, a rerun that would mix outputs without --force)"""
 DEFAULT_CONFIG = "serve_config.yaml"
-
-
-def require_ray_data() -> None:
-    """Raise ``RuntimeError`` saying which extra to install when Ray Data cannot import."""
-    try:
-        import ray.data  # noqa: F401
-    except ImportError as exc:  # pandas or pyarrow missing: the bulk extra is not installed
-        raise RuntimeError(f"{BULK_EXTRA_MISSING} ({exc})") from exc
 
 
 def add_embed_command(commands: Any) -> None:

@@ -20,7 +20,6 @@ import time
 from collections import deque
 from typing import Any
 
-import numpy as np
 import ray
 from ray import serve
 
@@ -179,16 +178,6 @@ class ModelPool:
 
     # ---- work ------------------------------------------------------------------------
 
-    async def embed(self, job: EmbedJob) -> Encoded:
-        """One job for handle callers that skip the ingress; large ones are chunked."""
-        limit = self.pool_settings.max_batch_size
-        parts = await self.embed_jobs([_slice(job, i, limit)
-                                       for i in range(0, max(len(job), 1), limit)])
-        for part in parts:
-            if isinstance(part, BaseException):
-                raise part
-        return parts[0] if len(parts) == 1 else _concat(parts)
-
     async def embed_jobs(self, jobs: list[EmbedJob]) -> list[Encoded | BaseException]:
         """Several requests' jobs in one call (the ingress merges concurrent ones); each
         gets its own result or error, so one bad input fails alone. Text jobs enter the
@@ -268,17 +257,3 @@ class ModelPool:
                 "waiting_for_workers": self.workers.waiting,
                 "loading": self.loads.loading, "queued_loads": self.loads.queued,
                 "load_overdue_s": round(self.loads.overdue_s(), 1)}
-
-
-def _slice(job: EmbedJob, start: int, size: int) -> EmbedJob:
-    if job.token_ids is not None:
-        return EmbedJob(token_ids=job.token_ids[start:start + size], normalize=job.normalize,
-                        truncate=job.truncate)
-    return EmbedJob(texts=(job.texts or [])[start:start + size], normalize=job.normalize,
-                    truncate=job.truncate)
-
-
-def _concat(parts: list[Encoded]) -> Encoded:
-    return Encoded(np.concatenate([p.values for p in parts]),
-                   np.concatenate([p.token_counts for p in parts]),
-                   sum(p.padded_tokens for p in parts))

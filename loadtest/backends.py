@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from blitz.encoders.loading import load_encoder
     from blitz.model_cache import library_versions
     from blitz.registry import ModelSpec
-    from loadtest.throughput import compare_throughput
+    from blitz.throughput import compare_throughput
 
     torch.set_num_threads(args.threads)  # ONNX sessions take the same count at load
     backends = (args.backends.split(",") if args.backends else

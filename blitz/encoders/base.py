@@ -29,7 +29,7 @@ class Encoder(ABC):
 
     kind: str = "embedding"
     device: str = "cpu"
-    backend: str = "torch"  # what serves it: a cpu_backend, "fake", or "auto(small=.., large=..)"
+    backend: str = "torch"  # what serves it: a cpu_backend, "fake", or "auto(<winner>)"
 
     def __init__(self, model_id: str, max_seq_length: int):
         self.model_id = model_id

@@ -26,25 +26,22 @@ from typing import Any
 
 from blitz import accuracy
 from blitz.cpu_features import cpu_supports_bf16
-from blitz.encoders.auto import Chooser, choose_in_child, load_auto
+from blitz.encoders.auto import Chooser, load_auto
 from blitz.encoders.base import Encoder
 from blitz.encoders.fake import FakeEncoder
 from blitz.encoders.models import open_torch_bi_encoder, open_torch_cross_encoder, wrap
+from blitz.load_children import build_in_child, choose_in_child
 from blitz.load_failures import as_load_failure
 from blitz.model_trust import check_model_folder
-from blitz.onnx_child import build_in_child
 from blitz.onnx_export import load_onnx
 from blitz.registry import ModelSpec, resolve_source
 
 logger = logging.getLogger("blitz.encoders")
 
 BUILD_IN_CHILD = True
-"""ONNX builds run in a child process (``blitz.onnx_child``) so that the loading process,
+"""ONNX builds run in a child process (``blitz.load_children``) so that the loading process,
 a long-lived replica or bulk actor, does not keep the export's memory."""
 
-CHOOSE_IN_CHILD = True
-"""``cpu_backend: auto`` opens and times its candidates in a child process
-(``blitz.auto_child``) and opens only the winners here, for the same reason."""
 
 # (spec, weights directory, device, cache dir) -> the sentence-transformers model
 Opener = Callable[[ModelSpec, Path, str, str | Path | None], Any]
@@ -113,7 +110,7 @@ def load_encoder(spec: ModelSpec, device: str = "cpu",
         if backend == "auto":
             return load_auto(spec, lambda name: load_encoder(
                 spec.model_copy(update={"cpu_backend": name}), device, cache_dir),
-                chooser=_auto_chooser(cache_dir) if CHOOSE_IN_CHILD else None)
+                chooser=_auto_chooser(cache_dir))
         path = resolve_source(spec, cache_dir)
         check_model_folder(spec, path)
         model = OPENERS[spec.kind, backend](spec, path, device, cache_dir)

@@ -30,6 +30,11 @@ CPU_PAIRS_PER_BATCH = 32
 GPU_PAIRS_PER_BATCH = 256
 
 
+PER_ROW_BACKENDS = frozenset({"onnx-int8"})
+"""Backends whose numbers depend on the batch (dynamic int8 quantization scales each call's
+activations as a whole): each text runs alone, so its vector never depends on others."""
+
+
 def wrap(spec: ModelSpec, model: Any, device: str) -> Encoder:
     """``spec``'s opened model as an ``Encoder`` with the batch sizes that suit ``device``."""
     on_cpu = device == "cpu"
@@ -39,7 +44,8 @@ def wrap(spec: ModelSpec, model: Any, device: str) -> Encoder:
             batch_size=CPU_PAIRS_PER_BATCH if on_cpu else GPU_PAIRS_PER_BATCH)
     return SentenceTransformerEncoder(
         spec.id, model.eval(), max_seq_length=spec.max_seq_length,
-        token_budget=CPU_TOKEN_BUDGET if on_cpu else GPU_TOKEN_BUDGET)
+        token_budget=CPU_TOKEN_BUDGET if on_cpu else GPU_TOKEN_BUDGET,
+        rows_per_call=1 if on_cpu and spec.cpu_backend in PER_ROW_BACKENDS else 0)
 
 
 def open_torch_bi_encoder(spec: ModelSpec, path: Path, device: str = "cpu") -> SentenceTransformer:

@@ -8,6 +8,11 @@ its own costs: that fixed cost, in tokens, is measured once after loading
 of mixed lengths runs as a few calls of similar lengths instead of one call padded to the
 longest (calls of up to ``SPLIT_MAX_TEXTS`` texts: the micro-batches of single-text
 traffic); on a GPU it is larger than the token budget and only the budget splits.
+
+``rows_per_call`` caps the texts per model call: ``1`` for dynamically quantized int8,
+whose activation scales are computed per call over the whole padded batch, so a text's
+vector would depend on what it was batched with. Run alone, every text gets the same
+vector whatever shares its request or micro-batch (BENCHMARKS.md, issue #23).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ class SentenceTransformerEncoder(Encoder):
     kind = "embedding"
 
     def __init__(self, model_id: str, model: Any, *, max_seq_length: int | None = None,
-                 token_budget: int):
+                 token_budget: int, rows_per_call: int = 0):
         limit = max_seq_length or model.max_seq_length or 512
         model.max_seq_length = limit
         super().__init__(model_id, limit)
@@ -36,6 +41,7 @@ class SentenceTransformerEncoder(Encoder):
         self.tokenizer = model.tokenizer
         self.device = str(model.device)
         self.token_budget = token_budget
+        self.rows_per_call = rows_per_call  # 0: as many as the token budget allows
         self.call_tokens = math.inf  # a model call's fixed cost in tokens, once calibrated
         self._dimension = model.get_embedding_dimension()
         self._pad_id = self.tokenizer.pad_token_id or 0
@@ -116,13 +122,20 @@ class SentenceTransformerEncoder(Encoder):
         # past SPLIT_MAX_TEXTS, larger products run cheaper per token than the calibration's
         # one-row calls show, and splitting by call cost measured slower (BENCHMARKS.md)
         call_tokens = self.call_tokens if len(ids) <= SPLIT_MAX_TEXTS else math.inf
-        for batch in length_batches([len(r) for r in ids], self.token_budget, call_tokens):
+        for batch in self._calls([len(r) for r in ids], call_tokens):
             width = max(len(ids[i]) for i in batch)
             padded += width * len(batch)
             out[batch] = self._forward([ids[i] for i in batch], width)
         if normalize and len(ids):
             out = l2_normalize(out)
         return Encoded(out, counts, padded)
+
+    def _calls(self, lengths: list[int], call_tokens: float) -> list[np.ndarray]:
+        batches = length_batches(lengths, self.token_budget, call_tokens)
+        if not self.rows_per_call:
+            return batches
+        step = self.rows_per_call
+        return [b[i:i + step] for b in batches for i in range(0, len(b), step)]
 
     def _forward(self, rows: list[list[int]], width: int) -> np.ndarray:
         input_ids = np.full((len(rows), width), self._pad_id, dtype=np.int64)

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from blitz.bulk import embed_dataset
 from blitz.config import BlitzSettings, BulkSettings
 from blitz.errors import InvalidValue
+from deployments.bulk import embed_dataset
 from deployments.cli import main as blitz_main
 from tests.ports import free_port
 

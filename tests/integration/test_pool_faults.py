@@ -171,7 +171,6 @@ async def test_an_unknown_model_id_on_a_pool_handle_is_a_404_and_creates_nothing
     calls: list[Callable[[], Any]] = [
         lambda: stranger.embed_jobs.remote([EmbedJob(texts=["x"]),
                                             EmbedJob(token_ids=[[1, 2]])]),
-        lambda: stranger.embed.remote(EmbedJob(texts=["x"])),
         lambda: stranger.rerank.remote(RerankJob(query="q", documents=["d"]))]
     for call in calls:
         with pytest.raises(Exception) as refused:

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from blitz import load_children
 from blitz.encoders import auto
-from blitz.encoders.auto import AutoChoice, AutoEncoder
+from blitz.encoders.auto import AutoChoice
 from blitz.encoders.loading import load_encoder
 from blitz.errors import ModelLoadFailed
 from blitz.registry import ModelSpec
@@ -77,23 +78,16 @@ def test_measure_rates_ends_even_when_the_timer_stands_still():
     assert rates["torch"][1] > 0
 
 
-def test_choose_takes_the_fastest_per_size_and_the_crossover_between_them():
+def test_choose_takes_one_backend_best_over_both_sizes():
     rates = {"torch": {1: 100.0, 32: 300.0}, "onnx-int8": {1: 400.0, 32: 500.0},
              "torch-bf16": {1: 150.0, 32: 700.0}}
-    choice = auto.choose(rates, small_tokens=16, large_tokens=400)
-    assert (choice.small, choice.large, choice.threshold_tokens) == (
-        "onnx-int8", "torch-bf16", 80)
-    assert choice.backend == "auto(small=onnx-int8, large=torch-bf16)"
-    tie = auto.choose({"torch": {1: 5.0, 32: 5.0}, "onnx": {1: 5.0, 32: 5.0}}, 1, 1)
-    assert (tie.small, tie.large) == ("torch", "torch")  # the first listed wins a tie
-
-
-def test_micro_batch_tokens_follow_the_token_budget():
-    lengths = [10, 10, 20, 20]
-    assert auto.mean_micro_batch_tokens(lengths, 1, 512) == 15
-    assert auto.mean_micro_batch_tokens(lengths, 4, 512) == 80  # one batch: 4 x 20
-    assert auto.mean_micro_batch_tokens(lengths, 4, 40) == 30  # 2 x 10 and 2 x 20
-    assert auto.crossover_tokens(16, 400) == 80
+    # relative to the best at each size: int8 1.0 x 0.71, bf16 0.38 x 1.0, torch 0.25 x 0.43
+    choice = auto.choose(rates)
+    assert choice.chosen == "onnx-int8" and choice.backend == "auto(onnx-int8)"
+    bulk = auto.choose({**rates, "torch-bf16": {1: 350.0, 32: 900.0}})
+    assert bulk.chosen == "torch-bf16"  # 0.88 x 1.0 beats 1.0 x 0.56
+    tie = auto.choose({"torch": {1: 5.0, 32: 5.0}, "onnx": {1: 5.0, 32: 5.0}})
+    assert tie.chosen == "torch"  # the first listed wins a tie
 
 
 def test_candidates_include_bf16_only_on_native_bf16():
@@ -123,28 +117,24 @@ def _timed_opener(tiny_dir: Path, clock: FakeClock, refuse: set[str], opened: di
     return open_backend
 
 
-def test_auto_keeps_the_fastest_passing_backend_per_size(tiny_dir, caplog):
+def test_auto_keeps_one_fastest_passing_backend_and_closes_the_rest(tiny_dir, caplog):
     clock, opened = FakeClock(), {}
     with caplog.at_level(logging.INFO, logger="blitz.encoders"):
         encoder = auto.load_auto(_spec(tiny_dir), _timed_opener(tiny_dir, clock, {"onnx"}, opened),
                                  backends=list(COSTS), timer=clock, seconds=0.05)
-    assert isinstance(encoder, AutoEncoder)
-    assert encoder.backend == "auto(small=onnx-int8, large=torch-bf16)"
-    assert encoder.small is opened["onnx-int8"] and encoder.large is opened["torch-bf16"]
-    assert "onnx" not in opened and "not accurate enough" in encoder.choice.dropped["onnx"]
-    assert opened["torch"].model is None  # the loser is closed
-    assert set(encoder.choice.rates) == {"torch", "torch-bf16", "onnx-int8"}
-    assert "chose auto(small=onnx-int8, large=torch-bf16)" in caplog.text
-    assert "onnx: dropped" in caplog.text
+    # int8 is fastest alone, bf16 in bulk: one of them serves every call, here int8
+    # (1.0 x 0.67 of the best against bf16's 0.5 x 1.0)
+    assert encoder is opened["onnx-int8"] and encoder.backend == "auto(onnx-int8)"
+    assert "onnx" not in opened
+    assert all(opened[b].model is None for b in ("torch", "torch-bf16"))  # losers closed
+    assert "chose onnx-int8 for every call" in caplog.text
+    assert "onnx: dropped" in caplog.text and "not accurate enough" in caplog.text
 
-
-def test_one_backend_winning_both_sizes_is_kept_alone(tiny_dir):
-    clock, opened = FakeClock(), {}
-    encoder = auto.load_auto(_spec(tiny_dir), _timed_opener(tiny_dir, clock, set(), opened),
+    opened.clear()
+    clock = FakeClock()
+    fastest = auto.load_auto(_spec(tiny_dir), _timed_opener(tiny_dir, clock, set(), opened),
                              backends=list(COSTS), timer=clock, seconds=0.05)
-    assert encoder is opened["onnx"] and not isinstance(encoder, AutoEncoder)
-    assert encoder.backend == "auto(small=onnx, large=onnx)"
-    assert all(opened[b].model is None for b in ("torch", "torch-bf16", "onnx-int8"))
+    assert fastest is opened["onnx"] and fastest.backend == "auto(onnx)"
 
 
 def test_auto_fails_when_every_backend_fails(tiny_dir):
@@ -158,59 +148,10 @@ def test_auto_is_for_bi_encoders_only(tiny_dir):
         _spec(tiny_dir, kind="cross-encoder")
 
 
-# --- dispatch per micro-batch -------------------------------------------------------------
-
 @pytest.fixture(scope="module")
 def fixed(tiny_dir, onnx_cache):
     return {name: load_encoder(_spec(tiny_dir, name), cache_dir=onnx_cache)
             for name in ("torch", "onnx")}
-
-
-def _auto_over(tiny_dir, onnx_cache, threshold: int) -> AutoEncoder:
-    small = load_encoder(_spec(tiny_dir, "onnx"), cache_dir=onnx_cache)
-    large = load_encoder(_spec(tiny_dir, "torch"))
-    return AutoEncoder(small, large, AutoChoice("onnx", "torch", threshold, rates={}))
-
-
-def test_small_micro_batches_run_on_the_small_winner(tiny_dir, onnx_cache, fixed):
-    encoder = _auto_over(tiny_dir, onnx_cache, threshold=40)
-    got = encoder.embed(SHORT, normalize=True)  # one micro-batch of 3 x 7 tokens
-    assert encoder.served == {"onnx": 1, "torch": 0}
-    want = fixed["onnx"].embed(SHORT, normalize=True)
-    np.testing.assert_allclose(got.values, want.values, atol=1e-6)
-    np.testing.assert_array_equal(got.token_counts, want.token_counts)
-    assert got.padded_tokens == want.padded_tokens
-
-
-def test_large_micro_batches_run_on_the_large_winner(tiny_dir, onnx_cache, fixed):
-    encoder = _auto_over(tiny_dir, onnx_cache, threshold=40)
-    got = encoder.embed(SHORT[:1] + LONG, normalize=False)
-    # length sorting is kept: "hello" (3 tokens) rides with the long ones in full batches
-    assert encoder.served["torch"] >= 2 and encoder.served["onnx"] <= 1
-    want = fixed["torch"].embed(SHORT[:1] + LONG, normalize=False)
-    np.testing.assert_allclose(got.values, want.values, atol=1e-5)
-    assert got.padded_tokens == want.padded_tokens
-
-
-def test_embed_many_and_token_ids_match_the_fixed_backends(tiny_dir, onnx_cache, fixed):
-    encoder = _auto_over(tiny_dir, onnx_cache, threshold=40)
-    jobs = [(SHORT, True, True), (LONG[:20], False, True), (["x " * 500], True, False)]
-    got = encoder.embed_many(jobs)
-    want = fixed["torch"].embed_many(jobs)
-    assert isinstance(got[2], type(want[2])) and isinstance(got[2], Exception)
-    for g, w in zip(got[:2], want[:2], strict=True):
-        np.testing.assert_allclose(g.values, w.values, atol=1e-5)
-    ids = [fixed["torch"].tokenizer.encode(t, add_special_tokens=False) for t in SHORT]
-    tokens = encoder.embed_tokens(ids, normalize=True)
-    np.testing.assert_allclose(tokens.values, fixed["onnx"].embed(SHORT, normalize=True).values,
-                               atol=1e-5)
-    assert encoder.served["onnx"] >= 1 and encoder.served["torch"] >= 1
-
-
-def test_closing_auto_closes_both_backends(tiny_dir, onnx_cache):
-    encoder = _auto_over(tiny_dir, onnx_cache, threshold=40)
-    encoder.close()
-    assert encoder.small.model is None and encoder.large.model is None
 
 
 # --- end to end -------------------------------------------------------------------------
@@ -222,9 +163,7 @@ def test_auto_loads_end_to_end(tiny_dir, onnx_cache, fixed, monkeypatch, caplog)
     measured = caplog.text.split("on the probe set: ", 1)[1]
     for name in auto.candidates():  # every candidate passed the lowered guard and was timed
         assert f"{name}: " in measured and f"{name}: dropped" not in measured
-    small, large = encoder.backend.removeprefix("auto(small=").rstrip(")").split(", large=")
-    assert {small, large} <= set(auto.candidates())
-    assert isinstance(encoder, AutoEncoder) == (small != large)
+    assert encoder.backend.removeprefix("auto(").rstrip(")") in auto.candidates()
     got = encoder.embed(SHORT + LONG, normalize=True).values
     want = fixed["torch"].embed(SHORT + LONG, normalize=True).values
     assert np.sum(got * want, axis=1).min() > 0.9
@@ -243,26 +182,18 @@ def test_cli_optimize_prints_what_auto_chose(tiny_dir, onnx_cache, tmp_path, mon
     assert main(["optimize", "tiny", "--config", str(config), "--cache-dir", str(onnx_cache),
                  "--no-speed"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^cpu_backend auto chose auto\(small=[a-z0-9-]+, large=[a-z0-9-]+\) ",
-                     out, re.MULTILINE), out
+    assert re.search(r"^cpu_backend auto chose auto\([a-z0-9-]+\) ", out, re.MULTILINE), out
 
 
 # --- choosing in a child process ----------------------------------------------------------
 
-def test_with_a_chooser_only_the_winners_are_opened(tiny_dir):
-    choice = AutoChoice("onnx-int8", "torch-bf16", 90, rates={"onnx-int8": {1: 9.0, 32: 1.0}})
+def test_with_a_chooser_only_the_winner_is_opened(tiny_dir):
+    choice = AutoChoice("onnx-int8", rates={"onnx-int8": {1: 9.0, 32: 1.0}})
     opened: dict = {}
     encoder = auto.load_auto(_spec(tiny_dir), _timed_opener(tiny_dir, FakeClock(), set(), opened),
                              chooser=lambda spec: choice)
-    assert set(opened) == {"onnx-int8", "torch-bf16"}  # no candidate opened only to be closed
-    assert isinstance(encoder, AutoEncoder) and encoder.choice is choice
-    assert encoder.small is opened["onnx-int8"] and encoder.large is opened["torch-bf16"]
-
-    opened.clear()
-    alone = auto.load_auto(_spec(tiny_dir), _timed_opener(tiny_dir, FakeClock(), set(), opened),
-                           chooser=lambda spec: AutoChoice("onnx", "onnx", 90, rates={}))
-    assert set(opened) == {"onnx"} and alone is opened["onnx"]
-    assert alone.backend == "auto(small=onnx, large=onnx)"
+    assert set(opened) == {"onnx-int8"}  # no candidate opened only to be closed
+    assert encoder is opened["onnx-int8"] and encoder.backend == "auto(onnx-int8)"
 
 
 def test_a_failed_chooser_means_measuring_in_process(tiny_dir):
@@ -274,17 +205,17 @@ def test_a_failed_chooser_means_measuring_in_process(tiny_dir):
 
 
 def test_a_choice_survives_the_trip_from_the_child():
-    choice = AutoChoice("onnx-int8", "torch", 56, rates={"onnx-int8": {1: 759.0, 32: 634.0},
-                                                         "torch": {1: 127.0, 32: 900.0}},
+    choice = AutoChoice("onnx-int8", rates={"onnx-int8": {1: 759.0, 32: 634.0},
+                                            "torch": {1: 127.0, 32: 900.0}},
                         dropped={"onnx": "not accurate enough"})
     assert AutoChoice.from_json(choice.to_json()) == choice
 
 
 def test_the_child_process_measures_and_chooses(tiny_dir, onnx_cache, caplog):
     with caplog.at_level(logging.INFO, logger="blitz.encoders"):
-        choice = auto.choose_in_child(_spec(tiny_dir), onnx_cache, threads=1)
+        choice = load_children.choose_in_child(_spec(tiny_dir), onnx_cache, threads=1)
     assert choice is not None, caplog.text
-    assert {choice.small, choice.large} <= set(choice.rates) <= set(auto.candidates())
+    assert choice.chosen in set(choice.rates) <= set(auto.candidates())
     assert all(rate > 0 for rates in choice.rates.values() for rate in rates.values())
     encoder = load_encoder(_spec(tiny_dir), cache_dir=onnx_cache)  # the loader's own path
     assert encoder.backend == choice.backend or encoder.backend.startswith("auto(")
@@ -294,5 +225,5 @@ def test_the_child_process_measures_and_chooses(tiny_dir, onnx_cache, caplog):
 def test_a_child_that_fails_is_logged_and_answers_none(tmp_path, caplog):
     missing = ModelSpec(id="gone", source=str(tmp_path / "no-such-model"), cpu_backend="auto")
     with caplog.at_level(logging.WARNING, logger="blitz.encoders"):
-        assert auto.choose_in_child(missing, tmp_path, threads=1) is None
+        assert load_children.choose_in_child(missing, tmp_path, threads=1) is None
     assert "the cpu_backend auto child failed" in caplog.text

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from deployments.cli import main, require_ray_data
+from deployments.bulk_extra import require_ray_data
+from deployments.cli import main
 
 
 @pytest.fixture

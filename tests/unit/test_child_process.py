@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from blitz import child_process, onnx_child
+from blitz import child_process, load_children
 from blitz.child_process import ChildTimedOut, deadline, run_child
-from blitz.encoders import auto
 from blitz.registry import ModelSpec
 
 WAIT_S = 10.0  # bound on every wait; a healthy run needs a small part of it
@@ -116,17 +115,17 @@ def test_the_load_deadline_kills_the_onnx_build_child(tmp_path, hanging_python, 
     model.mkdir()
     (model / "config.json").write_text("{}")
     spec = ModelSpec(id="m", source=str(model), cpu_backend="onnx")
-    monkeypatch.setattr(onnx_child, "sys", hanging_python)
+    monkeypatch.setattr(load_children, "sys", hanging_python)
     started = time.monotonic()
-    with deadline(0.5), pytest.raises(ChildTimedOut, match="blitz.onnx_child"):
-        onnx_child.build_in_child(spec, model, tmp_path / "cache")
+    with deadline(0.5), pytest.raises(ChildTimedOut, match="blitz.load_child"):
+        load_children.build_in_child(spec, model, tmp_path / "cache")
     assert time.monotonic() - started < 5
 
 
 def test_the_load_deadline_kills_the_auto_backend_child(tmp_path, hanging_python, monkeypatch):
     spec = ModelSpec(id="m", source=str(tmp_path), cpu_backend="auto")
-    monkeypatch.setattr(auto, "sys", hanging_python)
+    monkeypatch.setattr(load_children, "sys", hanging_python)
     started = time.monotonic()
-    with deadline(0.5), pytest.raises(ChildTimedOut, match="blitz.auto_child"):
-        auto.choose_in_child(spec, tmp_path / "cache", threads=1)
+    with deadline(0.5), pytest.raises(ChildTimedOut, match="blitz.load_child"):
+        load_children.choose_in_child(spec, tmp_path / "cache", threads=1)
     assert time.monotonic() - started < 5

@@ -75,7 +75,7 @@ def test_decode_body_by_content_type_and_sniffing():
     ("application/json;q=0", "msgpack"),
 ])
 def test_reply_format_negotiation(accept, expected):
-    assert codecs.choose_reply_format(accept) == expected
+    assert codecs.choose_reply(accept)[0] == expected
 
 
 @pytest.mark.parametrize(("accept", "expected"), [

@@ -1,4 +1,5 @@
-"""The shape of ``blitz/``: lower layers never call up, no Ray, small modules.
+"""The shape of the house: layers only point down (blitz < deployments < loadtest <
+tests), no import cycle and no Ray in ``blitz/``, small modules.
 
 Every import counts: module level, inside functions, under ``TYPE_CHECKING``. Importing
 ``blitz.a.b`` imports the package ``blitz.a`` first, so it counts as an import of both.
@@ -106,6 +107,33 @@ def test_imports_inside_functions_and_type_checking_count():
 def test_no_import_cycle_among_blitz_modules():
     cycle = find_cycle(blitz_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+LAYERS = {  # package -> the repository packages it may not import (layers point down)
+    "blitz": ("deployments", "loadtest", "tests"),
+    "deployments": ("loadtest", "tests"),
+    "loadtest": ("tests",),
+}
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_layers_only_point_down(package):
+    """blitz (the library) < deployments (the Ray glue, the CLI that needs Ray) <
+    loadtest (measuring them); tests sit on top. No module imports a layer above it."""
+    banned = LAYERS[package]
+    offenders = {}
+    for path in sorted((REPO / package).rglob("*.py")):
+        found = sorted(m for m in imported(path) if m.split(".")[0] in banned)
+        if found:
+            offenders[str(path.relative_to(REPO))] = found
+    assert offenders == {}
+
+
+def test_deployments_modules_do_not_call_up_to_the_cli():
+    """deployments/cli.py is the command line's top; the glue it drives never imports it."""
+    for path in sorted((REPO / "deployments").glob("*.py")):
+        if path.name != "cli.py":
+            assert "deployments.cli" not in imported(path), path.name
 
 
 def test_blitz_never_imports_ray():

@@ -33,7 +33,6 @@ from blitz import codecs
 from blitz.config import BlitzSettings
 from blitz.encoders.fake import FakeEncoder
 from blitz.http_api import HttpApi
-from blitz.local import LocalDispatcher
 from blitz.service import EmbeddingService
 from loadtest import backends, cli, formats, inprocess, report
 from loadtest.apis import API_NAMES, NativeJson, NativeMsgpack, OpenAIBase64, OpenAIFloat, Raw
@@ -44,6 +43,7 @@ from loadtest.naive_server import create_app
 from loadtest.runner import ConfigError, LoadConfig, RunResult, run_load, run_sweep
 from loadtest.stats import Recorder, summarize
 from loadtest.verify import ReplyChecker, VerificationError
+from tests.local_dispatcher import LocalDispatcher
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""ONNX builds in a child process (blitz.onnx_child): the loading process only opens the
+"""ONNX builds in a child process (blitz.load_children): the loading process only opens the
 cached build, so it does not keep the export's memory."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from blitz import onnx_export
 from blitz.encoders import loading
 from blitz.encoders.loading import load_encoder
-from blitz.onnx_child import build_in_child, is_cached
+from blitz.load_children import build_in_child, is_cached
 from blitz.registry import ModelSpec
 
 pytestmark = pytest.mark.usefixtures("no_home_cache")

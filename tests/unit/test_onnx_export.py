@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("no_home_cache")
 @pytest.fixture(autouse=True)
 def build_in_process(monkeypatch):
     """These tests count and break exports in this process; the child build
-    (blitz.onnx_child) has its own tests."""
+    (blitz.load_children) has its own tests."""
     monkeypatch.setattr(loading, "BUILD_IN_CHILD", False)
 
 

@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from blitz.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from blitz.http_api import HttpApi
-from blitz.local import LocalDispatcher
 from blitz.service import EmbeddingService
+from tests.local_dispatcher import LocalDispatcher
 
 MODELS = [{"id": f"m{i}", "source": "fake:4"} for i in range(MAX_MODELS_PER_REPLICA + 1)]
 

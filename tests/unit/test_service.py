@@ -9,9 +9,9 @@ from ray.exceptions import RayTaskError
 
 from blitz.config import BlitzSettings
 from blitz.errors import InputTooLong, Overloaded, UnknownModel
-from blitz.local import LocalDispatcher
 from blitz.service import EmbeddingService, RequestRecord
 from deployments.ingress import Ingress
+from tests.local_dispatcher import LocalDispatcher
 
 SETTINGS = BlitzSettings.from_args({
     "models": [{"id": "fake", "source": "fake:16", "max_seq_length": 8},

@@ -1,6 +1,8 @@
 """In-process throughput of encoders: texts per second through ``embed`` or ``score``.
 
-For ``blitz optimize`` (a built backend against torch fp32) and ``loadtest backends``.
+For ``blitz optimize`` (a built backend against torch fp32) and ``loadtest backends``;
+it lives in the product because ``blitz optimize`` uses it (the product never imports
+the load tester).
 """
 
 from __future__ import annotations

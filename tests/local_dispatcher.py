@@ -1,6 +1,6 @@
 """An in-process ``Dispatcher``: encoders loaded in this process, run on one worker thread.
 
-For unit tests of the HTTP API (with fake encoders) and for measuring the serving path
+Test scaffolding for unit tests of the HTTP API and the service (with fake encoders),
 without Ray. Pools here are names only; every job runs on the same local encoders.
 """
 

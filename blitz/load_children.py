@@ -1,0 +1,86 @@
+"""Model work run in a child process, so a long-lived process keeps only what it serves.
+
+A replica or bulk actor that exports, quantizes or times models in process stays far
+larger than the model it then serves: glibc keeps the freed heap, and closed candidates
+do not give all their memory back. Measured (BENCHMARKS.md, "Memory per process"): 1395
+MiB idle after building ``minilm-int8`` in process against 625 MiB when the build was
+cached; ~170 MiB more when ``cpu_backend: auto`` chose in process. Two kinds of work,
+one runner (``blitz.child_process.run_child``: killed past the load deadline, and with
+its parent):
+
+- ``build_in_child``: an ONNX build into the cache (``prepare_onnx``); the caller then
+  opens the cached build as usual.
+- ``choose_in_child``: ``cpu_backend: auto`` opens and times every candidate
+  (``measure_choice``) with the caller's thread count and prints its ``AutoChoice``; the
+  caller then opens only the winners (their ONNX builds are cached by then).
+
+The child is ``python -m blitz.load_child`` (its own module: it imports the loader,
+which imports this one).
+
+A child that fails is logged and reported (False, None): the caller then does the work in
+process and raises what it always raised (the accuracy guard's error, say).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from blitz import model_cache
+from blitz.child_process import run_child
+from blitz.encoders.auto import AutoChoice
+from blitz.registry import ModelSpec
+
+build_log = logging.getLogger("blitz.onnx_export")
+choose_log = logging.getLogger("blitz.encoders.auto")
+
+STDERR_KEPT = 2000  # characters of the child's stderr quoted when it fails
+CHOICE_MARK = "blitz-auto-choice "  # the line of the child's stdout that holds its choice
+
+
+def _command(kind: str, spec: ModelSpec, argument: str,
+             cache_dir: str | Path | None) -> list[str]:
+    command = [sys.executable, "-m", "blitz.load_child", kind, spec.model_dump_json(),
+               argument]
+    return command if cache_dir is None else [*command, str(cache_dir)]
+
+
+def is_cached(spec: ModelSpec, path: Path, cache_dir: str | Path | None) -> bool:
+    """True when ``spec``'s ONNX build from ``path`` is in the cache with its files whole."""
+    from blitz.onnx_export import AREA, onnx_cache_key
+
+    key, _ = onnx_cache_key(spec, path)
+    entry = model_cache.find_entry(model_cache.cache_root(cache_dir), AREA, key)
+    return entry is not None and model_cache.entry_problem(entry) is None
+
+
+def build_in_child(spec: ModelSpec, path: Path, cache_dir: str | Path | None) -> bool:
+    """Build ``spec``'s ONNX model into the cache in a child process unless it is there;
+    True when the cache holds the build afterwards."""
+    if is_cached(spec, path, cache_dir):
+        return True
+    build_log.info("model %r: building its %s model in a child process", spec.id,
+                   spec.cpu_backend)
+    done = run_child(_command("build", spec, str(path), cache_dir))
+    if done.returncode != 0:
+        build_log.warning("model %r: the child build failed (exit %s); building in "
+                          "process:\n%s", spec.id, done.returncode, done.stderr[-STDERR_KEPT:])
+        return False
+    return is_cached(spec, path, cache_dir)
+
+
+def choose_in_child(spec: ModelSpec, cache_dir: str | Path | None,
+                    threads: int) -> AutoChoice | None:
+    """The choice ``measure_choice`` makes for ``spec`` with ``threads`` intra-op threads,
+    made in a child process; None (logged) when the child fails."""
+    choose_log.info("model %r: cpu_backend auto measures its candidates in a child process",
+                    spec.id)
+    done = run_child(_command("choose", spec, str(threads), cache_dir))
+    lines = [line for line in done.stdout.splitlines() if line.startswith(CHOICE_MARK)]
+    if done.returncode != 0 or not lines:
+        choose_log.warning("model %r: the cpu_backend auto child failed (exit %s); measuring "
+                           "in process:\n%s", spec.id, done.returncode,
+                           done.stderr[-STDERR_KEPT:])
+        return None
+    return AutoChoice.from_json(lines[-1][len(CHOICE_MARK):])
