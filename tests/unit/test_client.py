@@ -11,8 +11,8 @@ import pytest
 from blitz.client import AsyncClient, BlitzHTTPError, Client
 from blitz.config import BlitzSettings
 from blitz.http_api import HttpApi
-from blitz.local import LocalDispatcher
 from blitz.service import EmbeddingService
+from tests.local_dispatcher import LocalDispatcher
 
 KEY = "sk-client-test"
 

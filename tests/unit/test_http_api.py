@@ -12,8 +12,8 @@ import pytest
 from blitz import codecs
 from blitz.config import BlitzSettings
 from blitz.http_api import HttpApi
-from blitz.local import LocalDispatcher
 from blitz.service import EmbeddingService
+from tests.local_dispatcher import LocalDispatcher
 
 KEY = "sk-test-123"
 

@@ -16,8 +16,8 @@ from blitz.encoders.base import Encoded
 from blitz.errors import ModelLoadFailed
 from blitz.http_api import HttpApi
 from blitz.http_middleware import warn_if_open
-from blitz.local import LocalDispatcher
 from blitz.service import EmbeddingService, RequestRecord
+from tests.local_dispatcher import LocalDispatcher
 
 MSGPACK = {"content-type": "application/msgpack"}
 JSON = "application/json"

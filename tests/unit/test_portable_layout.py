@@ -23,8 +23,8 @@ import uvicorn
 from blitz import codecs
 from blitz.config import BlitzSettings
 from blitz.http_api import HttpApi
-from blitz.local import LocalDispatcher
 from blitz.service import EmbeddingService
+from tests.local_dispatcher import LocalDispatcher
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["a", "b c", "d e f"]

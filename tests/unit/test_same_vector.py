@@ -13,16 +13,7 @@ import pytest
 
 from blitz.encoders.loading import load_encoder
 from blitz.registry import ModelSpec
-
-TEXTS = ["a cat", "the quarterly results beat every analyst's estimate by a wide margin",
-         "rain", "how do I reset my password if I no longer have the phone number on file",
-         "Blitz", "une phrase en français, pour changer", "42", "the end of the list"]
-OTHERS = [("padding " * (i % 23 + 1)).strip() + f" filler {i}" for i in range(56)]
-
-
-def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.min(np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1)
-                                                  * np.linalg.norm(b, axis=1))))
+from tests.same_vector import OTHERS, TEXTS, min_cosine
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx", "onnx-int8", "auto"])
