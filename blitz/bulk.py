@@ -91,6 +91,15 @@ def check_options(spec: ModelSpec, options: BulkSettings) -> None:
                            f"{spec.id!r}'s dimension {known}", param="dimensions")
 
 
+def output_metadata(spec: ModelSpec, options: BulkSettings, device: str) -> dict[bytes, bytes]:
+    """What each output Parquet file's schema metadata says produced it."""
+    normalize = spec.normalize if options.normalize is None else options.normalize
+    return {b"blitz.model": spec.id.encode(),
+            b"blitz.backend": backend_label(spec, device).encode(),
+            b"blitz.dtype": options.dtype.encode(),
+            b"blitz.normalize": str(normalize).lower().encode()}
+
+
 def backend_label(spec: ModelSpec, device: str) -> str:
     backend = backend_for(spec, device)
     return f"torch-{spec.gpu_dtype}" if device != "cpu" and backend == "torch" else backend
@@ -108,10 +117,7 @@ class BatchEncoder:
         self.options = options
         self.normalize = spec.normalize if options.normalize is None else options.normalize
         self.encoder = load_encoder(spec, device, cache_dir)
-        self.metadata = {b"blitz.model": spec.id.encode(),
-                         b"blitz.backend": backend_label(spec, self.encoder.device).encode(),
-                         b"blitz.dtype": options.dtype.encode(),
-                         b"blitz.normalize": str(self.normalize).lower().encode()}
+        self.metadata = output_metadata(spec, options, self.encoder.device)
         dimension = self.encoder.dimension or self.encoder.embed(
             ["dimension"], normalize=False).values.shape[1]
         self.empty = self._finish(np.zeros((0, dimension), np.float32))

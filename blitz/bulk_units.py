@@ -137,10 +137,10 @@ def claim_output(fs: Any, out_path: str) -> None:
 
 def check_errors_target(fs: Any, path: str) -> None:
     """An errors file outside OUTPUT is only overwritten when it is one we wrote."""
-    if not fs.exists(path) or fs.isdir(path):
-        if fs.exists(path):
-            raise InvalidValue(f"errors file {path} is a directory", param="errors")
+    if not fs.exists(path):
         return
+    if fs.isdir(path):
+        raise InvalidValue(f"errors file {path} is a directory", param="errors")
     with fs.open(path, "rb") as f:
         first = f.readline(65536)
     if first.strip():

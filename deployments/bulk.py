@@ -31,7 +31,14 @@ from typing import Any, TextIO
 import ray
 
 from blitz import bulk_units, bulk_write
-from blitz.bulk import BatchEncoder, backend_label, check_options, format_of, list_inputs
+from blitz.bulk import (
+    BatchEncoder,
+    backend_label,
+    check_options,
+    format_of,
+    list_inputs,
+    output_metadata,
+)
 from blitz.bulk_read import columns_of, read_rows
 from blitz.config import BlitzSettings, BulkSettings
 from blitz.errors import InvalidValue
@@ -246,13 +253,9 @@ def job_payloads(pending: list[bulk_units.Unit], spec: ModelSpec, options: BulkS
 
 def _writer(out_fs: Any, attempt: str, unit: bulk_units.Unit, options: BulkSettings,
             spec: ModelSpec, device: str) -> bulk_write.UnitWriter:
-    normalize = spec.normalize if options.normalize is None else options.normalize
-    metadata = {b"blitz.model": spec.id.encode(),
-                b"blitz.backend": backend_label(spec, device).encode(),
-                b"blitz.dtype": options.dtype.encode(),
-                b"blitz.normalize": str(normalize).lower().encode()}
     staging = f"{attempt}/{unit.directory.rsplit('/', 1)[-1]}"
-    return bulk_write.UnitWriter(out_fs, staging, unit, options.id_column, metadata)
+    return bulk_write.UnitWriter(out_fs, staging, unit, options.id_column,
+                                 output_metadata(spec, options, device))
 
 
 def _by_unit(table: Any) -> list[tuple[int, Any]]:
