@@ -140,6 +140,16 @@ class Batcher(Generic[T, R]):
                 e.batch = batch
             self._running.add(batch)
             batch.task = asyncio.ensure_future(self._run_batch(batch))
+            # here, not in the task: a task cancelled before its first step never runs a line
+            batch.task.add_done_callback(lambda _, batch=batch: self._finished(batch))
+
+    def _finished(self, batch: _Batch) -> None:
+        """Free ``batch``'s slot (once: at its task's end, or when it was cancelled unrun)."""
+        if batch not in self._running:
+            return
+        self._running.discard(batch)
+        self._start_batches()
+        self._waiting_changed()
 
     def _take_batch(self) -> list[_Entry[T]]:
         entries: list[_Entry[T]] = []
@@ -158,27 +168,26 @@ class Batcher(Generic[T, R]):
         return entries
 
     async def _run_batch(self, batch: _Batch) -> None:
-        live = [e for e in batch.entries if not e.future.done()]
         try:
-            if not live:
-                return
-            try:
-                results = await asyncio.wait_for(self._run([e.item for e in live]),
-                                                 self.timeout_s)
-                if len(results) != len(live):
-                    raise RuntimeError(f"batch function returned {len(results)} results "
-                                       f"for {len(live)} items")
-            except asyncio.TimeoutError:
-                results = [TimedOut(f"{self.name}: no answer within {self.timeout_s:g} s; "
-                                    "retry shortly")] * len(live)
-            except asyncio.CancelledError:
-                return  # every caller has gone
-            except Exception as exc:  # every waiter gets the failure, none hangs
-                results = [exc] * len(live)
-            for entry, result in zip(live, results, strict=True):
-                if not entry.future.done():
-                    entry.future.set_result(result)
+            await self._answer([e for e in batch.entries if not e.future.done()])
         finally:
-            self._running.discard(batch)
-            self._start_batches()
-            self._waiting_changed()
+            self._finished(batch)
+
+    async def _answer(self, live: list[_Entry[T]]) -> None:
+        if not live:
+            return
+        try:
+            results = await asyncio.wait_for(self._run([e.item for e in live]), self.timeout_s)
+            if len(results) != len(live):
+                raise RuntimeError(f"batch function returned {len(results)} results "
+                                   f"for {len(live)} items")
+        except asyncio.TimeoutError:
+            results = [TimedOut(f"{self.name}: no answer within {self.timeout_s:g} s; "
+                                "retry shortly")] * len(live)
+        except asyncio.CancelledError:
+            return  # every caller has gone
+        except Exception as exc:  # every waiter gets the failure, none hangs
+            results = [exc] * len(live)
+        for entry, result in zip(live, results, strict=True):
+            if not entry.future.done():
+                entry.future.set_result(result)

@@ -19,7 +19,7 @@ from ray.serve.handle import DeploymentHandle
 from blitz.batching import Batcher
 from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded
-from blitz.errors import Overloaded, TimedOut, Unavailable
+from blitz.errors import Overloaded, Unavailable
 from blitz.http_api import HttpApi
 from blitz.http_middleware import warn_if_open
 from blitz.postprocess import OutputDtype
@@ -47,8 +47,9 @@ REPLICA_FAILURES = (ReplicaUnavailableError, DeploymentUnavailableError, _RpcErr
 class ServeDispatcher:
     """Runs jobs on pool replicas, passing the model id on every hop.
 
-    Concurrent embedding jobs for one pool and model go through one ``Batcher``: they
-    become one pool call (``embed_jobs``) that answers each job on its own. A replica
+    Concurrent jobs of every kind for one pool and model go through one ``Batcher``, this
+    hop's one queue: they become one pool call (``run_jobs``) that answers each job on its
+    own, bounded in texts waiting and in calls in flight, and timed by ``pool_timeout_s``. A replica
     that dies mid-call is retried once (embedding and scoring are idempotent), then
     answered 503 with Retry-After; a full queue is a 503 at once. What a replica raised
     arrives as Ray's ``RayTaskError`` and is passed on: ``as_blitz_error`` answers its cause.
@@ -96,13 +97,13 @@ class ServeDispatcher:
                 raise Unavailable(f"the {pool} pool is restarting; retry shortly") from exc
         raise AssertionError("unreachable")
 
-    async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded:
-        key = (pool, model_id)
-        lane = self._lanes.get(key)
+    def _lane(self, pool: str, model_id: str) -> Batcher:
+        """The one queue for ``model_id``'s jobs of every kind on ``pool``."""
+        lane = self._lanes.get((pool, model_id))
         if lane is None:
             settings = self.settings.pool(pool)
-            lane = self._lanes[key] = Batcher(
-                lambda jobs: self._call(pool, model_id, "embed_jobs", jobs),
+            lane = self._lanes[(pool, model_id)] = Batcher(
+                lambda jobs: self._call(pool, model_id, "run_jobs", jobs),
                 max_batch=settings.max_batch_size,
                 max_waiting=self.settings.ingress.max_queued_texts,
                 max_in_flight=CALLS_IN_FLIGHT_PER_REPLICA * settings.max_replicas,
@@ -110,15 +111,13 @@ class ServeDispatcher:
                 name=f"{pool} pool queue for {model_id!r}",
                 on_reject=lambda: metrics.rejected.inc(tags={"hop": "ingress"}),
                 on_waiting=metrics.waiting("ingress", pool, model_id))
-        return await lane.submit(job)
+        return lane
+
+    async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded:
+        return await self._lane(pool, model_id).submit(job)
 
     async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded:
-        timeout = self.settings.ingress.pool_timeout_s
-        try:
-            return await asyncio.wait_for(self._call(pool, model_id, "rerank", job), timeout)
-        except asyncio.TimeoutError:
-            raise TimedOut(f"the {pool} pool gave no answer within {timeout:g} s; "
-                           "retry shortly") from None
+        return await self._lane(pool, model_id).submit(job)
 
 
 def _http_host() -> str | None:

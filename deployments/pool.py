@@ -1,7 +1,8 @@
 """The model pool: one class, bound as the CPU pool and (when GPUs exist) the GPU pool.
 
 Each replica holds up to three models (``@serve.multiplexed``, LRU) and batches
-concurrent requests per model with one ``blitz.batching.Batcher``; it serves only the
+concurrent jobs of every kind (texts, token ids, reranks) per model with one
+``blitz.batching.Batcher``, the replica's one queue per model; it serves only the
 registry's ids. Model work runs on ``workers`` worker threads (``blitz.worker_slots``:
 that many model calls at once, each with ``torch_threads`` intra-op threads) and each
 model load on a thread of its own (``blitz.load_queue``: one load at a time, shared by
@@ -13,7 +14,6 @@ stuck past their deadlines fail ``check_health``, and Serve replaces the replica
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -32,8 +32,8 @@ from blitz.encoders.loading import load_encoder, resolve_device
 from blitz.errors import ModelLoadFailed, Overloaded, Unavailable
 from blitz.load_failures import LoadFailures, as_load_failure
 from blitz.load_queue import LoadQueue
+from blitz.pool_work import Job, run_jobs
 from blitz.registry import ModelSpec, preflight_source
-from blitz.schemas import EmbedJob, RerankJob
 from blitz.worker_slots import WorkerSlots
 from deployments.logs import route_library_logs_to_serve
 from deployments.metrics import metrics
@@ -178,34 +178,16 @@ class ModelPool:
 
     # ---- work ------------------------------------------------------------------------
 
-    async def embed_jobs(self, jobs: list[EmbedJob]) -> list[Encoded | BaseException]:
-        """Several requests' jobs in one call (the ingress merges concurrent ones); each
-        gets its own result or error, so one bad input fails alone. Text jobs enter the
-        model's batcher together, so they can share one batch."""
+    async def run_jobs(self, jobs: list[Job]) -> list[Encoded | BaseException]:
+        """Several requests' jobs in one call (the ingress merges concurrent ones), of any
+        kind: they enter the model's one queue together, so they can share a batch, and
+        each gets its own result or error, so one bad job fails alone."""
         model_id = self._model_id()
         self.workers.refuse_if_stuck(f"model {model_id!r}")  # queued, it could never run
-        texts = [i for i, job in enumerate(jobs) if job.token_ids is None]
-        tokens = [i for i, job in enumerate(jobs) if job.token_ids is not None]
-
-        async def text_jobs() -> list[Encoded | BaseException]:
-            if not texts:
-                return []
-            try:
-                return await self._batcher(model_id).submit_many([jobs[i] for i in texts])
-            except Overloaded as exc:
-                return [exc] * len(texts)
-
-        token_results, text_results = await asyncio.gather(
-            asyncio.gather(*(self._embed_tokens(model_id, jobs[i]) for i in tokens),
-                           return_exceptions=True),
-            text_jobs())
-        results = dict(zip(tokens, token_results, strict=True)) | dict(
-            zip(texts, text_results, strict=True))
-        return [results[i] for i in range(len(jobs))]
-
-    async def _embed_tokens(self, model_id: str, job: EmbedJob) -> Encoded:
-        return await self._run(model_id, lambda encoder: encoder.embed_tokens(
-            job.token_ids, normalize=job.normalize, truncate=job.truncate))
+        try:
+            return await self._batcher(model_id).submit_many(jobs)
+        except Overloaded as exc:
+            return [exc] * len(jobs)
 
     def _model_id(self) -> str:
         """The request's model id, when the registry knows it (``UnknownModel``, 404,
@@ -219,7 +201,7 @@ class ModelPool:
         batcher = self._batchers.get(model_id)
         if batcher is None:
             batcher = self._batchers[model_id] = Batcher(
-                lambda jobs: self._embed_batch(model_id, jobs),
+                lambda jobs: self._run_batch(model_id, jobs),
                 max_batch=self.pool_settings.max_batch_size,
                 max_waiting=self.pool_settings.max_queued_texts,
                 max_in_flight=self.pool_settings.workers,
@@ -228,20 +210,14 @@ class ModelPool:
                 on_waiting=metrics.waiting("pool", self.pool, model_id))
         return batcher
 
-    async def _embed_batch(self, model_id: str, jobs: list[EmbedJob]) -> list:
+    async def _run_batch(self, model_id: str, jobs: list[Job]) -> list:
         metrics.batch_texts.observe(sum(len(j) for j in jobs), tags={"pool": self.pool})
-        results = await self._run(model_id, lambda encoder: encoder.embed_many(
-            [(j.texts, j.normalize, j.truncate) for j in jobs]))
+        results = await self._run(model_id, lambda encoder: run_jobs(encoder, jobs))
         real = sum(int(r.token_counts.sum()) for r in results if isinstance(r, Encoded))
         padded = sum(r.padded_tokens for r in results if isinstance(r, Encoded))
         if padded:
             metrics.padding_efficiency.observe(real / padded, tags={"pool": self.pool})
         return results
-
-    async def rerank(self, job: RerankJob) -> Encoded:
-        model_id = self._model_id()
-        return await self._run(model_id, lambda encoder: encoder.score(
-            job.query, job.documents, truncate=job.truncate))
 
     async def stats(self) -> dict[str, Any]:
         """What this replica holds: for tests and operators."""

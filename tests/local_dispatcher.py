@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded, Encoder
 from blitz.encoders.loading import load_encoder
+from blitz.pool_work import Job, run_jobs
 from blitz.schemas import EmbedJob, RerankJob
 
 
@@ -32,29 +33,28 @@ class LocalDispatcher:
     def wake(self, pool: str) -> None:
         pass
 
-    async def _run(self, model_id: str, fn_name: str, *args, **kwargs) -> Encoded:
+    async def _run(self, model_id: str, job: Job) -> Encoded:
+        """``job`` on this process's encoder for ``model_id``, as a pool batch runs it."""
         loop = asyncio.get_running_loop()
 
-        def call() -> Encoded:
+        def call() -> Encoded | Exception:
             encoder = self._encoders.get(model_id)
             if encoder is None:
                 encoder = load_encoder(self.registry.get(model_id), "cpu",
                                        self.settings.resolved_cache_dir())
                 self._encoders[model_id] = encoder
-            return getattr(encoder, fn_name)(*args, **kwargs)
+            return run_jobs(encoder, [job])[0]
 
-        return await loop.run_in_executor(self._executor, call)
+        result = await loop.run_in_executor(self._executor, call)
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded:
-        if job.token_ids is not None:
-            return await self._run(model_id, "embed_tokens", job.token_ids,
-                                   normalize=job.normalize, truncate=job.truncate)
-        return await self._run(model_id, "embed", job.texts, normalize=job.normalize,
-                               truncate=job.truncate)
+        return await self._run(model_id, job)
 
     async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded:
-        return await self._run(model_id, "score", job.query, job.documents,
-                               truncate=job.truncate)
+        return await self._run(model_id, job)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False)

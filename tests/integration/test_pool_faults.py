@@ -143,7 +143,7 @@ async def test_hung_model_calls_answer_503_and_their_replica_is_replaced(serve_i
                 assert _retry_later(r) and took < CALL_TIMEOUT_S, (model, r.text)
             tokens = pool.options(multiplexed_model_id="ok")
             with pytest.raises(Exception) as refused:  # token-id jobs share the workers
-                await tokens.embed_jobs.remote([EmbedJob(token_ids=[[1, 2, 3]])])
+                await tokens.run_jobs.remote([EmbedJob(token_ids=[[1, 2, 3]])])
             assert as_blitz_error(refused.value).status == 503
             assert "worker threads are stuck" in await _health_problem(pool)
 
@@ -169,9 +169,9 @@ async def test_an_unknown_model_id_on_a_pool_handle_is_a_404_and_creates_nothing
     pool = serve.get_deployment_handle("CPUPool", MAIN_APP)
     stranger = pool.options(multiplexed_model_id="no-such-model")
     calls: list[Callable[[], Any]] = [
-        lambda: stranger.embed_jobs.remote([EmbedJob(texts=["x"]),
-                                            EmbedJob(token_ids=[[1, 2]])]),
-        lambda: stranger.rerank.remote(RerankJob(query="q", documents=["d"]))]
+        lambda: stranger.run_jobs.remote([EmbedJob(texts=["x"]),
+                                          EmbedJob(token_ids=[[1, 2]])]),
+        lambda: stranger.run_jobs.remote([RerankJob(query="q", documents=["d"])])]
     for call in calls:
         with pytest.raises(Exception) as refused:
             await call()

@@ -25,7 +25,7 @@ async def test_a_text_gets_one_vector_whatever_its_batch(blitz_app, pool, model)
     limit = CPU_BATCH if pool == "CPUPool" else GPU_BATCH
 
     async def embed(jobs: list[list[str]]) -> np.ndarray:
-        results = await handle.embed_jobs.remote([EmbedJob(texts=texts) for texts in jobs])
+        results = await handle.run_jobs.remote([EmbedJob(texts=texts) for texts in jobs])
         assert not any(isinstance(r, BaseException) for r in results), results
         return np.concatenate([r.values for r in results])
 

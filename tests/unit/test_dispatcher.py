@@ -22,37 +22,39 @@ from blitz.errors import (
     Unavailable,
     as_blitz_error,
 )
-from blitz.schemas import EmbedJob
+from blitz.schemas import EmbedJob, RerankJob
 from deployments.ingress import ServeDispatcher
 from deployments.replicas import PoolWaker, running_replicas
 
 
 class FakeHandle:
-    """Stands in for a DeploymentHandle: ``options(...).embed_jobs.remote(jobs)``."""
+    """Stands in for a DeploymentHandle: ``options(...).run_jobs.remote(jobs)``."""
 
     deployment_name = "CPUPool"
     is_initialized = True
 
     def __init__(self, outcomes):
         self.outcomes = list(outcomes)  # per call: an exception to raise, or None to answer
-        self.calls: list[int] = []
+        self.calls: list[int] = []  # jobs per call
+        self.kinds: list[list[str]] = []  # the job kinds of each call
         self.gate: asyncio.Event | None = None
 
     def options(self, **_):
         return self
 
     @property
-    def embed_jobs(self):
+    def run_jobs(self):
         return self
 
     async def remote(self, jobs):
         self.calls.append(len(jobs))
+        self.kinds.append([type(job).__name__ for job in jobs])
         if self.gate is not None:
             await self.gate.wait()
         outcome = self.outcomes.pop(0) if self.outcomes else None
         if outcome is not None:
             raise outcome
-        return [InputTooLong.at(0, 999, 128) if job.texts == ["too long"] else
+        return [InputTooLong.at(0, 999, 128) if getattr(job, "texts", None) == ["too long"] else
                 Encoded(np.ones((len(job), 4), np.float32), np.ones(len(job), np.int64))
                 for job in jobs]
 
@@ -63,34 +65,51 @@ def dispatcher(handle) -> ServeDispatcher:
                            {"cpu": handle})
 
 
-async def _merged(handle, texts):
-    """Submit one job per text while the first calls (two in flight per replica) are held,
-    so the rest merge."""
+async def _merged(handle, texts, rerank=()):
+    """Fill every pool call the lane allows in flight with one job each and hold them, then
+    submit one job per text (and a rerank job per query in ``rerank``): those wait, and
+    merge into one call. Returns the in-flight bound and every job's result."""
     handle.gate = asyncio.Event()
     d = dispatcher(handle)
-    first = asyncio.gather(*(d.embed("cpu", "m", EmbedJob(texts=[t])) for t in ("1", "2")))
-    await asyncio.sleep(0)
+    bound = d._lane("cpu", "m").max_in_flight
+    first = asyncio.gather(*(d.embed("cpu", "m", EmbedJob(texts=[str(k)]))
+                             for k in range(bound)))
+    for _ in range(10):  # the held calls reach the handle
+        await asyncio.sleep(0)
     rest = [asyncio.ensure_future(d.embed("cpu", "m", EmbedJob(texts=[t]))) for t in texts]
-    await asyncio.sleep(0)
+    rest += [asyncio.ensure_future(d.rerank("cpu", "m", RerankJob(q, ["d1", "d2"])))
+             for q in rerank]
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert handle.calls == [1] * bound  # the bound holds: the rest wait at the ingress
     handle.gate.set()
-    return [*await first, *await asyncio.gather(*rest, return_exceptions=True)]
+    return bound, [*await first, *await asyncio.gather(*rest, return_exceptions=True)]
 
 
 async def test_concurrent_jobs_merge_and_a_bad_one_fails_alone():
     handle = FakeHandle([])
-    results = await _merged(handle, ["a", "too long", "b"])
-    assert handle.calls == [1, 1, 3]  # the three that waited went as one call
-    assert isinstance(results[3], InputTooLong)
-    assert all(isinstance(r, Encoded) for i, r in enumerate(results) if i != 3)
+    bound, results = await _merged(handle, ["a", "too long", "b"])
+    assert handle.calls == [1] * bound + [3]  # the three that waited went as one call
+    assert isinstance(results[bound + 1], InputTooLong)
+    assert all(isinstance(r, Encoded) for i, r in enumerate(results) if i != bound + 1)
+
+
+async def test_rerank_jobs_share_the_embedding_jobs_queue_and_calls():
+    handle = FakeHandle([])
+    bound, results = await _merged(handle, ["a", "b"], rerank=["q"])
+    assert handle.calls == [1] * bound + [3]
+    assert handle.kinds[-1] == ["EmbedJob", "EmbedJob", "RerankJob"]
+    assert [len(r.values) for r in results[bound:]] == [1, 1, 2]
 
 
 @pytest.mark.parametrize("error", [Overloaded("full"), ModelLoadFailed("gone", model="m")])
 async def test_a_failed_merged_call_is_not_retried_per_request(error):
-    handle = FakeHandle([None, None, RayTaskError("embed_jobs", "tb", error)])
-    results = await _merged(handle, ["a", "b", "c"])
-    assert handle.calls == [1, 1, 3]  # no second round of three single calls
-    assert all(isinstance(r, RayTaskError) for r in results[2:])
-    assert all(as_blitz_error(r) is error for r in results[2:])
+    bound = dispatcher(FakeHandle([]))._lane("cpu", "m").max_in_flight
+    handle = FakeHandle([None] * bound + [RayTaskError("run_jobs", "tb", error)])
+    _, results = await _merged(handle, ["a", "b", "c"])
+    assert handle.calls == [1] * bound + [3]  # no second round of three single calls
+    assert all(isinstance(r, RayTaskError) for r in results[bound:])
+    assert all(as_blitz_error(r) is error for r in results[bound:])
 
 
 async def test_a_dead_replica_is_retried_once_then_answered_503():
@@ -105,7 +124,7 @@ async def test_a_dead_replica_is_retried_once_then_answered_503():
 
 
 async def test_an_unexpected_replica_error_is_a_500_without_its_text():
-    handle = FakeHandle([RayTaskError("embed_jobs", "tb", TypeError("'NoneType' is not "
+    handle = FakeHandle([RayTaskError("run_jobs", "tb", TypeError("'NoneType' is not "
                                                                      "callable"))])
     with pytest.raises(RayTaskError) as info:
         await dispatcher(handle).embed("cpu", "m", EmbedJob(texts=["x"]))

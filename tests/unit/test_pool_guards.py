@@ -36,9 +36,8 @@ def pool(monkeypatch):
 
 async def test_an_unknown_model_id_is_a_404_and_creates_nothing(pool):
     with pytest.raises(UnknownModel):
-        await pool.embed_jobs([EmbedJob(texts=["x"]), EmbedJob(token_ids=[[1, 2]])])
-    with pytest.raises(UnknownModel):
-        await pool.rerank(RerankJob(query="q", documents=["d"]))
+        await pool.run_jobs([EmbedJob(texts=["x"]), EmbedJob(token_ids=[[1, 2]]),
+                             RerankJob(query="q", documents=["d"])])
     assert pool._batchers == {} and pool.loaded == []
 
 

@@ -90,7 +90,7 @@ class WrappingDispatcher(LocalDispatcher):
 
     async def rerank(self, pool, model_id, job):
         if job.documents[0] == "long":
-            raise RayTaskError("rerank", "tb", InputTooLong.at(0, 999, 8))
+            raise RayTaskError("run_jobs", "tb", InputTooLong.at(0, 999, 8))
         return await super().rerank(pool, model_id, job)
 
 
@@ -166,7 +166,7 @@ async def test_with_cold_gpu_wait_requests_queue_for_the_gpu_pool_and_wake_nothi
 
 class OverloadedDispatcher(LocalDispatcher):
     async def embed(self, pool, model_id, job):
-        raise RayTaskError("embed_jobs", "tb", Overloaded("the cpu pool is at capacity"))
+        raise RayTaskError("run_jobs", "tb", Overloaded("the cpu pool is at capacity"))
 
 
 async def test_the_observer_gets_tokens_latency_and_the_error_code():

@@ -1,0 +1,40 @@
+"""What one pool batch runs on one worker thread: any mix of one model's jobs.
+
+Every kind of job (texts to embed, token ids to embed, a query and documents to score)
+enters a pool replica's one queue per model (``blitz.batching.Batcher``) and leaves it in
+batches; this runs one such batch on the model. Text jobs share one padded model call
+(``Encoder.embed_many``); token-id and rerank jobs run one call each, in the same worker
+turn. Each job gets its own result or exception, so one bad job fails alone.
+"""
+
+from __future__ import annotations
+
+from blitz.encoders.base import Encoded, Encoder
+from blitz.schemas import EmbedJob, RerankJob
+
+Job = EmbedJob | RerankJob
+
+
+def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
+    """One result or exception per job, in order."""
+    results: list[Encoded | Exception | None] = [None] * len(jobs)
+    texts = [(k, job) for k, job in enumerate(jobs)
+             if isinstance(job, EmbedJob) and job.texts is not None]
+    if texts:
+        merged = encoder.embed_many([(job.texts or [], job.normalize, job.truncate)
+                                     for _, job in texts])
+        for (k, _), result in zip(texts, merged, strict=True):
+            results[k] = result
+    for k, job in enumerate(jobs):
+        if results[k] is not None:
+            continue
+        try:
+            if isinstance(job, RerankJob):
+                results[k] = encoder.score(job.query, job.documents, truncate=job.truncate)
+            else:
+                assert job.token_ids is not None
+                results[k] = encoder.embed_tokens(job.token_ids, normalize=job.normalize,
+                                                  truncate=job.truncate)
+        except Exception as exc:  # handed back to that job alone
+            results[k] = exc
+    return [r for r in results if r is not None]
