@@ -20,6 +20,7 @@ One ``Batcher`` per hop and model (the ingress's pool calls, a pool's model call
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from collections.abc import Awaitable, Callable, Sized
 from typing import Generic, TypeVar
@@ -141,7 +142,10 @@ class Batcher(Generic[T, R]):
             self._running.add(batch)
             batch.task = asyncio.ensure_future(self._run_batch(batch))
             # here, not in the task: a task cancelled before its first step never runs a line
-            batch.task.add_done_callback(lambda _, batch=batch: self._finished(batch))
+            batch.task.add_done_callback(functools.partial(self._finished_task, batch))
+
+    def _finished_task(self, batch: _Batch, _: asyncio.Task) -> None:
+        self._finished(batch)
 
     def _finished(self, batch: _Batch) -> None:
         """Free ``batch``'s slot (once: at its task's end, or when it was cancelled unrun)."""
