@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from tests.ports import port_free, stable_port
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_S = 120
@@ -249,7 +250,8 @@ def test_stop_restart_and_stale_haproxy(serve_env, ports, tmp_path):
                                    "print(g())"], capture_output=True, text=True)
             planted = subprocess.Popen([real.stdout.strip(), "-db", "-f", str(cfg)],
                                        start_new_session=True)
-            time.sleep(1)
+            wait_until(lambda: planted.poll() is not None or not port_free(ports["http"]),
+                       "the planted HAProxy to hold the port", 10, interval_s=0.2)
             assert planted.poll() is None and not port_free(ports["http"])
             stale = [planted.pid]
         assert not port_free(ports["http"]), "the stale HAProxy should hold the port"
