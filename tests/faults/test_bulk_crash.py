@@ -95,7 +95,6 @@ def encoder_actors() -> list[int]:
     return found
 
 
-@pytest.mark.integration
 def test_sigkill_to_the_driver_mid_job_then_a_rerun(serve_instance, corpus, tmp_path):
     config = tmp_path / "serve_config.yaml"
     config.write_text(json.dumps({"applications": [{"name": "blitz", "args": {
@@ -123,7 +122,6 @@ def test_sigkill_to_the_driver_mid_job_then_a_rerun(serve_instance, corpus, tmp_
     check_output(out)
 
 
-@pytest.mark.integration
 def test_sigkill_to_an_encoder_actor_mid_job_then_a_rerun(serve_instance, corpus, tmp_path):
     out = tmp_path / "out"
     outcome: dict[str, object] = {}
