@@ -1,4 +1,5 @@
-"""Fault: starting and stopping the real `bash scripts/serve.sh` (SPEC §10 lifecycle).
+"""Fault: starting and stopping the real `bash scripts/serve.sh` (docs/ray-notes.md,
+"Lifecycle with HAProxy").
 
 - SIGTERM or SIGINT to the serve.sh pid stops every process of that run (serve run,
   Ray's processes, HAProxy) within 30 s and frees the ports; the next start works.
@@ -237,7 +238,8 @@ def test_stop_restart_and_stale_haproxy(serve_env, ports, tmp_path):
         print("\nleft by the killed run:", [comm(p) for p in session(second.serve_pid)])
         timings["stale HAProxy left by the kill (1) or planted (0)"] = float(bool(stale))
         if not stale or port_free(ports["http"]):
-            # It went down with Ray this time: leave one like those seen in SPEC §10.
+            # It went down with Ray this time: leave one like those seen before
+            # (docs/ray-notes.md, "Lifecycle with HAProxy").
             node_dir = HAPROXY_DIR / sorted(second.nodes)[0]
             cfg = node_dir / "stale-test.cfg"
             cfg.write_text(
