@@ -88,7 +88,7 @@ def _headers(api_key: str | None) -> dict[str, str]:
 class Client:
     """Blocking client. ``transport`` accepts any httpx transport (tests serve the real API).
 
-    The options of ``embed`` and ``rerank`` are the request bodies' (SPEC §6); one left
+    The options of ``embed`` and ``rerank`` are the request bodies' (README, "APIs"); one left
     as None is not sent, so the server's default applies."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None,

@@ -1,4 +1,5 @@
-"""Routing policy (SPEC §3): request facts in, pool and reason out. Pure; tested as a table."""
+"""Routing policy (README, "Routing and cold GPU pools"): request facts in, pool and reason
+out. Pure; tested as a table."""
 
 from __future__ import annotations
 

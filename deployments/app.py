@@ -101,14 +101,15 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     plain = settings.model_dump(mode="json")
     use_gpu = settings.gpu == "on" or (settings.gpu == "auto" and cluster_has_gpus())
     free = _available_resources()  # on a redeploy, the old replicas hold theirs
-    cpu_pool = ModelPool.options(**fit_surge(_pool_options("CPUPool", settings.cpu_pool),
+    # mypy keeps a class's own type under a class decorator: these are Deployments
+    cpu_pool = ModelPool.options(**fit_surge(_pool_options("CPUPool", settings.cpu_pool),  # type: ignore[attr-defined]
                                              free)).bind(plain, "cpu")
-    gpu_pool = (ModelPool.options(**fit_surge(_pool_options("GPUPool", settings.gpu_pool),
+    gpu_pool = (ModelPool.options(**fit_surge(_pool_options("GPUPool", settings.gpu_pool),  # type: ignore[attr-defined]
                                               free)).bind(plain, "gpu")
                 if use_gpu else None)
     logger.info("blitz: %d model(s), GPU pool %s", len(settings.models),
                 "bound" if use_gpu else "not bound")
-    return Ingress.options(**fit_surge(_ingress_options(settings.ingress), free)).bind(
+    return Ingress.options(**fit_surge(_ingress_options(settings.ingress), free)).bind(  # type: ignore[attr-defined]
         plain, cpu_pool, gpu_pool)
 
 

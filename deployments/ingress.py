@@ -39,7 +39,7 @@ CALLS_IN_FLIGHT_PER_REPLICA = 2
 try:  # Serve's gRPC transport (throughput-optimized mode) raises these when a replica dies
     from grpc.aio import AioRpcError as _RpcError
 except ImportError:  # pragma: no cover - grpc ships with ray[serve]
-    _RpcError = RayError  # type: ignore[misc,assignment]
+    _RpcError = RayError
 
 REPLICA_FAILURES = (ReplicaUnavailableError, DeploymentUnavailableError, _RpcError, RayError)
 
@@ -125,7 +125,8 @@ def _http_host() -> str | None:
     try:
         from ray.serve.context import _get_global_client
 
-        return _get_global_client().http_config.host
+        client = _get_global_client()
+        return client.http_config.host if client is not None else None
     except Exception:  # not worth failing a start for: the warning is advice
         logger.debug("cannot read Serve's http_options.host", exc_info=True)
         return None

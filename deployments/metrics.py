@@ -26,6 +26,13 @@ SERVE_METRICS_CHARTED = (
 RETRY_LATER_REASONS = frozenset({"overloaded", "unavailable", "timeout", "not_ready"})
 """The ``code`` of each 503 error (blitz/errors.py ``RetryLater``): the reason label."""
 
+
+def _tag_keys(*keys: str) -> tuple[str]:
+    """``keys`` as Ray 2.60 annotates ``tag_keys`` (``Tuple[str]``: one key), though it takes any
+    number."""
+    return keys  # type: ignore[return-value]
+
+
 LATENCY_BOUNDS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120]
 
 
@@ -37,91 +44,92 @@ class BlitzMetrics:
         return Counter("blitz_requests",
                        description="requests answered: HTTP by route, handle calls as "
                        "handle.embed and handle.rerank",
-                       tag_keys=("route", "model", "pool", "status"))
+                       tag_keys=_tag_keys("route", "model", "pool", "status"))
 
     @cached_property
     def request_seconds(self) -> Histogram:
         return Histogram("blitz_request_seconds",
                          description="time from a request's arrival at the ingress to its "
                          "answer, by route, model and pool",
-                         boundaries=LATENCY_BOUNDS_S, tag_keys=("route", "model", "pool"))
+                         boundaries=LATENCY_BOUNDS_S,
+                         tag_keys=_tag_keys("route", "model", "pool"))
 
     @cached_property
     def tokens(self) -> Counter:
         return Counter("blitz_tokens",
                        description="tokens the models processed for answered requests "
                        "(the usage the reply reports); rate() is tokens per second",
-                       tag_keys=("route", "model", "pool"))
+                       tag_keys=_tag_keys("route", "model", "pool"))
 
     @cached_property
     def unavailable_replies(self) -> Counter:
         return Counter("blitz_503_replies",
                        description="503 replies (with Retry-After) by reason: overloaded, "
                        "unavailable, timeout, not_ready",
-                       tag_keys=("route", "pool", "reason"))
+                       tag_keys=_tag_keys("route", "pool", "reason"))
 
     @cached_property
     def waiting_texts(self) -> Gauge:
         return Gauge("blitz_waiting_texts",
                      description="texts waiting for a batch, per replica: hop ingress "
                      "(for a pool call) or pool (for a model call)",
-                     tag_keys=("hop", "pool", "model"))
+                     tag_keys=_tag_keys("hop", "pool", "model"))
 
     @cached_property
     def model_evictions(self) -> Counter:
         return Counter("blitz_model_evictions",
                        description="models evicted from a pool replica and freed",
-                       tag_keys=("model", "pool"))
+                       tag_keys=_tag_keys("model", "pool"))
 
     @cached_property
     def texts(self) -> Counter:
         return Counter("blitz_texts", description="texts (or rerank documents) received",
-                       tag_keys=("route", "model", "pool"))
+                       tag_keys=_tag_keys("route", "model", "pool"))
 
     @cached_property
     def route_decisions(self) -> Counter:
         return Counter("blitz_route_decisions",
                        description="routing decisions by pool and reason (blitz.routing: "
                        "no_gpu, small, size, kind, cold_gpu)",
-                       tag_keys=("pool", "reason"))
+                       tag_keys=_tag_keys("pool", "reason"))
 
     @cached_property
     def batch_texts(self) -> Histogram:
         return Histogram("blitz_batch_texts", description="texts per model call",
                          boundaries=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
-                         tag_keys=("pool",))
+                         tag_keys=_tag_keys("pool"))
 
     @cached_property
     def padding_efficiency(self) -> Histogram:
         return Histogram("blitz_padding_efficiency",
                          description="real tokens / padded tokens per model call",
                          boundaries=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
-                         tag_keys=("pool",))
+                         tag_keys=_tag_keys("pool"))
 
     @cached_property
     def model_load_seconds(self) -> Histogram:
         return Histogram("blitz_model_load_seconds", description="model load time",
                          boundaries=[0.1, 0.5, 1, 2, 5, 10, 30, 60, 120],
-                         tag_keys=("model", "pool"))
+                         tag_keys=_tag_keys("model", "pool"))
 
     @cached_property
     def model_loads(self) -> Counter:
         return Counter("blitz_model_loads",
                        description="model loads (cache misses) by result",
-                       tag_keys=("model", "pool", "result"))
+                       tag_keys=_tag_keys("model", "pool", "result"))
 
     @cached_property
     def rejected(self) -> Counter:
         return Counter("blitz_rejected",
                        description="requests refused with 503 because a queue was full",
-                       tag_keys=("hop",))
+                       tag_keys=_tag_keys("hop"))
 
     @cached_property
     def pool_failures(self) -> Counter:
         return Counter("blitz_pool_failures",
                        description="pool calls that failed because a replica died or was "
                        "unreachable, by outcome (retried, unavailable)",
-                       tag_keys=("pool", "outcome"))
+                       tag_keys=_tag_keys("pool", "outcome"))
 
     def observe_request(self, record: RequestRecord, status: int, seconds: float) -> None:
         """The service's observer: one finished request."""

@@ -50,7 +50,7 @@ def _rss_bytes() -> int:
 
 @serve.deployment
 class ModelPool:
-    async def __init__(self, settings: dict[str, Any], pool: str):
+    async def __init__(self, settings: dict[str, Any], pool: str):  # type: ignore[misc]
         """Serve awaits this (it accepts an async constructor) before it routes anything
         here, so the models in the pool's ``preload`` are resident before the first
         request, and the replica does not start at all if one of them cannot load."""

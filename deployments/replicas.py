@@ -33,7 +33,7 @@ def watch(handle: DeploymentHandle) -> None:
 def running_replicas(handle: DeploymentHandle) -> int | None:
     """The running replicas ``handle``'s router knows of; None when it cannot tell."""
     watch(handle)
-    inner = getattr(getattr(handle, "_router", None), "_asyncio_router", None)
+    inner: Any = getattr(getattr(handle, "_router", None), "_asyncio_router", None)
     request_router = getattr(inner, "_request_router", None)
     replicas: Any = None
     if request_router is not None:

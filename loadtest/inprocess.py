@@ -7,7 +7,7 @@ Two engines on the same texts and call sizes:
 - ``sentence-transformers``: plain ``SentenceTransformer.encode`` in float32 with its
   default ``batch_size=32``, what a naive server calls.
 
-Served throughput divided by this ceiling is the serving efficiency (SPEC §12).
+Served throughput divided by this ceiling is the serving efficiency (BENCHMARKS.md).
 """
 
 from __future__ import annotations

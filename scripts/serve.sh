@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install (scripts/install.sh), then serve serve_config.yaml on http://127.0.0.1:8000.
 #
-# The fast request path is on by default (SPEC §10): Serve's throughput-optimized mode
+# The fast request path is on by default (docs/ray-notes.md, "Request path cost"): Serve's throughput-optimized mode
 # with HAProxy in front (about 3.7 CPU-ms per ingress->pool request instead of ~20 with
 # the default Python proxy). These variables must be set before Ray starts, so they are
 # exported here; `serve deploy` to a running cluster needs them on `ray start` too (see

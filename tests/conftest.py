@@ -1,5 +1,5 @@
 """Fixtures shared by the Ray tiers (integration, faults): one Ray + Serve instance per test
-session, started with a logical GPU (SPEC §10), and tiny models built offline."""
+session, started with a logical GPU (docs/ray-notes.md), and tiny models built offline."""
 
 from __future__ import annotations
 
@@ -13,6 +13,20 @@ from tests.tiny_models import build_tiny_bi_encoder, build_tiny_cross_encoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+RAY_TIERS = ("integration", "faults", "cluster")  # the folders under tests/ that start Ray
+TESTS = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test in a Ray tier ``integration`` and ``slow`` by its folder, so that
+    ``pytest -m "not slow"`` is the quick inner loop and a plain ``pytest`` runs all."""
+    for item in items:
+        tier = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
+        if tier in RAY_TIERS:
+            item.add_marker(pytest.mark.integration)
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

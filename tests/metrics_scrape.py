@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.waiting import wait_until, wait_until_async
 
 # what Ray and Serve add to every Blitz series, besides the tag keys in deployments/metrics.py
 SERVE_LABELS = frozenset({"deployment", "replica", "application"})
@@ -36,18 +37,38 @@ def scrape(url: str, prefix: str = "ray_") -> list[Sample]:
             for s in family.samples if s.name.startswith(prefix)]
 
 
+SCRAPE_EVERY_S = 2  # Ray's agent exports every few seconds
+
+
+class _Scrapes:
+    """The latest scrape of ``url``, and whether ``ready`` accepts it."""
+
+    def __init__(self, url: str, ready: Callable[[list[Sample]], bool]):
+        self.url, self.ready, self.latest = url, ready, list[Sample]()
+
+    def check(self) -> list[Sample] | None:
+        self.latest = scrape(self.url)
+        return self.latest if self.ready(self.latest) else None
+
+    def what(self) -> str:
+        return (f"the metrics at {self.url}; blitz series: "
+                f"{sorted({s.name for s in self.latest if 'blitz' in s.name})}")
+
+
 def scrape_until(url: str, ready: Callable[[list[Sample]], bool],
                  timeout_s: float = 90) -> list[Sample]:
-    """Scrape until ``ready(samples)``: Ray's agent exports every few seconds."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        samples = scrape(url)
-        if ready(samples):
-            return samples
-        if time.monotonic() > deadline:
-            pytest.fail(f"metrics at {url} not as expected within {timeout_s:g} s; "
-                        f"blitz series: {sorted({s.name for s in samples if 'blitz' in s.name})}")
-        time.sleep(2)
+    """Scrape until ``ready(samples)``, blocking: for sync tests."""
+    scrapes = _Scrapes(url, ready)
+    return wait_until(scrapes.check, scrapes.what, timeout_s, interval_s=SCRAPE_EVERY_S)
+
+
+async def scrape_until_async(url: str, ready: Callable[[list[Sample]], bool],
+                             timeout_s: float = 90) -> list[Sample]:
+    """``scrape_until`` for async tests: each scrape runs on a thread, so the event loop
+    (and the test's clients on it) keeps running meanwhile."""
+    scrapes = _Scrapes(url, ready)
+    return await wait_until_async(lambda: asyncio.to_thread(scrapes.check), scrapes.what,
+                                  timeout_s, interval_s=SCRAPE_EVERY_S)
 
 
 def total(samples: list[Sample], name: str, **labels: str) -> float:

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from blitz.config import BlitzSettings, BulkSettings
 from blitz.encoders.loading import load_encoder
 from blitz.registry import ModelSpec
 from deployments.bulk import embed_dataset
+from tests.waiting import wait_until
 
 FILES, ROWS = 6, 40
 SLOW = ModelSpec(id="slow", source="fake:8:0:0.08")  # 80 ms per 4-text batch
@@ -64,14 +64,6 @@ def published(out: Path) -> int:
     return len(list(out.glob("*/_SUCCESS")))
 
 
-def wait_for(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def check_output(out: Path) -> None:
     """One row per good input row, each vector the in-process encoding of its text, and
     nothing of a killed attempt left."""
@@ -103,7 +95,6 @@ def encoder_actors() -> list[int]:
     return found
 
 
-@pytest.mark.integration
 def test_sigkill_to_the_driver_mid_job_then_a_rerun(serve_instance, corpus, tmp_path):
     config = tmp_path / "serve_config.yaml"
     config.write_text(json.dumps({"applications": [{"name": "blitz", "args": {
@@ -115,8 +106,8 @@ def test_sigkill_to_the_driver_mid_job_then_a_rerun(serve_instance, corpus, tmp_
          "cpu", "--address", "auto", "--no-progress"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: published(out) >= 1 or driver.poll() is not None, 240,
-                 "the first unit")
+        wait_until(lambda: published(out) >= 1 or driver.poll() is not None, "the first unit",
+                   240)
         assert driver.poll() is None, driver.stdout.read().decode()[-2000:]
         assert published(out) < FILES
         os.kill(driver.pid, signal.SIGKILL)
@@ -131,7 +122,6 @@ def test_sigkill_to_the_driver_mid_job_then_a_rerun(serve_instance, corpus, tmp_
     check_output(out)
 
 
-@pytest.mark.integration
 def test_sigkill_to_an_encoder_actor_mid_job_then_a_rerun(serve_instance, corpus, tmp_path):
     out = tmp_path / "out"
     outcome: dict[str, object] = {}
@@ -146,7 +136,7 @@ def test_sigkill_to_an_encoder_actor_mid_job_then_a_rerun(serve_instance, corpus
 
     job = threading.Thread(target=run)
     job.start()
-    wait_for(lambda: published(out) >= 1 or not job.is_alive(), 240, "the first unit")
+    wait_until(lambda: published(out) >= 1 or not job.is_alive(), "the first unit", 240)
     assert job.is_alive() and published(out) < FILES
     workers = encoder_actors()
     assert workers, "no encoder actor found"

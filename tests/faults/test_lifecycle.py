@@ -1,4 +1,5 @@
-"""Fault: starting and stopping the real `bash scripts/serve.sh` (SPEC §10 lifecycle).
+"""Fault: starting and stopping the real `bash scripts/serve.sh` (docs/ray-notes.md,
+"Lifecycle with HAProxy").
 
 - SIGTERM or SIGINT to the serve.sh pid stops every process of that run (serve run,
   Ray's processes, HAProxy) within 30 s and frees the ports; the next start works.
@@ -24,6 +25,7 @@ import pytest
 import yaml
 
 from tests.ports import port_free, stable_port
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_S = 120
@@ -236,7 +238,8 @@ def test_stop_restart_and_stale_haproxy(serve_env, ports, tmp_path):
         print("\nleft by the killed run:", [comm(p) for p in session(second.serve_pid)])
         timings["stale HAProxy left by the kill (1) or planted (0)"] = float(bool(stale))
         if not stale or port_free(ports["http"]):
-            # It went down with Ray this time: leave one like those seen in SPEC §10.
+            # It went down with Ray this time: leave one like those seen before
+            # (docs/ray-notes.md, "Lifecycle with HAProxy").
             node_dir = HAPROXY_DIR / sorted(second.nodes)[0]
             cfg = node_dir / "stale-test.cfg"
             cfg.write_text(
@@ -249,7 +252,8 @@ def test_stop_restart_and_stale_haproxy(serve_env, ports, tmp_path):
                                    "print(g())"], capture_output=True, text=True)
             planted = subprocess.Popen([real.stdout.strip(), "-db", "-f", str(cfg)],
                                        start_new_session=True)
-            time.sleep(1)
+            wait_until(lambda: planted.poll() is not None or not port_free(ports["http"]),
+                       "the planted HAProxy to hold the port", 10, interval_s=0.2)
             assert planted.poll() is None and not port_free(ports["http"])
             stale = [planted.pid]
         assert not port_free(ports["http"]), "the stale HAProxy should hold the port"

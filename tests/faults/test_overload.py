@@ -14,7 +14,7 @@ import httpx
 
 from tests.faults.conftest import small_app
 from tests.faults.load import LoadRecord, send
-from tests.metrics_scrape import metrics_url, scrape_until, total
+from tests.metrics_scrape import metrics_url, scrape_until_async, total
 
 APP = "fault-overload"
 REQUESTS = 256
@@ -54,4 +54,4 @@ async def test_overload_answers_200_or_fast_503(deploy, tiny_models):
         return (total(ours, "ray_blitz_503_replies_total", reason="overloaded") == refusals
                 and total(ours, "ray_blitz_rejected_total") == refusals)
 
-    scrape_until(metrics_url(), counted)
+    await scrape_until_async(metrics_url(), counted)

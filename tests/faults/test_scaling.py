@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable
 
 import httpx
-import pytest
 
 from blitz import codecs
 from tests.faults.conftest import small_app
 from tests.faults.load import LoadRecord, run_clients, send
+from tests.waiting import wait_until_async
 
 CPU_MAX = 3
 LOOK_BACK_S = 11.0  # the shortest window Ray 2.60 takes (its metrics push every 10 s)
@@ -43,12 +43,7 @@ async def running(app: str, deployment: str) -> int:
 
 async def wait_for(condition: Callable[[], object], what: str, timeout_s: float = WAIT_S):
     """Poll the async ``condition`` until it is true; fail naming ``what`` after the bound."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await condition():
-            return
-        await asyncio.sleep(0.5)
-    pytest.fail(f"{what}: not within {timeout_s} s")
+    await wait_until_async(condition, what, timeout_s, interval_s=0.5)
 
 
 def embed(model: str, texts: int, dim: int):

@@ -69,7 +69,6 @@ def errors(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.integration
 def test_parquet_and_jsonl_in_parquet_out_equal_in_process_and_bad_rows_refused(
         serve_instance, settings, tiny_models, reference, corpus, tmp_path):
     out = tmp_path / "out"
@@ -96,7 +95,6 @@ def test_parquet_and_jsonl_in_parquet_out_equal_in_process_and_bad_rows_refused(
     assert not (out / "_attempts").exists()
 
 
-@pytest.mark.integration
 def test_a_rerun_skips_finished_files_and_redoes_a_cut_off_publish(
         serve_instance, settings, corpus, tmp_path):
     out = tmp_path / "out"
@@ -117,7 +115,6 @@ def test_a_rerun_skips_finished_files_and_redoes_a_cut_off_publish(
     assert sorted(p.name for p in a.iterdir()) == ["_SUCCESS", "part-00000.parquet"]
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize("where", ["holds the input file", "is the input", "under the input"])
 def test_output_overlapping_input_is_refused_and_nothing_is_touched(
         serve_instance, settings, tmp_path, where):
@@ -133,7 +130,6 @@ def test_output_overlapping_input_is_refused_and_nothing_is_touched(
     assert (data / "corpus.csv").read_text() == "id,text\n1,a cat\n"
 
 
-@pytest.mark.integration
 def test_files_whose_flattened_names_collide_are_both_written(serve_instance, settings,
                                                               tmp_path):
     root = tmp_path / "in"
@@ -149,7 +145,6 @@ def test_files_whose_flattened_names_collide_are_both_written(serve_instance, se
     assert ids == list(range(20))
 
 
-@pytest.mark.integration
 def test_a_bad_first_line_and_deep_nesting_are_refused_rows_not_a_failed_job(
         serve_instance, settings, tmp_path):
     root = tmp_path / "in"
@@ -165,7 +160,6 @@ def test_a_bad_first_line_and_deep_nesting_are_refused_rows_not_a_failed_job(
         "not a JSON object"] * 3
 
 
-@pytest.mark.integration
 def test_a_rerun_with_another_model_or_dtype_is_refused_unless_forced(
         serve_instance, settings, corpus, tmp_path):
     out = tmp_path / "out"
@@ -189,7 +183,6 @@ def test_a_rerun_with_another_model_or_dtype_is_refused_unless_forced(
         embed_dataset(str(corpus), str(out), settings=settings, options=options(model="tiny-b"))
 
 
-@pytest.mark.integration
 def test_output_that_another_program_wrote_is_refused(serve_instance, settings, corpus,
                                                       tmp_path):
     out = tmp_path / "results"
@@ -246,7 +239,6 @@ def s3(monkeypatch, aws_files, tmp_path):
         server.stop()
 
 
-@pytest.mark.integration
 def test_s3_in_and_out_with_credentials_that_rotate(serve_instance, settings, tiny_models,
                                                    reference, corpus, s3):
     client, issued = s3
@@ -277,7 +269,6 @@ def write_config(path: Path, settings: BlitzSettings) -> None:
         "models": models, "cache_dir": settings.cache_dir}}]}))
 
 
-@pytest.mark.integration
 def test_blitz_embed_command(serve_instance, settings, tmp_path, capsys, monkeypatch):
     write_config(tmp_path / "serve_config.yaml", settings)
     monkeypatch.chdir(tmp_path)  # ./serve_config.yaml names the models, as for serve run

@@ -7,6 +7,7 @@ import asyncio
 import httpx
 
 from tests.integration.conftest import APP
+from tests.waiting import wait_until_async
 
 
 async def _embed(client: httpx.AsyncClient, model: str) -> httpx.Response:
@@ -15,10 +16,17 @@ async def _embed(client: httpx.AsyncClient, model: str) -> httpx.Response:
 
 
 async def test_a_slow_load_does_not_stall_resident_models(blitz_app):
+    from ray import serve
+
+    pool = serve.get_deployment_handle("CPUPool", APP)
+
+    async def slow_loading() -> bool:
+        return (await pool.stats.remote())["loading"] == "slow"
+
     async with httpx.AsyncClient(base_url=blitz_app, timeout=120) as client:
         assert (await _embed(client, "tiny-a")).status_code == 200
         slow = asyncio.ensure_future(_embed(client, "slow"))  # a 6 s load starts
-        await asyncio.sleep(1)
+        await wait_until_async(slow_loading, "the slow model's load to start")
         for _ in range(5):
             assert (await _embed(client, "tiny-a")).status_code == 200
         assert not slow.done()  # tiny-a answered while "slow" was still loading

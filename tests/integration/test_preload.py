@@ -9,6 +9,8 @@ import time
 
 import httpx
 
+from tests.waiting import wait_until_async
+
 APP = "it-preload"
 PREFIX = "/it-preload"
 PRELOAD = ["tiny-a", "slow"]
@@ -26,6 +28,10 @@ def _args(tiny_models, cache_dir) -> dict:
         "cpu_pool": {"num_cpus": 0.1, "torch_threads": 1, "preload": PRELOAD},
         "ingress": {"num_cpus": 0.1},
     }
+
+
+async def _reports_preloaded() -> bool:
+    return await _reported_model_ids("CPUPool") == set(PRELOAD)
 
 
 async def _reported_model_ids(deployment: str) -> set[str]:
@@ -65,9 +71,8 @@ async def test_preloaded_models_are_resident_before_any_request_and_ready_waits(
             stats = await pool.stats.remote()
             assert stats["loaded"] == PRELOAD and stats["evictions"] == 0
             assert stats["backends"] == {"tiny-a": "torch", "slow": "fake"}
-            while await _reported_model_ids("CPUPool") != set(PRELOAD):
-                assert time.monotonic() < deadline, "the replica never reported its models"
-                await asyncio.sleep(0.2)
+            await wait_until_async(_reports_preloaded, "the replica to report its models",
+                                   deadline - time.monotonic(), interval_s=0.2)
             r = await http.post("/embed", json={"texts": ["x"], "model": "slow"})
             assert r.status_code == 200
             assert (await pool.stats.remote())["loaded"] == PRELOAD  # served, not reloaded

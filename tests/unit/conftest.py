@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.loadtest_fakes import naive_server
 from tests.tiny_models import build_tiny_bi_encoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,6 +42,13 @@ def _no_ray():
 def tiny_dir(tmp_path_factory) -> Path:
     """A tiny random bi-encoder, built once per test module."""
     return build_tiny_bi_encoder(tmp_path_factory.mktemp("tiny") / "bi")
+
+
+@pytest.fixture(scope="module")
+def naive_url() -> Iterator[str]:
+    """The naive baseline server over real TCP, for the load generator's tests."""
+    with naive_server() as url:
+        yield url
 
 
 @pytest.fixture

@@ -45,6 +45,7 @@ def test_torch_bf16_is_checked_on_load(tiny_dir):
         load_encoder(spec.model_copy(update={"accuracy_threshold": 1.0}))
 
 
+@pytest.mark.slow  # ~6 s on a 2-core machine
 def test_the_same_guard_checks_a_bf16_cross_encoder(tmp_path):
     # the tiny cross-encoder's scores differ in the 6th decimal: bf16 flattens them
     spec = ModelSpec(id="ce", source=str(build_tiny_cross_encoder(tmp_path / "ce")),

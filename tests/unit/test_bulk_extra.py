@@ -31,7 +31,3 @@ def test_embed_command_is_a_usage_error(no_ray_data: None, tmp_path,
     assert exit_.value.code == 2
     assert "bulk extra" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
-
-
-def test_require_ray_data_passes_when_installed() -> None:
-    require_ray_data()  # the dev install has the bulk extra

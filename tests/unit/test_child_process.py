@@ -17,6 +17,7 @@ import pytest
 from blitz import child_process, load_children
 from blitz.child_process import ChildTimedOut, deadline, run_child
 from blitz.registry import ModelSpec
+from tests.waiting import wait_until
 
 WAIT_S = 10.0  # bound on every wait; a healthy run needs a small part of it
 
@@ -48,18 +49,12 @@ def _alive(pid: int) -> bool:
 
 
 def _read_pid(path: Path) -> int:
-    deadline_at = time.monotonic() + WAIT_S
-    while not (path.exists() and path.read_text()):
-        assert time.monotonic() < deadline_at, f"{path.name} never started"
-        time.sleep(0.02)
-    return int(path.read_text())
+    return int(wait_until(lambda: path.exists() and path.read_text(), f"{path.name} to start",
+                          WAIT_S, interval_s=0.02))
 
 
 def _until_gone(pid: int) -> None:
-    deadline_at = time.monotonic() + WAIT_S
-    while _alive(pid):
-        assert time.monotonic() < deadline_at, f"process {pid} outlived its deadline"
-        time.sleep(0.02)
+    wait_until(lambda: not _alive(pid), f"process {pid} to end", WAIT_S, interval_s=0.02)
 
 
 def test_a_child_past_its_timeout_is_killed_with_its_process_group(tmp_path):

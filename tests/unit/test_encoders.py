@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import gc
 import math
 
 import numpy as np
 import pytest
 
 from blitz.encoders import sentence_transformer
-from blitz.encoders.holder import ModelHolder
 from blitz.encoders.loading import OPENERS, load_encoder, resolve_device
 from blitz.encoders.sentence_transformer import (
     MIN_CALL_TOKENS,
@@ -279,19 +277,6 @@ def test_calibrate_measures_a_calls_fixed_cost_in_tokens(tiny_dir, monkeypatch):
     encoder.calibrate()
     assert set(widths) == {16, 128}
     assert encoder.call_tokens == pytest.approx(20)  # the best of the repeats, not the mean
-
-
-def test_holder_frees_the_model_once(tiny_dir):
-    released = []
-    holder = ModelHolder(load_encoder(ModelSpec(id="t", source=str(tiny_dir))), released.append)
-    holder.__del__()
-    holder.__del__()  # Ray calls it on eviction, Python again on collection
-    assert released == ["t"] and holder.evicted
-    with pytest.raises(RuntimeError, match="evicted"):
-        holder.acquire()
-    del holder
-    gc.collect()
-    assert released == ["t"]
 
 
 def test_load_failures_are_model_load_failed(tmp_path):

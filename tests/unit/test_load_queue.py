@@ -13,6 +13,7 @@ import pytest
 
 from blitz.errors import ModelLoadFailed, Unavailable
 from blitz.load_queue import LoadQueue, LoadTimedOut
+from tests.waiting import wait_until_async
 
 NAME = "test-load"
 WAIT_S = 10.0  # bound on every wait; a healthy run needs a small part of it
@@ -23,10 +24,7 @@ def load_threads() -> list[threading.Thread]:
 
 
 async def until(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
+    await wait_until_async(condition, what, timeout_s=WAIT_S, interval_s=0.01)
 
 
 class Loads:
@@ -106,7 +104,7 @@ async def test_a_second_caller_shares_the_load_in_flight():
     first = asyncio.ensure_future(queue.load("a", loads.hang("a")))
     await until(lambda: loads.runs["a"] == 1, "the load to start")
     second = asyncio.ensure_future(queue.load("a", loads.hang("a")))
-    await asyncio.sleep(0.05)
+    await until(lambda: queue._loads["a"].waiters == 2, "the second caller to join")
     loads.release.set()
     assert await asyncio.gather(first, second) == ["model a", "model a"]
     assert loads.runs == {"a": 1} and len(load_threads()) <= 1
@@ -119,7 +117,7 @@ async def test_a_caller_leaving_does_not_cancel_the_load_for_the_others():
     staying = asyncio.ensure_future(queue.load("a", loads.hang("a")))
     await until(lambda: loads.runs["a"] == 1, "the load to start")
     leaving.cancel()
-    await asyncio.sleep(0.05)
+    await until(leaving.done, "the leaving caller to go")
     loads.release.set()
     assert await asyncio.wait_for(staying, WAIT_S) == "model a"
     assert leaving.cancelled() and loads.runs == {"a": 1}

@@ -22,6 +22,7 @@ def _no_export_here(*_args, **_kwargs):
     raise AssertionError("the export ran in the loading process")
 
 
+@pytest.mark.slow  # an ONNX build in a child: ~12 s on a 2-core machine
 def test_load_builds_in_a_child_and_opens_the_cached_build(tiny_dir, tmp_path, monkeypatch):
     spec = ModelSpec(id="tiny", source=str(tiny_dir), cpu_backend="onnx")
     monkeypatch.setattr(loading, "BUILD_IN_CHILD", True)
@@ -37,6 +38,7 @@ def test_load_builds_in_a_child_and_opens_the_cached_build(tiny_dir, tmp_path, m
     assert build_in_child(spec, tiny_dir, tmp_path)  # cached: no second child
 
 
+@pytest.mark.slow  # a child process: ~6 s on a 2-core machine
 def test_a_failed_child_build_is_logged_and_left_to_the_caller(tiny_dir, tmp_path, caplog):
     empty = tmp_path / "not-a-model"
     empty.mkdir()

@@ -201,6 +201,7 @@ print(json.dumps({"built": prepared.built, "path": str(prepared.path)}), flush=T
 """
 
 
+@pytest.mark.slow  # two ONNX builds: ~12 s on a 2-core machine
 def test_two_processes_preparing_at_once_build_one_entry(tiny_dir, tmp_path):
     spec = _spec(tiny_dir, "onnx-int8", accuracy_threshold=0)
     key, _ = onnx_export.onnx_cache_key(spec, tiny_dir)

@@ -32,6 +32,7 @@ def minilm_run(tmp_path_factory):
     return status, out.getvalue(), err.getvalue(), cache
 
 
+@pytest.mark.slow  # exports the real MiniLM: ~75 s on a 2-core machine
 def test_cli_optimize_prints_accuracy_and_speed(minilm_run):
     status, out, err, cache = minilm_run
     assert status == 0, out + err
@@ -49,6 +50,7 @@ def test_cli_optimize_prints_accuracy_and_speed(minilm_run):
     assert "exporting to ONNX" in err and "checking accuracy" in err
 
 
+@pytest.mark.slow  # the real MiniLM: ~25 s on a 2-core machine
 def test_minilm_int8_is_served_from_the_cache(minilm_run, monkeypatch):
     *_, cache = minilm_run
     monkeypatch.setattr(onnx_export, "_export_onnx", _no_export)

@@ -4,9 +4,7 @@ while its workers are all stuck."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
-import time
 
 import pytest
 
@@ -17,6 +15,7 @@ from blitz.registry import ModelSpec, Registry
 from blitz.schemas import EmbedJob, RerankJob
 from blitz.worker_slots import WorkerSlots
 from deployments import pool as pool_module
+from tests.waiting import wait_until_async
 
 
 @pytest.fixture
@@ -47,14 +46,12 @@ async def test_health_fails_while_every_worker_is_stuck(pool):
     with pytest.raises(TimedOut):
         await pool.workers.run(lambda: release.wait(10), 0.2)
     try:
-        deadline = time.monotonic() + 10
-        while pool.workers.problem() is None:
-            assert time.monotonic() < deadline, "the worker was never reported stuck"
-            await asyncio.sleep(0.01)
+        await wait_until_async(pool.workers.problem, "the worker to be reported stuck", 10,
+                               interval_s=0.01)
         with pytest.raises(RuntimeError, match="worker threads are stuck"):
             await pool.check_health()
     finally:
         release.set()
-    while pool.workers.busy:
-        await asyncio.sleep(0.01)
+    await wait_until_async(lambda: not pool.workers.busy, "the worker to come back", 10,
+                           interval_s=0.01)
     await pool.check_health()

