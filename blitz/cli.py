@@ -178,7 +178,9 @@ def run_optimize(args: argparse.Namespace, out: TextIO) -> int:
     elif spec.cpu_backend == "torch":
         out.write("torch fp32 needs no preparation\n")
     if chosen is not None:
-        out.write(f"cpu_backend auto chose {chosen.backend} on this CPU (ONNX builds cached; "
+        auto = chosen.auto_choice or {}
+        out.write(f"cpu_backend auto chose {chosen.backend} on this CPU ({auto.get('how')}, "
+                  f"measured {auto.get('measured_at')}; ONNX builds and the choice cached; "
                   "the measured table is logged at INFO)\n")
     if args.no_speed:
         return 0

@@ -3,6 +3,7 @@ and whether it computes bf16 natively."""
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 from functools import lru_cache
@@ -43,3 +44,35 @@ def cpu_supports_bf16(flags: frozenset[str] | None = None) -> bool:
     """Whether the CPU computes bf16 natively (AVX512-BF16, AMX, or ARM BF16)."""
     flags = cpu_flags() if flags is None else flags
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+# flags that name instruction sets a model runtime may use (not, say, "hypervisor")
+_ISA_FLAG = re.compile(r"^(avx|amx|fma|f16c|sse|ssse|vnni|bf16|i8mm|asimd|sve|fp16|dotprod)")
+
+
+@lru_cache(maxsize=1)
+def cpu_model_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; the platform's processor string elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    match = re.search(r"^model name\s*:\s*(.*)$", text, re.MULTILINE)
+    return match.group(1).strip() if match else platform.processor()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where there is one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_identity(flags: frozenset[str] | None = None) -> dict[str, object]:
+    """What about this CPU decides which backend is fastest: the architecture, the model,
+    its instruction-set flags (AVX2, AVX512, VNNI, BF16, AMX, ...) and the usable cores."""
+    flags = cpu_flags() if flags is None else flags
+    return {"machine": platform.machine().lower(), "model": cpu_model_name(),
+            "isa": sorted(flag for flag in flags if _ISA_FLAG.match(flag)),
+            "cores": usable_cores()}

@@ -75,6 +75,7 @@ class ModelPool:
         self._batchers: dict[str, Batcher] = {}
         self.loaded: list[str] = []  # resident models, least recently loaded first
         self.backends: dict[str, str] = {}  # resident model -> the backend serving it
+        self.auto_choices: dict[str, dict[str, Any]] = {}  # cpu_backend auto: the choice
         self.evicted: deque[str] = deque(maxlen=EVICTIONS_KEPT)
         self.evictions = 0
         await self._preload()
@@ -104,6 +105,8 @@ class ModelPool:
                     encoder.backend, seconds)
         self.loaded.append(model_id)
         self.backends[model_id] = encoder.backend
+        if encoder.auto_choice is not None:
+            self.auto_choices[model_id] = encoder.auto_choice
         return ModelHolder(encoder, on_release=self._released)
 
     async def _preload(self) -> None:
@@ -128,6 +131,7 @@ class ModelPool:
         if model_id in self.loaded:
             self.loaded.remove(model_id)
         self.backends.pop(model_id, None)
+        self.auto_choices.pop(model_id, None)
         self.evicted.append(model_id)
         self.evictions += 1
         metrics.model_evictions.inc(tags={"model": model_id, "pool": self.pool})
@@ -223,7 +227,7 @@ class ModelPool:
         """What this replica holds: for tests and operators."""
         return {"pool": self.pool, "device": self.device, "workers": self.pool_settings.workers,
                 "loaded": list(self.loaded),
-                "backends": dict(self.backends),
+                "backends": dict(self.backends), "auto_choices": dict(self.auto_choices),
                 "evicted": list(self.evicted), "evictions": self.evictions,
                 "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
                 "rss_bytes": _rss_bytes(),

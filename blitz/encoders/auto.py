@@ -1,11 +1,13 @@
 """``cpu_backend: auto``: the fastest accurate CPU backend for a model, chosen once.
 
-At load time every candidate backend is opened through the ordinary loader (so each
-meets the same accuracy guard as when named explicitly; one that fails is dropped),
-timed on the probe set at ``SMALL_TEXTS`` and at ``LARGE_TEXTS`` texts per call, and
-only the winner stays resident:
+The first time a model loads on a machine, every candidate backend is opened through the
+ordinary loader (so each meets the same accuracy guard as when named explicitly; one
+that fails is dropped), timed on the probe set at ``SMALL_TEXTS`` and at ``LARGE_TEXTS``
+texts per call, and only the winner stays resident. The choice is recorded in the model
+cache (``blitz.auto_cache``); a later load with the same key reuses it, timing nothing:
 
-    load_auto(spec, open_backend, chooser)
+    load_auto(spec, open_backend, chooser, remember)
+      -> remember(measure)                blitz.auto_cache: the recorded choice, else measure:
       -> chooser(spec)                    blitz.load_children: measure_choice in a child process
          or measure_choice(...)           (here, when there is no chooser or it failed):
            -> candidates()                torch, torch-bf16 (native bf16 only), onnx, onnx-int8
@@ -17,8 +19,9 @@ only the winner stays resident:
 One backend serves every call: a model id has one numeric path, so a text gets the same
 vector whether it arrives alone or inside a large batch (two winners, one per micro-batch
 size, gave one id two encodings where they differed, e.g. bf16 and int8 on a CPU with
-AMX). The choice is logged, and the loaded encoder's ``backend`` (shown in the pool's
-stats) reads ``auto(<winner>)``.
+AMX). The choice is logged (``cached choice`` or ``measured``), the loaded encoder's
+``backend`` (shown in the pool's stats) reads ``auto(<winner>)`` and its ``auto_choice``
+holds the rates, how it was chosen and when it was measured.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
 
 from blitz.cpu_features import cpu_supports_bf16
 from blitz.encoders.base import Encoder
@@ -101,15 +106,22 @@ class AutoChoice:
     def backend(self) -> str:
         return f"auto({self.chosen})"
 
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> AutoChoice:
+        """The choice ``to_dict`` gave, read back from JSON (call sizes as strings)."""
+        rates = {backend: {int(size): float(rate) for size, rate in by_size.items()}
+                 for backend, by_size in fields["rates"].items()}
+        return cls(str(fields["chosen"]), rates, dict(fields.get("dropped", {})))
+
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(self.to_dict())
 
     @classmethod
     def from_json(cls, text: str) -> AutoChoice:
-        fields = json.loads(text)
-        fields["rates"] = {backend: {int(size): rate for size, rate in rates.items()}
-                           for backend, rates in fields["rates"].items()}
-        return cls(**fields)
+        return cls.from_dict(json.loads(text))
 
     def table(self) -> str:
         sizes = sorted(next(iter(self.rates.values()), {}))
@@ -144,9 +156,31 @@ def return_freed_memory() -> None:
             trim(0)
 
 
+@dataclass(frozen=True)
+class RememberedChoice:
+    """A choice and where it came from: ``cached`` (a record) or ``measured`` (just now)."""
+
+    choice: AutoChoice
+    how: Literal["cached", "measured"]
+    measured_at: float  # seconds since the epoch
+    record: Path | None = None  # the cache entry that holds it
+
+    @property
+    def measured_on(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.measured_at))
+
+    def summary(self) -> dict[str, Any]:
+        """What a pool's ``stats()`` shows of it (``Encoder.auto_choice``)."""
+        return {"chosen": self.choice.chosen, "how": self.how, "measured_at": self.measured_on,
+                "rates": self.choice.rates, "dropped": self.choice.dropped}
+
+
 Chooser = Callable[[ModelSpec], "AutoChoice | None"]
 """Measures and chooses elsewhere (``blitz.load_children.choose_in_child``); None when that
 failed and the choice is to be measured here."""
+Remember = Callable[[Callable[[], AutoChoice]], RememberedChoice]
+"""The recorded choice, or the given measurement's, recorded (``blitz.auto_cache``)."""
+
 
 def measure_choice(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
                    backends: Sequence[str] | None = None, timer: Timer = time.perf_counter,
@@ -185,28 +219,51 @@ def measure_choice(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
 
 def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
               backends: Sequence[str] | None = None, timer: Timer = time.perf_counter,
-              seconds: float | None = None, chooser: Chooser | None = None) -> Encoder:
+              seconds: float | None = None, chooser: Chooser | None = None,
+              remember: Remember | None = None) -> Encoder:
     """``spec`` on the fastest accurate CPU backend.
 
-    With a ``chooser`` (the loader passes ``blitz.load_children.choose_in_child``), the
-    candidates are opened and timed elsewhere and only the winner is opened here: a
-    replica that opened all four kept ~170 MiB of the losers' memory after closing them
-    (BENCHMARKS.md, "Memory per process"). Otherwise, or when the chooser fails,
-    ``measure_choice`` runs here and the losers are closed before this returns.
+    With ``remember`` (the loader passes ``blitz.auto_cache.remember_choice`` for the
+    model's key), a choice recorded for the same model, candidates, CPU, threads,
+    libraries and guard is reused and nothing is timed; otherwise it measures (below) and
+    records what it chose. With a ``chooser`` (the loader passes
+    ``blitz.load_children.choose_in_child``), the candidates are opened and timed
+    elsewhere and only the winner is opened here: a replica that opened all four kept
+    ~170 MiB of the losers' memory after closing them (BENCHMARKS.md, "Memory per
+    process"). Otherwise, or when the chooser fails, ``measure_choice`` runs here and the
+    losers are closed before this returns.
     """
-    choice = chooser(spec) if chooser is not None else None
-    if choice is not None:
-        winner = _bi_encoder(open_backend(choice.chosen))
-    else:
-        choice, encoders = measure_choice(spec, open_backend, backends=backends, timer=timer,
-                                          seconds=seconds)
-        winner = encoders.pop(choice.chosen)
-        for loser in encoders.values():
+    opened: dict[str, SentenceTransformerEncoder] = {}
+
+    def measure() -> AutoChoice:
+        choice = chooser(spec) if chooser is not None else None
+        if choice is None:
+            choice, encoders = measure_choice(spec, open_backend, backends=backends,
+                                              timer=timer, seconds=seconds)
+            opened.update(encoders)
+        return choice
+
+    remembered = (remember(measure) if remember is not None
+                  else RememberedChoice(measure(), "measured", time.time()))
+    choice = remembered.choice
+    winner = opened.pop(choice.chosen, None)
+    if opened:
+        for loser in opened.values():
             loser.close()
         return_freed_memory()
-    logger.info("model %r: cpu_backend auto measured texts/s per call size on the probe set: "
-                "%s; chose %s for every call", spec.id, choice.table(), choice.chosen)
+    if winner is None:
+        winner = _bi_encoder(open_backend(choice.chosen))
+    if remembered.how == "cached":
+        logger.info("model %r: cpu_backend auto: cached choice %s (measured %s; to measure "
+                    "again, delete %s): %s", spec.id, choice.chosen, remembered.measured_on,
+                    remembered.record, choice.table())
+    else:
+        recorded = f"; recorded in {remembered.record}" if remembered.record else ""
+        logger.info("model %r: cpu_backend auto measured texts/s per call size on the probe "
+                    "set: %s; chose %s for every call%s", spec.id, choice.table(),
+                    choice.chosen, recorded)
     winner.backend = choice.backend
+    winner.auto_choice = remembered.summary()
     return winner
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,8 @@ class Encoder(ABC):
     kind: str = "embedding"
     device: str = "cpu"
     backend: str = "torch"  # what serves it: a cpu_backend, "fake", or "auto(<winner>)"
+    # cpu_backend auto: the winner, its rates, "cached" or "measured", when (auto.py)
+    auto_choice: dict[str, Any] | None = None
 
     def __init__(self, model_id: str, max_seq_length: int):
         self.model_id = model_id

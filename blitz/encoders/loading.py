@@ -3,7 +3,8 @@
     load_encoder(spec, device)
       -> backend_for(spec, device)             fake | torch | torch-bf16 | onnx | onnx-int8
                                                | auto (``encoders.auto``: each of the others
-                                               through this same path, measured, the winners)
+                                               through this same path, measured, the winner;
+                                               the choice cached by ``blitz.auto_cache``)
       -> resolve_source(spec)                  a local directory (downloaded if need be)
       -> check_model_folder(spec, path)        refused if it would run its own code
                                                (``blitz.model_trust``; ``trust_remote_code``)
@@ -25,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from blitz import accuracy
+from blitz.auto_cache import choice_key, remember_choice
 from blitz.cpu_features import cpu_supports_bf16
-from blitz.encoders.auto import Chooser, load_auto
+from blitz.encoders.auto import candidates, load_auto
 from blitz.encoders.base import Encoder
 from blitz.encoders.fake import FakeEncoder
 from blitz.encoders.models import open_torch_bi_encoder, open_torch_cross_encoder, wrap
@@ -108,9 +110,7 @@ def load_encoder(spec: ModelSpec, device: str = "cpu",
         if backend == "fake":
             return _fake(spec)
         if backend == "auto":
-            return load_auto(spec, lambda name: load_encoder(
-                spec.model_copy(update={"cpu_backend": name}), device, cache_dir),
-                chooser=_auto_chooser(cache_dir))
+            return _load_auto(spec, device, cache_dir)
         path = resolve_source(spec, cache_dir)
         check_model_folder(spec, path)
         model = OPENERS[spec.kind, backend](spec, path, device, cache_dir)
@@ -123,11 +123,19 @@ def load_encoder(spec: ModelSpec, device: str = "cpu",
         raise as_load_failure(spec.id, exc, spec.source) from exc
 
 
-def _auto_chooser(cache_dir: str | Path | None) -> Chooser:
+def _load_auto(spec: ModelSpec, device: str, cache_dir: str | Path | None) -> Encoder:
+    """``cpu_backend: auto``: the choice recorded for this model, candidate set, CPU,
+    threads, libraries and guard (``blitz.auto_cache``), else measured in a child
+    process and recorded; then only the winner is opened, through ``load_encoder``."""
     import torch
 
     threads = torch.get_num_threads()  # what this thread's models run with: the child too
-    return lambda spec: choose_in_child(spec, cache_dir, threads)
+    key, parts = choice_key(spec, resolve_source(spec, cache_dir), candidates(), threads)
+    return load_auto(
+        spec, lambda name: load_encoder(spec.model_copy(update={"cpu_backend": name}),
+                                        device, cache_dir),
+        chooser=lambda spec: choose_in_child(spec, cache_dir, threads),
+        remember=lambda measure: remember_choice(spec, key, parts, measure, cache_dir))
 
 
 def _fake(spec: ModelSpec) -> Encoder:
