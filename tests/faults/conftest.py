@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from blitz.deployment_options import merge_options
 from tests.tiny_models import build_tiny_bi_encoder
 
 
@@ -34,11 +35,15 @@ def fourth_tiny_model(tmp_path_factory):
 
 def small_app(models: list[dict], *, cpu_pool: dict | None = None,
               ingress: dict | None = None) -> dict:
-    """Settings for a fault app: CPU pool only, one replica, short timeouts."""
+    """Settings for a fault app: CPU pool only, one replica, short timeouts; ``cpu_pool``
+    and ``ingress`` are merged over those, dict by dict."""
     return {
         "models": models,
         "gpu": "off",
-        "cpu_pool": {"num_cpus": 0.1, "min_replicas": 1, "max_replicas": 1,
-                     "torch_threads": 1, "max_batch_size": 32, **(cpu_pool or {})},
-        "ingress": {"num_cpus": 0.1, "pool_timeout_s": 20, **(ingress or {})},
+        "cpu_pool": merge_options({
+            "deployment": {"ray_actor_options": {"num_cpus": 0.1},
+                           "autoscaling_config": {"min_replicas": 1, "max_replicas": 1}},
+            "torch_threads": 1, "max_batch_size": 32}, cpu_pool or {}),
+        "ingress": merge_options({"deployment": {"ray_actor_options": {"num_cpus": 0.1}},
+                                  "pool_timeout_s": 20}, ingress or {}),
     }

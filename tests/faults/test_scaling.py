@@ -63,14 +63,19 @@ async def test_pools_scale_up_under_load_and_down_when_idle(deploy):
 
     app = "fault-autoscale"
     delays = {"upscale_delay_s": 1, "downscale_delay_s": 2, "downscale_to_zero_delay_s": 2,
-              "look_back_period_s": LOOK_BACK_S, "target_ongoing_requests": 1,
-              "num_cpus": 0.1, "torch_threads": 1, "max_batch_size": 16}
+              "look_back_period_s": LOOK_BACK_S, "target_ongoing_requests": 1}
+
+    def pool(replicas: tuple[int, int], **actor: float) -> dict:
+        return {"torch_threads": 1, "max_batch_size": 16, "deployment": {
+            "autoscaling_config": {**delays, "min_replicas": replicas[0],
+                                   "max_replicas": replicas[1]},
+            "ray_actor_options": {"num_cpus": 0.1, **actor}}}
     url = deploy(app, {
         "models": [{"id": "busy", "source": "fake:8:0:0.25"}],  # each batch takes 0.25 s
         "gpu": "on", "routing": {"gpu_min_batch": 10},
-        "cpu_pool": {**delays, "min_replicas": 1, "max_replicas": CPU_MAX},
-        "gpu_pool": {**delays, "min_replicas": 0, "max_replicas": 1, "num_gpus": 0.1},
-        "ingress": {"num_cpus": 0.1, "pool_timeout_s": 60}})
+        "cpu_pool": pool((1, CPU_MAX)), "gpu_pool": pool((0, 1), num_gpus=0.1),
+        "ingress": {"deployment": {"ray_actor_options": {"num_cpus": 0.1}},
+                    "pool_timeout_s": 60}})
     assert await running(app, "CPUPool") == 1
     assert await running(app, "GPUPool") == 0  # min_replicas 0: no GPU replica until work
 
@@ -185,7 +190,8 @@ async def test_in_flight_requests_drain_on_redeploy_and_on_delete(deploy):
 
     app = "fault-drain"
     models = [{"id": "slow", "source": "fake:8:0:3"}]  # each batch takes 3 s
-    pool_options = {"graceful_shutdown_timeout_s": 30, "graceful_shutdown_wait_loop_s": 0.2}
+    pool_options = {"deployment": {"graceful_shutdown_timeout_s": 30,
+                                   "graceful_shutdown_wait_loop_s": 0.2}}
     args = small_app(models, cpu_pool=pool_options)
     url = deploy(app, args)
     pool = serve.get_deployment_handle("CPUPool", app)
@@ -251,14 +257,16 @@ async def test_redeploy_on_a_cluster_with_no_free_cpu_completes(deploy):
     from deployments.app import build_app
 
     app = "fault-redeploy-full"
-    pool, ingress = {"num_cpus": 0.1}, {"num_cpus": 0.5}
+    ingress_cpus = 0.5
+    pool = {"deployment": {"ray_actor_options": {"num_cpus": 0.1}}}
+    ingress = {"deployment": {"ray_actor_options": {"num_cpus": ingress_cpus}}}
     before = small_app([{"id": "a", "source": "fake:8"}], cpu_pool=pool, ingress=ingress)
     after = small_app([{"id": "a", "source": "fake:8"}, {"id": "b", "source": "fake:16"}],
                       cpu_pool=pool, ingress=ingress)
     url = deploy(app, before)
     free = ray.available_resources().get("CPU", 0.0)
     with cpus_claimed(free - 0.05):  # a crumb stays free, too small for a surge replica
-        assert ray.available_resources().get("CPU", 0.0) < ingress["num_cpus"]
+        assert ray.available_resources().get("CPU", 0.0) < ingress_cpus
         request, check = embed("a", 2, 8)
         record = LoadRecord()
         phase = {"done": False}

@@ -31,18 +31,21 @@ def app_args(tiny_models, tmp_path_factory) -> dict:
     models.append({"id": "broken", "source": "/nonexistent/blitz-model"})
     models.append({"id": "slow", "source": "fake:8:6"})  # takes 6 s to load
     models.append({"id": "busy", "source": f"fake:8:0:{BUSY_BATCH_S}"})  # each batch 3 s
-    small = {"num_cpus": 0.1, "min_replicas": 1, "max_replicas": 1}
+    small = {"ray_actor_options": {"num_cpus": 0.1},  # tests overcommit: a WARNING, no more
+             "autoscaling_config": {"min_replicas": 1, "max_replicas": 1}}
     return {
         "models": models,
         "default_model": "minilm",
         "cache_dir": str(tmp_path_factory.mktemp("model-cache")),
         "gpu": "on",
         "routing": {"gpu_min_batch": 10},
-        "cpu_pool": {**small, "max_batch_size": CPU_BATCH, "torch_threads": 1,
+        "cpu_pool": {"deployment": small, "max_batch_size": CPU_BATCH, "torch_threads": 1,
                      "workers": CPU_WORKERS},
-        "gpu_pool": {**small, "max_batch_size": GPU_BATCH, "num_gpus": 0.5,
+        "gpu_pool": {"deployment": {**small, "ray_actor_options": {"num_cpus": 0.1,
+                                                                   "num_gpus": 0.5}},
+                     "max_batch_size": GPU_BATCH,
                      "torch_threads": 1},
-        "ingress": {"num_cpus": 0.1},
+        "ingress": {"deployment": {"ray_actor_options": {"num_cpus": 0.1}}},
         "limits": {"max_texts_per_request": MAX_TEXTS, "max_chars_per_text": 20_000},
     }
 

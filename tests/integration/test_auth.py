@@ -8,6 +8,7 @@ import pytest
 from blitz.client import BlitzHTTPError, Client
 
 KEY = "sk-integration-key"
+TINY = {"ray_actor_options": {"num_cpus": 0.1}}  # Serve deployment options
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def auth_app(serve_instance):
 
     args = {"models": [{"id": "fake", "source": "fake:8"}], "gpu": "off",
             "auth": {"api_keys": [KEY]},
-            "cpu_pool": {"num_cpus": 0.1}, "ingress": {"num_cpus": 0.1}}
+            "cpu_pool": {"deployment": TINY}, "ingress": {"deployment": TINY}}
     serve.run(build_app(args), name="it-auth", route_prefix="/it-auth")
     yield serve_instance + "/it-auth"
     serve.delete("it-auth")

@@ -21,12 +21,15 @@ def cold_gpu_app(serve_instance, tiny_models):
 
     from deployments.app import build_app
 
-    small = {"num_cpus": 0.1, "max_replicas": 1, "torch_threads": 1}
+    def small(min_replicas: int, **actor: float) -> dict:
+        return {"torch_threads": 1, "deployment": {
+            "autoscaling_config": {"min_replicas": min_replicas, "max_replicas": 1},
+            "ray_actor_options": {"num_cpus": 0.1, **actor}}}
+
     args = {"models": [{"id": "tiny-a", "source": str(tiny_models["tiny-a"])}],
             "gpu": "on", "routing": {"gpu_min_batch": 4},
-            "cpu_pool": {**small, "min_replicas": 1},
-            "gpu_pool": {**small, "min_replicas": 0, "num_gpus": 0.1},
-            "ingress": {"num_cpus": 0.1}}
+            "cpu_pool": small(1), "gpu_pool": small(0, num_gpus=0.1),
+            "ingress": {"deployment": {"ray_actor_options": {"num_cpus": 0.1}}}}
     serve.run(build_app(args), name=APP, route_prefix=f"/{APP}")
     yield serve_instance + f"/{APP}"
     serve.delete(APP)

@@ -25,8 +25,9 @@ def _args(tiny_models, cache_dir) -> dict:
                    {"id": "tiny-b", "source": str(tiny_models["tiny-b"])}],
         "cache_dir": str(cache_dir),
         "gpu": "off",
-        "cpu_pool": {"num_cpus": 0.1, "torch_threads": 1, "preload": PRELOAD},
-        "ingress": {"num_cpus": 0.1},
+        "cpu_pool": {"deployment": {"ray_actor_options": {"num_cpus": 0.1}},
+                     "torch_threads": 1, "preload": PRELOAD},
+        "ingress": {"deployment": {"ray_actor_options": {"num_cpus": 0.1}}},
     }
 
 

@@ -34,8 +34,9 @@ def test_rayservice_serves_serve_config_applications_with_the_gpu_pool_bound():
     served = yaml.safe_load(manifest["spec"]["serveConfigV2"])
     expected = copy.deepcopy(serve_config()["applications"])
     for app in expected:  # the GPU group starts at zero pods: `auto` would never bind it
-        app["args"]["gpu"] = "on"
-        app["args"]["auth"]["required"] = True  # it listens on 0.0.0.0: keys on
+        app["args"] = {"gpu": "on", **app["args"]}
+        app["args"]["auth"] = {"required": True}  # it listens on 0.0.0.0: keys on
+        del app["args"]["ingress"]  # 4-CPU pods: the ingress keeps its default CPU claim
     assert served["applications"] == expected
     for app in served["applications"]:
         BlitzSettings.from_args(app["args"])  # valid settings, not just valid YAML

@@ -89,7 +89,8 @@ async def test_impatient_probes_get_answers_during_start_up_and_ready_follows_th
 
 async def test_a_cpu_pool_that_scales_to_zero_is_ready_without_a_replica():
     config = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:8"}],
-                                      "cpu_pool": {"min_replicas": 0}})
+                                      "cpu_pool": {"deployment": {
+                                          "autoscaling_config": {"min_replicas": 0}}}})
     api = HttpApi(EmbeddingService(config, StartingDispatcher(config)))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
                                  base_url="http://blitz") as client:

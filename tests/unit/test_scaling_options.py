@@ -10,7 +10,7 @@ from blitz.config import BlitzSettings
 from blitz.encoders import fake
 from blitz.encoders.loading import load_encoder
 from blitz.registry import ModelSpec
-from deployments.app import _ingress_options, _pool_options
+from deployments.app import _ingress_options, _pool_options, build_app
 from deployments.ingress import Ingress
 from deployments.pool import ModelPool
 
@@ -18,34 +18,47 @@ from deployments.pool import ModelPool
 def test_defaults_scale_the_gpu_pool_to_zero_after_five_idle_minutes():
     settings = BlitzSettings.from_args(None)
     cpu, gpu = settings.cpu_pool, settings.gpu_pool
-    assert (cpu.min_replicas, cpu.upscale_delay_s, cpu.downscale_delay_s) == (1, 5.0, 300.0)
-    assert gpu.min_replicas == 0 and gpu.downscale_to_zero_delay_s == 300.0
+    cpu_auto = cpu.deployment["autoscaling_config"]
+    gpu_auto = gpu.deployment["autoscaling_config"]
+    assert (cpu_auto["min_replicas"], cpu_auto["upscale_delay_s"],
+            cpu_auto["downscale_delay_s"]) == (1, 5, 300)
+    assert gpu_auto["min_replicas"] == 0 and gpu_auto["downscale_to_zero_delay_s"] == 300
     # a pool replica may finish a whole call (call_timeout_s) before it is stopped
-    assert cpu.graceful_shutdown_timeout_s >= cpu.call_timeout_s
-    assert gpu.graceful_shutdown_timeout_s >= gpu.call_timeout_s
+    assert cpu.deployment["graceful_shutdown_timeout_s"] >= cpu.call_timeout_s
+    assert gpu.deployment["graceful_shutdown_timeout_s"] >= gpu.call_timeout_s
     # a stopping ingress outlives its longest pool call, so every request gets an answer
-    assert settings.ingress.graceful_shutdown_timeout_s > settings.ingress.pool_timeout_s
-    assert settings.ingress.max_surge_percent == 100 and cpu.max_surge_percent == 0
+    ingress = settings.ingress
+    assert ingress.deployment["graceful_shutdown_timeout_s"] > ingress.pool_timeout_s
+    assert ingress.deployment["max_surge_percent"] == 100
+    assert cpu.deployment["max_surge_percent"] == 0
+
+
+def test_a_look_back_window_within_rays_metrics_push_is_rejected():
+    with pytest.raises(ValidationError, match="look_back_period_s must be over"):
+        BlitzSettings.from_args(
+            {"cpu_pool": {"deployment": {"autoscaling_config": {"look_back_period_s": 10}}}})
 
 
 @pytest.mark.parametrize("bad", [
-    {"cpu_pool": {"look_back_period_s": 10}},  # not longer than Ray's metrics push
-    {"cpu_pool": {"upscale_delay_s": -1}},
-    {"gpu_pool": {"downscale_to_zero_delay_s": -1}},
-    {"cpu_pool": {"graceful_shutdown_wait_loop_s": 0}},
-    {"ingress": {"max_surge_percent": 101}},
+    {"cpu_pool": {"deployment": {"autoscaling_config": {"upscale_delay_s": -1}}}},
+    {"gpu_pool": {"deployment": {"autoscaling_config": {"target_ongoing_requests": 0}}}},
+    {"cpu_pool": {"deployment": {"graceful_shutdown_wait_loop_s": -1}}},
+    {"ingress": {"deployment": {"max_surge_percent": 101}}},
+    {"cpu_pool": {"deployment": {"autoscaling_config": {"min_replicas": 2}}}},  # > max
 ])
-def test_invalid_scaling_settings_are_rejected(bad):
-    with pytest.raises(ValidationError):
-        BlitzSettings.from_args(bad)
+def test_invalid_scaling_settings_are_rejected_by_serves_schema(bad):
+    with pytest.raises(ValueError):
+        build_app({"gpu": "off", **bad})
 
 
 def test_pool_settings_become_serve_autoscaling_and_shutdown_options():
-    settings = BlitzSettings.from_args({"gpu_pool": {
-        "upscale_delay_s": 1, "downscale_delay_s": 2, "downscale_to_zero_delay_s": 3,
-        "look_back_period_s": 12, "graceful_shutdown_timeout_s": 40,
-        "graceful_shutdown_wait_loop_s": 0.25, "max_surge_percent": 50, "max_replicas": 2}})
-    config = ModelPool.options(**_pool_options("GPUPool", settings.gpu_pool))._deployment_config
+    settings = BlitzSettings.from_args({"gpu_pool": {"deployment": {
+        "autoscaling_config": {"upscale_delay_s": 1, "downscale_delay_s": 2,
+                               "downscale_to_zero_delay_s": 3, "look_back_period_s": 12,
+                               "max_replicas": 2},
+        "graceful_shutdown_timeout_s": 40, "graceful_shutdown_wait_loop_s": 0.25,
+        "max_surge_percent": 50}}})
+    config = ModelPool.options(**_pool_options("gpu", settings.gpu_pool))._deployment_config
     auto = config.autoscaling_config
     assert (auto.min_replicas, auto.max_replicas) == (0, 2)
     assert (auto.upscale_delay_s, auto.downscale_delay_s, auto.downscale_to_zero_delay_s,
@@ -55,7 +68,8 @@ def test_pool_settings_become_serve_autoscaling_and_shutdown_options():
 
 
 def test_ingress_settings_become_serve_shutdown_and_rollout_options():
-    ingress = BlitzSettings.from_args({"ingress": {"graceful_shutdown_timeout_s": 150}}).ingress
+    ingress = BlitzSettings.from_args(
+        {"ingress": {"deployment": {"graceful_shutdown_timeout_s": 150}}}).ingress
     config = Ingress.options(**_ingress_options(ingress))._deployment_config
     assert (config.graceful_shutdown_timeout_s, config.graceful_shutdown_wait_loop_s,
             config.max_surge_percent) == (150, 0.5, 100)
@@ -77,8 +91,9 @@ def test_fake_source_takes_a_load_delay_and_a_batch_delay(monkeypatch):
 
 
 def test_a_partial_gpu_pool_keeps_the_gpu_defaults():
-    gpu = BlitzSettings.from_args({"gpu_pool": {"max_replicas": 2}}).gpu_pool
+    two = {"deployment": {"autoscaling_config": {"max_replicas": 2}}}
+    gpu = BlitzSettings.from_args({"gpu_pool": two}).gpu_pool
     assert (gpu.min_replicas, gpu.max_replicas, gpu.num_gpus, gpu.max_batch_size) == \
         (0, 2, 1.0, 1024)
-    cpu = BlitzSettings.from_args({"cpu_pool": {"max_replicas": 2}}).cpu_pool
+    cpu = BlitzSettings.from_args({"cpu_pool": two}).cpu_pool
     assert (cpu.min_replicas, cpu.num_gpus, cpu.max_batch_size) == (1, 0.0, 128)

@@ -1,0 +1,30 @@
+"""README's settings tables are the ones generated from the settings models."""
+
+from __future__ import annotations
+
+from blitz import settings_doc
+from blitz.config import (
+    AuthSettings,
+    BlitzSettings,
+    BulkSettings,
+    IngressSettings,
+    Limits,
+    PoolSettings,
+    RoutingSettings,
+)
+from blitz.registry import ModelSpec
+
+
+def test_readme_settings_tables_are_generated_from_the_fields():
+    readme = settings_doc.README.read_text(encoding="utf-8")
+    assert settings_doc.updated(readme) == readme, (
+        f"README.md's settings tables differ from blitz/config.py: run "
+        f"`{settings_doc.COMMAND}` and commit README.md")
+
+
+def test_every_setting_has_a_description():
+    models = (BlitzSettings, RoutingSettings, PoolSettings, IngressSettings, Limits,
+              AuthSettings, BulkSettings, ModelSpec)
+    missing = [f"{m.__name__}.{name}" for m in models
+               for name, field in m.model_fields.items() if not field.description]
+    assert not missing, f"fields without a description (README shows it): {missing}"
