@@ -98,6 +98,44 @@ async def test_concurrent_small_requests_are_answered_each_with_its_own_rows(
             assert np.allclose(codecs.unpack(r.content)["embeddings"][0], expected[i], atol=1e-4)
 
 
+async def test_every_job_kind_shares_one_queue_and_gets_its_own_answer(
+        blitz_app, reference, tiny_models):
+    """Texts, token ids and reranks for one model, sent at once: they share the ingress's
+    and the pool's queues (and batches), and each gets what it gets alone."""
+    import asyncio
+
+    import httpx
+
+    model = reference("tiny-a", tiny_models["tiny-a"])
+    texts = [f"mixed job number {i} about rivers" for i in range(12)]
+    ids = model.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    expected = model.encode(texts, normalize_embeddings=True)
+    async with httpx.AsyncClient(base_url=blitz_app, timeout=120) as client:
+        async def one(i):
+            if i % 3 == 0:
+                body = {"texts": [texts[i]], "model": "tiny-a"}
+                return await client.post("/embed", content=codecs.pack(body), headers=MSGPACK)
+            if i % 3 == 1:
+                return await client.post("/v1/embeddings", json={
+                    "model": "tiny-a", "input": [ids[i]], "encoding_format": "float"})
+            return await client.post("/rerank", json={
+                "model": "tiny-a", "query": texts[i], "documents": texts[:4]})
+
+        replies = await asyncio.gather(*(one(i) for i in range(len(texts))))
+    for i, r in enumerate(replies):
+        assert r.status_code == 200, r.text
+        if i % 3 == 0:
+            got = codecs.unpack(r.content)["embeddings"][0]
+        elif i % 3 == 1:
+            got = np.array(r.json()["data"][0]["embedding"], np.float32)
+        else:
+            scores = {hit["index"]: hit["score"] for hit in r.json()["results"]}
+            got = [scores[k] for k in range(4)]
+            assert np.allclose(got, expected[:4] @ expected[i], atol=1e-4), i
+            continue
+        assert np.allclose(got, expected[i], atol=1e-4), i
+
+
 async def test_a_pool_replica_runs_as_many_model_calls_at_once_as_it_has_workers(blitz_app):
     """``workers: 2``: two requests for one model, each its own pool call, run their
     batches side by side on the replica (a batch of the fake model "busy" holds a worker
