@@ -167,11 +167,8 @@ class ModelPool:
             holder = await self._holder(model_id)
 
             def work(holder: ModelHolder = holder) -> Any:
-                encoder = holder.acquire()  # raises ModelFreed if evicted meanwhile
-                try:
+                with holder.lease() as encoder:  # raises ModelFreed if evicted meanwhile
                     return fn(encoder)
-                finally:
-                    holder.release()
 
             try:
                 return await self.workers.run(work, self.pool_settings.call_timeout_s, what)
