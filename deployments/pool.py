@@ -233,4 +233,4 @@ class ModelPool:
                 "busy_workers": self.workers.busy, "stuck_workers": self.workers.stuck,
                 "waiting_for_workers": self.workers.waiting,
                 "loading": self.loads.loading, "queued_loads": self.loads.queued,
-                "load_overdue_s": round(self.loads.overdue_s(), 1)}
+                "load_overdue_s": round(self.loads.overdue_s(), 3)}

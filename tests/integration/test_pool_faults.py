@@ -32,9 +32,11 @@ REPLACED_WITHIN_S = 120
 
 def _app(models: list[dict], cpu_pool: dict) -> dict:
     return {"models": models, "gpu": "off",
-            "cpu_pool": {"num_cpus": 0.1, "torch_threads": 1, "graceful_shutdown_timeout_s": 5,
-                         **cpu_pool},
-            "ingress": {"num_cpus": 0.1, "pool_timeout_s": 30}}
+            "cpu_pool": {"torch_threads": 1, **cpu_pool,
+                         "deployment": {"ray_actor_options": {"num_cpus": 0.1},
+                                        "graceful_shutdown_timeout_s": 5}},
+            "ingress": {"pool_timeout_s": 30,
+                        "deployment": {"ray_actor_options": {"num_cpus": 0.1}}}}
 
 
 def _deploy(name: str, args: dict) -> str:

@@ -129,7 +129,7 @@ async def test_every_job_kind_shares_one_queue_and_gets_its_own_answer(
         elif i % 3 == 1:
             got = np.array(r.json()["data"][0]["embedding"], np.float32)
         else:
-            scores = {hit["index"]: hit["score"] for hit in r.json()["results"]}
+            scores = {hit["index"]: hit["relevance_score"] for hit in r.json()["results"]}
             got = [scores[k] for k in range(4)]
             assert np.allclose(got, expected[:4] @ expected[i], atol=1e-4), i
             continue

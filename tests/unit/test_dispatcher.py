@@ -102,6 +102,24 @@ async def test_rerank_jobs_share_the_embedding_jobs_queue_and_calls():
     assert [len(r.values) for r in results[bound:]] == [1, 1, 2]
 
 
+async def test_a_rerank_job_is_bounded_by_the_same_queue_as_embedding_jobs():
+    handle = FakeHandle([])
+    handle.gate = asyncio.Event()
+    d = ServeDispatcher(BlitzSettings.from_args({"models": [{"id": "m", "source": "fake:4"}],
+                                                 "ingress": {"max_queued_texts": 4}}),
+                        {"cpu": handle})
+    held = [asyncio.ensure_future(d.embed("cpu", "m", EmbedJob(texts=["x"])))
+            for _ in range(d._lane("cpu", "m").max_in_flight)]
+    queued = asyncio.ensure_future(d.embed("cpu", "m", EmbedJob(texts=["a", "b", "c"])))
+    for _ in range(10):
+        await asyncio.sleep(0)
+    with pytest.raises(Overloaded):  # 3 texts wait; 2 documents more would pass the 4
+        await d.rerank("cpu", "m", RerankJob("q", ["d1", "d2"]))
+    handle.gate.set()
+    await asyncio.gather(*held, queued)
+    assert len((await d.rerank("cpu", "m", RerankJob("q", ["d1", "d2"]))).values) == 2
+
+
 @pytest.mark.parametrize("error", [Overloaded("full"), ModelLoadFailed("gone", model="m")])
 async def test_a_failed_merged_call_is_not_retried_per_request(error):
     bound = dispatcher(FakeHandle([]))._lane("cpu", "m").max_in_flight
