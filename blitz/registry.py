@@ -84,7 +84,8 @@ class ModelSpec(BaseModel):
                        "/v1/embeddings) or cross-encoder (/rerank)")
     cpu_backend: CpuBackend = Field(
         "torch", description="how CPU pools run it; auto (bi-encoders): at load, the fastest "
-        "backend that passes the accuracy guard, measured per micro-batch size on this CPU")
+        "backend that passes the accuracy guard on this CPU, one per model (never per "
+        "batch), measured once and cached with its builds")
     gpu_dtype: GpuDtype = Field("float16", description="how GPU pools run it")
     max_seq_length: int | None = Field(None, gt=0, description="tokens; default: the model's own")
     normalize: bool = Field(True, description="default of the request's `normalize`")
