@@ -195,9 +195,20 @@ def table_markdown(directory: Path, table: Table) -> str:
 
 
 def report(directory: str | Path, tables: Sequence[Table] = TABLES) -> str:
+    """The interleaved rounds (when DIR/rounds exists), then the one-shot tables."""
+    from loadtest import rounds
+
     directory = Path(directory)
     legend = ("single = 1 text/request at 32 in flight, batch32 = 32 texts/request at 4 in "
               "flight. `/ in-process`: the served figure over the same backend's in-process "
               "ceiling at 1 (single) or 32 (batch32) texts per call (Infinity torch and the "
-              "naive server: plain `SentenceTransformer.encode`). errors: single / batch32.\n")
-    return "\n".join([legend] + [table_markdown(directory, t) for t in tables])
+              "naive server: plain `SentenceTransformer.encode`). `/ best Infinity`: over the "
+              "best Infinity engine measured one-shot in this folder. errors: single / "
+              "batch32.\n")
+    parts = [legend] + [table_markdown(directory, t) for t in tables]
+    if (directory / "rounds").is_dir():
+        parts = [rounds.report(directory),
+                 "## One-shot extras\n\nOne run each, not interleaved: compare within a row. "
+                 "What the rounds measure (Blitz `minilm-int8` and `minilm`, Infinity's "
+                 "engines in INFINITY_ENGINES on MiniLM) shows as - here.\n"] + parts
+    return "\n".join(parts)
