@@ -22,7 +22,9 @@
 # serve_config.yaml, or with the BERT-base rows on OUT_DIR/bench_config.yaml: serve_config.yaml
 # plus the BERT-base model on each backend
 # (`python -m loadtest.models bert-base DIR --serve-config serve_config.yaml`).
-# Every server the script starts is stopped on exit, failure or Ctrl-C included.
+# Every server the script starts is stopped on exit, failure or Ctrl-C included
+# (scripts/serve.sh stops the Ray and HAProxy it started); on a shared machine, STOP_RAY=0
+# skips stopping the Ray/Serve/HAProxy processes of others before and after.
 # Environment: ROUNDS (3) interleaved rounds; DUR/WARM seconds per MiniLM figure (20/5);
 # INFINITY_ENGINES in the rounds (optimum: the faster engine on MiniLM in every earlier
 # run; "optimum torch" for both); BERT_DUR/BERT_WARM for the BERT-base rows (15/5);
@@ -49,7 +51,10 @@ model() { [[ "$MODELS" == *" $1 "* ]]; }
 run() { "$PY" -m loadtest run --no-progress --duration "$DUR" --warmup "$WARM" "$@"; }
 run_bert() { "$PY" -m loadtest run --no-progress --duration "$BERT_DUR" --warmup "$BERT_WARM" "$@"; }
 wait_for() { for _ in $(seq 1 "${2:-120}"); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
-stop_ray() { pkill -f "serve run" || true; sleep 1; .venv/bin/ray stop --force >/dev/null 2>&1 || true; pkill -x haproxy || true; sleep 1; }
+stop_ray() {  # every Ray/Serve/HAProxy on the machine; STOP_RAY=0: leave others' alone
+  [ "${STOP_RAY:-1}" = 1 ] || return 0
+  pkill -f "serve run" || true; sleep 1; .venv/bin/ray stop --force >/dev/null 2>&1 || true; pkill -x haproxy || true; sleep 1
+}
 
 SERVERS=()  # ids of the servers this script started, stopped by the trap
 stop_server() {  # SIGTERM, then SIGKILL after 60 s
