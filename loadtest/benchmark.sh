@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every figure in BENCHMARKS.md, measured in one run on this machine (~30 minutes with the
-# defaults: ~11 for the interleaved rounds, ~19 for the one-shot extras).
+# Every figure in BENCHMARKS.md, measured in one run on this machine (~35 minutes with the
+# defaults: ~11 for the interleaved rounds, the rest for the one-shot extras).
 # Usage: bash loadtest/benchmark.sh [OUT_DIR]   (after `bash scripts/install.sh dev` and
 #        `bash loadtest/peers/install_infinity.sh`); the report is OUT_DIR/report.md
 #        (`python -m loadtest report OUT_DIR`; the rounds alone: `python -m loadtest rounds`).
