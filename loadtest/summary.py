@@ -205,10 +205,15 @@ def report(directory: str | Path, tables: Sequence[Table] = TABLES) -> str:
               "naive server: plain `SentenceTransformer.encode`). `/ best Infinity`: over the "
               "best Infinity engine measured one-shot in this folder. errors: single / "
               "batch32.\n")
-    parts = [legend] + [table_markdown(directory, t) for t in tables]
-    if (directory / "rounds").is_dir():
-        parts = [rounds.report(directory),
-                 "## One-shot extras\n\nOne run each, not interleaved: compare within a row. "
-                 "What the rounds measure (Blitz `minilm-int8` and `minilm`, Infinity's "
-                 "engines in INFINITY_ENGINES on MiniLM) shows as - here.\n"] + parts
-    return "\n".join(parts)
+    if not (directory / "rounds").is_dir():
+        return "\n".join([legend] + [table_markdown(directory, t) for t in tables])
+    # with rounds, the one-shot tables are extras: only those with a figure in them
+    tables = [t for t in tables if any(
+        v["emb_s"] is not None for row in t.rows for v in row_values(directory, row).values())]
+    extras = ("## One-shot extras\n\nOne run each, not interleaved: compare within a row. "
+              "What the rounds measure (Blitz `minilm-int8` and `minilm`, Infinity's "
+              "engines in INFINITY_ENGINES on MiniLM) shows as - here.\n")
+    if not tables:
+        extras = "## One-shot extras\n\nNone measured in this folder.\n"
+    return "\n".join([rounds.report(directory), extras]
+                      + ([legend] if tables else []) + [table_markdown(directory, t) for t in tables])

@@ -125,10 +125,14 @@ def test_rounds_command_and_report_folders(tmp_path: Path, capsys: pytest.Captur
     _round(tmp_path, 1, ceiling=(400.0, 500.0), int8=(400.0, 500.0), optimum=(100.0, 100.0))
     assert cli.main(["rounds", str(tmp_path)]) == 0
     assert "### Interleaved rounds: 1 rounds" in capsys.readouterr().out
-    # `report` puts the rounds first and the one-shot tables after them
+    # `report` puts the rounds first, then the one-shot tables that hold a figure
+    text = summary.report(tmp_path)
+    assert "None measured in this folder" in text and "### all-MiniLM" not in text
+    _served(tmp_path / "naive-single.json", 90.0)
     text = summary.report(tmp_path)
     assert text.index("Interleaved rounds") < text.index("## One-shot extras") \
         < text.index("### all-MiniLM-L6-v2")
+    assert "### BERT-base" not in text
 
 
 def test_before_after_report_gives_the_median_of_per_round_ratios(tmp_path: Path):
