@@ -28,6 +28,7 @@
 # Environment: ROUNDS (3) interleaved rounds; DUR/WARM seconds per MiniLM figure (20/5);
 # INFINITY_ENGINES in the rounds (optimum: the faster engine on MiniLM in every earlier
 # run; "optimum torch" for both); BERT_DUR/BERT_WARM for the BERT-base rows (15/5);
+# SWEEP_DUR/SWEEP_WARM per concurrency of the sweep (10/3);
 # PARTS, a subset of "rounds inprocess naive infinity blitz" (all), and MODELS, of
 # "minilm bert-base" (both), pick what runs (rounds and the naive server: MiniLM only);
 # MODELS_DIR for the BERT-base folder and Infinity's ONNX copies (results/models, built once).
@@ -38,6 +39,7 @@ cd "$(dirname "$0")/.."
 OUT="${1:-results/bench-$(date +%Y%m%d-%H%M%S)}"
 DUR="${DUR:-20}"; WARM="${WARM:-5}"; BERT_DUR="${BERT_DUR:-15}"; BERT_WARM="${BERT_WARM:-5}"
 ROUNDS="${ROUNDS:-3}"; INFINITY_ENGINES="${INFINITY_ENGINES:-optimum}"
+SWEEP_DUR="${SWEEP_DUR:-10}"; SWEEP_WARM="${SWEEP_WARM:-3}"
 PARTS=" ${PARTS:-rounds inprocess naive infinity blitz} "
 MODELS=" ${MODELS:-minilm bert-base} "
 MODELS_DIR="${MODELS_DIR:-results/models}"
@@ -222,7 +224,7 @@ if part blitz; then
     run --model minilm-fp32 --profile batch32 --out "$OUT/blitz-minilm-fp32-batch32.json"
     warm_up minilm-int8
     run --model minilm-int8 --profile single --api openai-base64 --out "$OUT/blitz-int8-openai-single.json"
-    "$PY" -m loadtest sweep --no-progress --duration 10 --warmup 3 --model minilm-int8 \
+    "$PY" -m loadtest sweep --no-progress --duration "$SWEEP_DUR" --warmup "$SWEEP_WARM" --model minilm-int8 \
       --concurrency 1,4,16,32,64 --out "$OUT/blitz-int8-sweep.json" --plot "$OUT/blitz-int8-sweep.png"
   fi
   if model bert-base; then
