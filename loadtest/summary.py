@@ -188,8 +188,8 @@ def table_markdown(directory: Path, table: Table) -> str:
             v = values[profile]
             cells.append(f"{fmt(v['p50'], 0)} / {fmt(v['p99'], 0)}" if "p50" in v else "")
         errors = [values[p].get("errors") for p in PROFILE_TEXTS]
-        cells.append(" / ".join(str(e) for e in errors) if any(e is not None for e in errors)
-                     else "")
+        cells.append(" / ".join("-" if e is None else str(e) for e in errors)
+                     if any(e is not None for e in errors) else "")
         body.append(cells)
     return f"### {table.title}\n\n" + markdown_table(headers, body)
 
