@@ -3,14 +3,16 @@
 # Usage: bash loadtest/before_after.sh BEFORE_REF [OUT_DIR]   (after `bash scripts/install.sh dev`)
 # Each tree is served with serve_config.yaml on the fast path, in turn; the earlier one
 # from a git worktree with this tree's .venv (PYTHONPATH points Ray's workers at it).
-# ROUNDS=N (default 2) alternates the trees N times (before, after, before, after, ...)
-# and reports each side's mean, so a drift in machine load hits both sides alike.
+# ROUNDS=N (default 3) alternates the trees N times (before, after, before, after, ...);
+# each round's after is divided by its before, and the report gives the median of these
+# per-round ratios and their spread (min-max), so a drift in machine load hits both sides
+# alike and shows as spread rather than as a change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 BEFORE="${1:?usage: before_after.sh BEFORE_REF [OUT_DIR]}"
 OUT="${2:-results/before-after-$(date +%Y%m%d-%H%M%S)}"
-DUR="${DUR:-20}"; WARM="${WARM:-5}"; ROUNDS="${ROUNDS:-2}"
+DUR="${DUR:-20}"; WARM="${WARM:-5}"; ROUNDS="${ROUNDS:-3}"
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY="$ROOT/.venv/bin/python"
@@ -46,20 +48,27 @@ for round in $(seq 1 "$ROUNDS"); do
   serve_and_measure "before-r$round" "$TREE"
   serve_and_measure "after-r$round" "$ROOT"
 done
-"$PY" - "$OUT" <<'PY'
-import json, statistics, sys
+"$PY" - "$OUT" "$ROUNDS" <<'PY'
+import sys
 from pathlib import Path
-out = Path(sys.argv[1])
-print("| model | profile | before emb/s (per round) | after emb/s (per round) | after / before (means) |")
-print("|---|---|---|---|---|")
+from loadtest.rounds import read_figure, spread
+out, rounds = Path(sys.argv[1]), int(sys.argv[2])
+print("after / before: the median of the per-round ratios (each round's after over its "
+      "before), spread = smallest and largest per-round ratio.\n")
+print("| model | profile | before emb/s (per round) | after emb/s (per round) | "
+      "after / before, median | spread (min-max) | per round |")
+print("|---|---|---|---|---|---|---|")
 for model in ("minilm", "minilm-int8"):
     for profile in ("single", "batch32"):
-        rate = {}
-        for side in ("before", "after"):
-            rate[side] = [json.loads(f.read_text())["results"][0]["embeddings_per_s"]
-                          for f in sorted(out.glob(f"{side}-r*-{model}-{profile}.json"))]
-        means = {side: statistics.mean(values) for side, values in rate.items()}
-        cells = {side: " / ".join(f"{v:.1f}" for v in values) for side, values in rate.items()}
+        rate = {side: [read_figure(out / f"{side}-r{n}-{model}-{profile}.json", profile)
+                       for n in range(1, rounds + 1)] for side in ("before", "after")}
+        per_round = [a.emb_s / b.emb_s if a and b else None
+                     for b, a in zip(rate["before"], rate["after"])]
+        s = spread(per_round)
+        cells = {side: " / ".join("-" if f is None else f"{f.emb_s:.1f}" for f in figures)
+                 for side, figures in rate.items()}
+        ratios = ", ".join("-" if r is None else f"{r:.2f}" for r in per_round)
         print(f"| {model} | {profile} | {cells['before']} | {cells['after']} | "
-              f"{means['after'] / means['before']:.2f}x |")
+              f"{'-' if s is None else f'{s.median:.2f}x'} | "
+              f"{'-' if s is None else f'{s.low:.2f}-{s.high:.2f}x'} | {ratios} |")
 PY

@@ -1,24 +1,46 @@
 #!/usr/bin/env bash
-# Every figure in BENCHMARKS.md, measured in one run on this machine (~25 minutes with the
-# defaults: ~12 for MiniLM as before, ~4 for Infinity on MiniLM, ~9 for the BERT-base rows).
+# Every figure in BENCHMARKS.md, measured in one run on this machine (~35 minutes with the
+# defaults: ~11 for the interleaved rounds, the rest for the one-shot extras).
 # Usage: bash loadtest/benchmark.sh [OUT_DIR]   (after `bash scripts/install.sh dev` and
-#        `bash loadtest/peers/install_infinity.sh`), then `python -m loadtest report OUT_DIR`
-#        (run at the end too, into OUT_DIR/report.md).
+#        `bash loadtest/peers/install_infinity.sh`); the report is OUT_DIR/report.md
+#        (`python -m loadtest report OUT_DIR`; the rounds alone: `python -m loadtest rounds`).
+#
+# The headline figures come from interleaved rounds (PARTS "rounds"), because this
+# machine's speed moves by tens of percent within minutes: Blitz (scripts/serve.sh) and
+# Infinity's ONNX engine on MiniLM are started once and both stay up; then ROUNDS times,
+# for each profile (single, batch32) in turn: the in-process ceiling (ONNX int8, 2 callers
+# x 1 thread, 1 or 32 texts per call: what the pool runs), Blitz `minilm-int8` and
+# `minilm`, and each Infinity engine, DUR seconds each, in that order. Every figure is
+# one JSON file in OUT_DIR/rounds/rN; `python -m loadtest rounds` divides each Blitz
+# figure by the ceiling and by the best Infinity engine of the same round and reports the
+# median ratio over rounds, its spread (min-max) and the targets.
+# The other parts are one-shot extras, measured once each (naive server, full in-process
+# tables, Infinity's torch engine, Blitz fp32 / OpenAI base64 / sweep, BERT-base rows):
+# read them as one run's figures, ratios within a row only.
+#
 # Stops any Ray/Serve running here first: Blitz is started with scripts/serve.sh on
-# OUT_DIR/bench_config.yaml: serve_config.yaml plus the BERT-base model on each backend
+# serve_config.yaml, or with the BERT-base rows on OUT_DIR/bench_config.yaml: serve_config.yaml
+# plus the BERT-base model on each backend
 # (`python -m loadtest.models bert-base DIR --serve-config serve_config.yaml`).
-# Every server the script starts is stopped on exit, failure or Ctrl-C included.
-# Environment: DUR/WARM seconds per MiniLM run (20/5); BERT_DUR/BERT_WARM for the
-# BERT-base rows (15/5); PARTS, a subset of "inprocess naive infinity blitz" (all), and
-# MODELS, of "minilm bert-base" (both), pick what runs (the naive server: MiniLM only);
-# MODELS_DIR for the BERT-base folder (results/models, built once).
+# Every server the script starts is stopped on exit, failure or Ctrl-C included
+# (scripts/serve.sh stops the Ray and HAProxy it started); on a shared machine, STOP_RAY=0
+# skips stopping the Ray/Serve/HAProxy processes of others before and after.
+# Environment: ROUNDS (3) interleaved rounds; DUR/WARM seconds per MiniLM figure (20/5);
+# INFINITY_ENGINES in the rounds (optimum: the faster engine on MiniLM in every earlier
+# run; "optimum torch" for both); BERT_DUR/BERT_WARM for the BERT-base rows (15/5);
+# SWEEP_DUR/SWEEP_WARM per concurrency of the sweep (10/3);
+# PARTS, a subset of "rounds inprocess naive infinity blitz" (all), and MODELS, of
+# "minilm bert-base" (both), pick what runs (rounds and the naive server: MiniLM only);
+# MODELS_DIR for the BERT-base folder and Infinity's ONNX copies (results/models, built once).
 # Peers speak the OpenAI API (encoding_format=float: Infinity's route /embeddings); the
 # naive server its JSON /embed; Blitz msgpack (plus one OpenAI base64 row).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-results/bench-$(date +%Y%m%d-%H%M%S)}"
 DUR="${DUR:-20}"; WARM="${WARM:-5}"; BERT_DUR="${BERT_DUR:-15}"; BERT_WARM="${BERT_WARM:-5}"
-PARTS=" ${PARTS:-inprocess naive infinity blitz} "
+ROUNDS="${ROUNDS:-3}"; INFINITY_ENGINES="${INFINITY_ENGINES:-optimum}"
+SWEEP_DUR="${SWEEP_DUR:-10}"; SWEEP_WARM="${SWEEP_WARM:-3}"
+PARTS=" ${PARTS:-rounds inprocess naive infinity blitz} "
 MODELS=" ${MODELS:-minilm bert-base} "
 MODELS_DIR="${MODELS_DIR:-results/models}"
 BERT="$MODELS_DIR/bert-base"
@@ -31,7 +53,10 @@ model() { [[ "$MODELS" == *" $1 "* ]]; }
 run() { "$PY" -m loadtest run --no-progress --duration "$DUR" --warmup "$WARM" "$@"; }
 run_bert() { "$PY" -m loadtest run --no-progress --duration "$BERT_DUR" --warmup "$BERT_WARM" "$@"; }
 wait_for() { for _ in $(seq 1 "${2:-120}"); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
-stop_ray() { pkill -f "serve run" || true; sleep 1; .venv/bin/ray stop --force >/dev/null 2>&1 || true; pkill -x haproxy || true; sleep 1; }
+stop_ray() {  # every Ray/Serve/HAProxy on the machine; STOP_RAY=0: leave others' alone
+  [ "${STOP_RAY:-1}" = 1 ] || return 0
+  pkill -f "serve run" || true; sleep 1; .venv/bin/ray stop --force >/dev/null 2>&1 || true; pkill -x haproxy || true; sleep 1
+}
 
 SERVERS=()  # ids of the servers this script started, stopped by the trap
 stop_server() {  # SIGTERM, then SIGKILL after 60 s
@@ -58,17 +83,51 @@ start_server() {  # start_server LOG COMMAND...: run in the background, remember
   SERVERS+=("$!")
 }
 stop_last_server() { stop_server "${SERVERS[-1]}"; unset 'SERVERS[-1]'; }
+infinity_folder() {  # infinity_folder ENGINE NAME DIR: the folder Infinity serves
+  if [ "$1" = optimum ]; then
+    bash loadtest/peers/infinity_onnx_folder.sh "$3" "$MODELS_DIR/infinity-onnx/$2"
+  else
+    echo "$3"
+  fi
+}
+start_infinity() {  # start_infinity ENGINE NAME DIR PORT LOG
+  local folder; folder="$(infinity_folder "$1" "$2" "$3")"
+  start_server "$5" bash loadtest/peers/infinity_serve.sh "$1" "$folder" "$2" "$4"
+  wait_for "http://127.0.0.1:$4/health" 300
+}
+start_blitz() {  # once; stays up for the rounds and the Blitz extras
+  [ "${BLITZ_STARTED:-0}" = 1 ] && return 0
+  local config=serve_config.yaml
+  if part blitz && model bert-base; then
+    "$PY" -m loadtest.models bert-base "$BERT" --serve-config serve_config.yaml > "$OUT/bench_config.yaml"
+    config="$OUT/bench_config.yaml"
+  fi
+  echo "== Blitz (scripts/serve.sh: fast path, $config)"
+  BLITZ_STARTED=1
+  start_server "$OUT/serve.log" env BLITZ_SKIP_INSTALL="${BLITZ_SKIP_INSTALL:-1}" \
+    BLITZ_SERVE_CONFIG="$config" bash scripts/serve.sh
+  wait_for http://127.0.0.1:8000/health 300
+}
+warm_up() {  # load (and build) a model before measuring it; a pool replica holds 3
+  curl -sf --max-time 600 http://127.0.0.1:8000/embed -H 'content-type: application/json' \
+    -d "{\"texts\": [\"warm up\"], \"model\": \"$1\"}" >/dev/null
+}
 
-if part blitz; then stop_ray; fi
+if part blitz || part rounds; then stop_ray; fi
 echo "== machine"; { nproc; lscpu | grep -E "Model name|Flags" | cut -c1-200; } | tee "$OUT/machine.txt"
 
-if model bert-base && [ ! -f "$BERT/model.safetensors" ]; then
+if model bert-base && [ ! -f "$BERT/model.safetensors" ] \
+    && { part inprocess || part infinity || part blitz; }; then
   echo "== building the BERT-base-sized model with random weights in $BERT"
   "$PY" -m loadtest.models bert-base "$BERT"
 fi
+if part rounds || part infinity; then
+  [ -x .venv-infinity/bin/infinity_emb ] || bash loadtest/peers/install_infinity.sh
+fi
 
+# ---- one-shot extras with no server running ----
 if part inprocess && model minilm; then
-  echo "== in-process ceilings and backends (no server running)"
+  echo "== one-shot: in-process ceilings and backends (no server running)"
   "$PY" -m loadtest inprocess --backend torch --sizes 1,32,128 --seconds 10 --out "$OUT/inprocess-torch.json"
   "$PY" -m loadtest inprocess --backend onnx-int8 --sizes 1,32,128 --seconds 10 --no-compare --out "$OUT/inprocess-int8.json"
   # the pool's threading (serve_config.yaml: workers 2, torch_threads 1): 2 callers x 1 thread
@@ -78,7 +137,7 @@ if part inprocess && model minilm; then
   "$PY" -m loadtest formats --out "$OUT/formats.json"
 fi
 if part inprocess && model bert-base; then
-  echo "== BERT-base in-process ceilings (1 and 32 texts per call)"
+  echo "== one-shot: BERT-base in-process ceilings (1 and 32 texts per call)"
   for backend in torch torch-bf16 onnx-int8; do
     name="${backend/torch-/}"; name="${name/onnx-/}"   # torch, bf16, int8
     compare=--no-compare; [ "$backend" = torch ] && compare=
@@ -94,7 +153,7 @@ if part inprocess && model bert-base; then
 fi
 
 if part naive && model minilm; then
-  echo "== naive serving: FastAPI + sentence-transformers, 2 gunicorn workers"
+  echo "== one-shot: naive serving: FastAPI + sentence-transformers, 2 gunicorn workers"
   start_server "$OUT/naive.log" .venv/bin/gunicorn -w 2 -k uvicorn.workers.UvicornWorker \
     -b 127.0.0.1:8001 loadtest.naive_server:app
   wait_for http://127.0.0.1:8001/health
@@ -104,57 +163,79 @@ if part naive && model minilm; then
 fi
 
 if part infinity; then
-  [ -x .venv-infinity/bin/infinity_emb ] || bash loadtest/peers/install_infinity.sh
-  # Infinity's ONNX engine needs model.onnx in the folder: prepared copies (peers/*.sh say why)
-  models=(); model minilm && models+=("minilm $MINILM"); model bert-base && models+=("bert-base $BERT")
-  for entry in "${models[@]}"; do
-    read -r name dir <<<"$entry"
-    bash loadtest/peers/infinity_onnx_folder.sh "$dir" "$MODELS_DIR/infinity-onnx/$name" >/dev/null
-    for engine in torch optimum; do
-      echo "== Infinity ($engine engine): $name"
-      folder="$dir"; [ "$engine" = optimum ] && folder="$MODELS_DIR/infinity-onnx/$name"
-      start_server "$OUT/infinity-$name-$engine.log" \
-        bash loadtest/peers/infinity_serve.sh "$engine" "$folder" "$name" 7997
-      wait_for http://127.0.0.1:7997/health 300
-      runner=run; [ "$name" = bert-base ] && runner=run_bert
-      for profile in single batch32; do
-        "$runner" --url http://127.0.0.1:7997 --api openai-float --path /embeddings \
-          --model "$name" --profile "$profile" --out "$OUT/infinity-$name-$engine-$profile.json"
-      done
-      stop_last_server
+  # Infinity's ONNX engine needs model.onnx in the folder: prepared copies (peers/*.sh say why).
+  # MiniLM on the ONNX engine is in the rounds; here its torch engine and BERT-base's two.
+  entries=()
+  model minilm && entries+=("minilm $MINILM torch")
+  model bert-base && entries+=("bert-base $BERT torch" "bert-base $BERT optimum")
+  for entry in "${entries[@]}"; do
+    read -r name dir engine <<<"$entry"
+    echo "== one-shot: Infinity ($engine engine): $name"
+    start_infinity "$engine" "$name" "$dir" 7997 "$OUT/infinity-$name-$engine.log"
+    runner=run; [ "$name" = bert-base ] && runner=run_bert
+    for profile in single batch32; do
+      "$runner" --url http://127.0.0.1:7997 --api openai-float --path /embeddings \
+        --model "$name" --profile "$profile" --out "$OUT/infinity-$name-$engine-$profile.json"
     done
+    stop_last_server
   done
 fi
 
-if part blitz; then
-  echo "== Blitz (scripts/serve.sh: fast path, serve_config.yaml + the BERT-base entries)"
-  "$PY" -m loadtest.models bert-base "$BERT" --serve-config serve_config.yaml > "$OUT/bench_config.yaml"
-  BLITZ_STARTED=1
-  start_server "$OUT/serve.log" env BLITZ_SKIP_INSTALL="${BLITZ_SKIP_INSTALL:-1}" \
-    BLITZ_SERVE_CONFIG="$OUT/bench_config.yaml" bash scripts/serve.sh
-  wait_for http://127.0.0.1:8000/health 300
-  warm_up() {  # load (and build) a model before measuring it; a pool replica holds 3
-    curl -sf --max-time 600 http://127.0.0.1:8000/embed -H 'content-type: application/json' \
-      -d "{\"texts\": [\"warm up\"], \"model\": \"$1\"}" >/dev/null
-  }
-  if model minilm; then
-    for model in minilm-fp32 minilm-int8 minilm; do   # minilm: cpu_backend auto
-      warm_up "$model"
-      run --model "$model" --profile single --out "$OUT/blitz-$model-single.json"
-      run --model "$model" --profile batch32 --out "$OUT/blitz-$model-batch32.json"
+# ---- Blitz up: the interleaved rounds, then the Blitz extras ----
+if part rounds && model minilm; then
+  start_blitz
+  warm_up minilm-int8; warm_up minilm
+  ports=()
+  for engine in $INFINITY_ENGINES; do
+    port=$((7997 + ${#ports[@]}))
+    echo "== Infinity ($engine engine): minilm on :$port, up for the rounds"
+    start_infinity "$engine" minilm "$MINILM" "$port" "$OUT/rounds-infinity-$engine.log"
+    ports+=("$engine:$port")
+  done
+  failed() { echo "!! $1 failed; this round reports it as missing" >&2; }
+  for round in $(seq 1 "$ROUNDS"); do
+    dir="$OUT/rounds/r$round"; mkdir -p "$dir"
+    for profile in single batch32; do
+      size=1; [ "$profile" = batch32 ] && size=32
+      echo "== round $round/$ROUNDS, $profile: ceiling, Blitz minilm-int8, minilm, Infinity $INFINITY_ENGINES"
+      "$PY" -m loadtest inprocess --backend onnx-int8 --sizes "$size" --seconds "$DUR" --no-compare \
+        --threads 1 --callers 2 --out "$dir/ceiling-$profile.json" || failed ceiling
+      for model in minilm-int8 minilm; do
+        run --model "$model" --profile "$profile" --out "$dir/blitz-$model-$profile.json" \
+          || failed "blitz $model"
+      done
+      for entry in "${ports[@]}"; do
+        engine="${entry%%:*}"; port="${entry##*:}"
+        run --url "http://127.0.0.1:$port" --api openai-float --path /embeddings --model minilm \
+          --profile "$profile" --out "$dir/infinity-$engine-$profile.json" || failed "infinity $engine"
+      done
     done
+  done
+  for _ in "${ports[@]}"; do stop_last_server; done
+  "$PY" -m loadtest rounds "$OUT" | tee "$OUT/rounds.md"
+fi
+
+if part blitz; then
+  start_blitz
+  if model minilm; then
+    echo "== one-shot: Blitz minilm-fp32, the OpenAI base64 row, the int8 sweep"
+    warm_up minilm-fp32
+    run --model minilm-fp32 --profile single --out "$OUT/blitz-minilm-fp32-single.json"
+    run --model minilm-fp32 --profile batch32 --out "$OUT/blitz-minilm-fp32-batch32.json"
+    warm_up minilm-int8
     run --model minilm-int8 --profile single --api openai-base64 --out "$OUT/blitz-int8-openai-single.json"
-    "$PY" -m loadtest sweep --no-progress --duration 10 --warmup 3 --model minilm-int8 \
+    "$PY" -m loadtest sweep --no-progress --duration "$SWEEP_DUR" --warmup "$SWEEP_WARM" --model minilm-int8 \
       --concurrency 1,4,16,32,64 --out "$OUT/blitz-int8-sweep.json" --plot "$OUT/blitz-int8-sweep.png"
   fi
   if model bert-base; then
+    echo "== one-shot: Blitz BERT-base rows"
     for model in bert-base bert-base-bf16 bert-base-int8; do
       warm_up "$model"
       run_bert --model "$model" --profile single --out "$OUT/blitz-$model-single.json"
       run_bert --model "$model" --profile batch32 --out "$OUT/blitz-$model-batch32.json"
     done
   fi
-  stop_last_server
 fi
+if [ "${BLITZ_STARTED:-0}" = 1 ]; then stop_last_server; fi
 "$PY" -m loadtest report "$OUT" | tee "$OUT/report.md"
 echo "results in $OUT"

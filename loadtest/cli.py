@@ -45,6 +45,7 @@ examples:
   python -m loadtest formats --out formats.json
   python -m loadtest switch --rounds 5 --out switch.json
   python -m loadtest report results/bench1
+  python -m loadtest rounds results/bench1
   python -m loadtest plot blitz.json naive.json --label blitz --label naive --out cmp.png
 """
 
@@ -200,6 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Markdown tables, with ratios, of the JSON reports "
                          "loadtest/benchmark.sh wrote into DIR (missing ones show as -).")
     rep.add_argument("directory", type=Path, help="the run's output folder")
+
+    rounds = sub.add_parser("rounds", help="median ratios of interleaved rounds",
+                            description="Per pair (Blitz / in-process ceiling, Blitz / best "
+                            "Infinity) and profile: the median of the per-round ratios, their "
+                            "spread, the raw figures of every round and the targets, from "
+                            "the rN folders loadtest/benchmark.sh wrote under DIR/rounds.")
+    rounds.add_argument("directory", type=Path,
+                        help="the run's output folder (or its rounds folder)")
 
     bulk = sub.add_parser("bulk", help="blitz embed (Ray Data) vs the in-process ceiling "
                           "and vs a running server", description="Embeds one corpus in "
@@ -357,6 +366,15 @@ def cmd_report(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
+def cmd_rounds(args: argparse.Namespace, progress: Progress) -> int:
+    from loadtest import rounds
+
+    if not args.directory.is_dir():
+        raise ConfigError(f"{args.directory} is not a folder")
+    print(rounds.report(args.directory))
+    return 0
+
+
 def cmd_switch(args: argparse.Namespace, progress: Progress) -> int:
     from loadtest import report, switch
 
@@ -391,7 +409,7 @@ def cmd_bulk(args: argparse.Namespace, progress: Progress) -> int:
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "inprocess": cmd_inprocess,
             "formats": cmd_formats, "plot": cmd_plot, "switch": cmd_switch,
-            "report": cmd_report, "bulk": cmd_bulk}
+            "report": cmd_report, "rounds": cmd_rounds, "bulk": cmd_bulk}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

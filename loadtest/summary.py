@@ -188,16 +188,32 @@ def table_markdown(directory: Path, table: Table) -> str:
             v = values[profile]
             cells.append(f"{fmt(v['p50'], 0)} / {fmt(v['p99'], 0)}" if "p50" in v else "")
         errors = [values[p].get("errors") for p in PROFILE_TEXTS]
-        cells.append(" / ".join(str(e) for e in errors) if any(e is not None for e in errors)
-                     else "")
+        cells.append(" / ".join("-" if e is None else str(e) for e in errors)
+                     if any(e is not None for e in errors) else "")
         body.append(cells)
     return f"### {table.title}\n\n" + markdown_table(headers, body)
 
 
 def report(directory: str | Path, tables: Sequence[Table] = TABLES) -> str:
+    """The interleaved rounds (when DIR/rounds exists), then the one-shot tables."""
+    from loadtest import rounds
+
     directory = Path(directory)
     legend = ("single = 1 text/request at 32 in flight, batch32 = 32 texts/request at 4 in "
               "flight. `/ in-process`: the served figure over the same backend's in-process "
               "ceiling at 1 (single) or 32 (batch32) texts per call (Infinity torch and the "
-              "naive server: plain `SentenceTransformer.encode`). errors: single / batch32.\n")
-    return "\n".join([legend] + [table_markdown(directory, t) for t in tables])
+              "naive server: plain `SentenceTransformer.encode`). `/ best Infinity`: over the "
+              "best Infinity engine measured one-shot in this folder. errors: single / "
+              "batch32.\n")
+    if not (directory / "rounds").is_dir():
+        return "\n".join([legend] + [table_markdown(directory, t) for t in tables])
+    # with rounds, the one-shot tables are extras: only those with a figure in them
+    tables = [t for t in tables if any(
+        v["emb_s"] is not None for row in t.rows for v in row_values(directory, row).values())]
+    extras = ("## One-shot extras\n\nOne run each, not interleaved: compare within a row. "
+              "What the rounds measure (Blitz `minilm-int8` and `minilm`, Infinity's "
+              "engines in INFINITY_ENGINES on MiniLM) shows as - here.\n")
+    if not tables:
+        extras = "## One-shot extras\n\nNone measured in this folder.\n"
+    return "\n".join([rounds.report(directory), extras]
+                      + ([legend] if tables else []) + [table_markdown(directory, t) for t in tables])
