@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idle memory of `bash scripts/serve.sh` (issue #24): start it, wait for /ready, embed once
 # with minilm, wait IDLE_S (20), then PSS per process and in all (python -m loadtest.memory)
-# over serve.sh's whole process tree (serve run, Ray, its workers, HAProxy); stop it.
+# over serve.sh's whole process tree (serve run, Ray, its workers, HAProxy), and the Blitz
+# metrics scraped through Prometheus's file-discovery list; stop it.
 # Usage: bash loadtest/idle_memory.sh [OUT_FILE]   (extra serve.sh environment passes through)
 # On a shared machine, hold the server lock: flock /tmp/blitz-server.lock bash loadtest/idle_memory.sh
 set -euo pipefail
@@ -22,3 +23,12 @@ curl -sf http://127.0.0.1:8000/embed -H 'content-type: application/json' \
   -d '{"texts": ["an idle server"], "model": "minilm"}' >/dev/null
 sleep "$IDLE_S"
 .venv/bin/python -m loadtest.memory "$pid" > "$OUT"
+# the metrics export, found as Prometheus finds it (README "Scraping under `serve run`")
+.venv/bin/python - >> "$OUT" <<'PY'
+import json, urllib.request
+targets = json.load(open("/tmp/ray/prom_metrics_service_discovery.json"))[0]["targets"]
+text = "".join(urllib.request.urlopen(f"http://{t}/metrics", timeout=10).read().decode()
+               for t in targets)
+names = {line.split("{")[0] for line in text.splitlines() if line.startswith("ray_blitz_")}
+print(f"\nmetrics: {len(targets)} discovery target(s) {targets}; ray_blitz_ series: {sorted(names)}")
+PY
