@@ -1,7 +1,8 @@
 """Start and stop `serve run` cleanly, HAProxy included (scripts/serve.sh, scripts/stop.sh).
 
     python scripts/lifecycle.py run CONFIG [serve run args...]
-        `check`, then `serve run CONFIG` in its own session; on SIGINT/SIGTERM/SIGHUP
+        `check`, then `serve run CONFIG` in its own session (through scripts/serve_run.py:
+        a local Ray without its dashboard unless BLITZ_DASHBOARD=1); on SIGINT/SIGTERM/SIGHUP
         `drain` it, then stop every process of that session, HAProxy included (also
         when `serve run` ends on its own, without the drain).
     python scripts/lifecycle.py drain [ADDRESS]
@@ -369,8 +370,10 @@ def run(config: str, extra: list[str]) -> int:
         return 1
     if requested:
         return 0
-    serve = os.path.join(os.path.dirname(sys.executable), "serve")
-    child = subprocess.Popen([serve, "run", config, *extra], start_new_session=True,
+    # `serve run`, with Ray started without its dashboard unless BLITZ_DASHBOARD=1
+    driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_run.py")
+    child = subprocess.Popen([sys.executable, driver, "run", config, *extra],
+                             start_new_session=True,
                              preexec_fn=_child_setup)
     while child.poll() is None and not requested:
         time.sleep(0.2)

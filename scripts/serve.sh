@@ -14,6 +14,10 @@
 # apps deleted, so requests in flight finish; at most BLITZ_DRAIN_S, 60), then Serve's
 # own shutdown (~10 s), SIGTERM after BLITZ_STOP_GRACE_S (15), SIGKILL 5 s later.
 # BLITZ_SERVE_CONFIG picks another config file; BLITZ_SKIP_INSTALL=1 skips install.sh.
+#
+# Ray starts without its dashboard (scripts/serve_run.py; README, "What scripts/serve.sh
+# leaves out"): the metrics export stays, the `serve status/deploy` CLI goes.
+# BLITZ_DASHBOARD=1 keeps the dashboard.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${BLITZ_SKIP_INSTALL:-0}" != "1" ] || [ ! -x .venv/bin/serve ]; then
