@@ -142,12 +142,9 @@ class Batcher(Generic[T, R]):
             self._running.add(batch)
             batch.task = asyncio.ensure_future(self._run_batch(batch))
             # here, not in the task: a task cancelled before its first step never runs a line
-            batch.task.add_done_callback(functools.partial(self._finished_task, batch))
+            batch.task.add_done_callback(functools.partial(self._finished, batch))
 
-    def _finished_task(self, batch: _Batch, _: asyncio.Task) -> None:
-        self._finished(batch)
-
-    def _finished(self, batch: _Batch) -> None:
+    def _finished(self, batch: _Batch, _task: asyncio.Task | None = None) -> None:
         """Free ``batch``'s slot (once: at its task's end, or when it was cancelled unrun)."""
         if batch not in self._running:
             return

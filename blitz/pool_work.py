@@ -9,6 +9,8 @@ turn. Each job gets its own result or exception, so one bad job fails alone.
 
 from __future__ import annotations
 
+from typing import cast
+
 from blitz.encoders.base import Encoded, Encoder
 from blitz.schemas import EmbedJob, RerankJob
 
@@ -37,4 +39,4 @@ def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
                                                   truncate=job.truncate)
         except Exception as exc:  # handed back to that job alone
             results[k] = exc
-    return [r for r in results if r is not None]
+    return cast(list[Encoded | Exception], results)  # every job has its result now

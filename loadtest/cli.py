@@ -358,20 +358,12 @@ def cmd_plot(args: argparse.Namespace, progress: Progress) -> int:
 
 
 def cmd_report(args: argparse.Namespace, progress: Progress) -> int:
-    from loadtest import summary
+    """``report`` (every table of a run) and ``rounds`` (its interleaved rounds only)."""
+    from loadtest import rounds, summary
 
     if not args.directory.is_dir():
         raise ConfigError(f"{args.directory} is not a folder")
-    print(summary.report(args.directory))
-    return 0
-
-
-def cmd_rounds(args: argparse.Namespace, progress: Progress) -> int:
-    from loadtest import rounds
-
-    if not args.directory.is_dir():
-        raise ConfigError(f"{args.directory} is not a folder")
-    print(rounds.report(args.directory))
+    print((rounds if args.command == "rounds" else summary).report(args.directory))
     return 0
 
 
@@ -409,7 +401,7 @@ def cmd_bulk(args: argparse.Namespace, progress: Progress) -> int:
 
 COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "inprocess": cmd_inprocess,
             "formats": cmd_formats, "plot": cmd_plot, "switch": cmd_switch,
-            "report": cmd_report, "rounds": cmd_rounds, "bulk": cmd_bulk}
+            "report": cmd_report, "rounds": cmd_report, "bulk": cmd_bulk}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -21,8 +21,10 @@ import pytest
 from blitz.errors import as_blitz_error
 from blitz.schemas import EmbedJob, RerankJob
 from tests.integration.conftest import APP as MAIN_APP
+from tests.waiting import wait_until_async
 
 DEADLINE_S = 180  # bound on every wait; a healthy run needs a small part of it
+POLL_S = 0.5  # between two looks at a replica's stats
 LOAD_TIMEOUT_S = 3
 CALL_TIMEOUT_S = 2
 HOUR = 3600
@@ -46,14 +48,6 @@ def _deploy(name: str, args: dict) -> str:
 
     serve.run(build_app(args), name=name, route_prefix=f"/{name}")
     return f"/{name}"
-
-
-async def _until(check: Callable[[], Awaitable[Any]], what: str,
-                 within: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.5)
 
 
 async def _health_problem(pool) -> str | None:
@@ -108,10 +102,11 @@ async def test_a_hung_load_is_a_424_and_its_replica_is_replaced(serve_instance):
             stats = await pool.stats.remote()
             assert stats["loading"] == "hangs" and stats["load_overdue_s"] > 0
 
-            await _until(lambda: _health_problem(pool), "check_health to fail", within=60)
+            await wait_until_async(lambda: _health_problem(pool), "check_health to fail",
+                                   timeout_s=60, interval_s=POLL_S)
             assert "'hangs' is stuck" in await _health_problem(pool)
-            await _until(lambda: _replaced(pool, pid), "Serve to replace the replica",
-                         within=REPLACED_WITHIN_S)
+            await wait_until_async(lambda: _replaced(pool, pid), "Serve to replace the replica",
+                                   timeout_s=REPLACED_WITHIN_S, interval_s=POLL_S)
             r, _ = await _embed(http, "later")
             assert r.status_code == 200, r.text
             assert await _health_problem(pool) is None
@@ -133,11 +128,14 @@ async def test_hung_model_calls_answer_503_and_their_replica_is_replaced(serve_i
             # two calls, one after the other so that each is a batch of its own: both
             # workers hang, and each caller gets its 503 at the call timeout
             first = asyncio.ensure_future(_embed(http, "hangs"))
-            await _until(lambda: _busy_workers(pool, 1), "the first call to take a worker")
+            await wait_until_async(lambda: _busy_workers(pool, 1),
+                                   "the first call to take a worker",
+                                   timeout_s=DEADLINE_S, interval_s=POLL_S)
             second = asyncio.ensure_future(_embed(http, "hangs"))
             for r, took in await asyncio.gather(first, second):
                 assert _retry_later(r) and took < CALL_TIMEOUT_S + 10, r.text
-            await _until(lambda: _stuck_workers(pool, 2), "both workers to be stuck")
+            await wait_until_async(lambda: _stuck_workers(pool, 2), "both workers to be stuck",
+                                   timeout_s=DEADLINE_S, interval_s=POLL_S)
 
             # no worker can run anything now: refused at once, not queued behind them
             for model in ("hangs", "ok"):
@@ -149,8 +147,8 @@ async def test_hung_model_calls_answer_503_and_their_replica_is_replaced(serve_i
             assert as_blitz_error(refused.value).status == 503
             assert "worker threads are stuck" in await _health_problem(pool)
 
-            await _until(lambda: _replaced(pool, pid), "Serve to replace the replica",
-                         within=REPLACED_WITHIN_S)
+            await wait_until_async(lambda: _replaced(pool, pid), "Serve to replace the replica",
+                                   timeout_s=REPLACED_WITHIN_S, interval_s=POLL_S)
             r, _ = await _embed(http, "ok")
             assert r.status_code == 200, r.text
     finally:
