@@ -167,6 +167,10 @@ class IngressSettings(_Settings):
         4096, ge=1, description="texts waiting per (pool, model) for a pool call; past it: 503")
     pool_timeout_s: float = Field(
         120.0, gt=0, description="one pool call, model load included; past it: 503")
+    server_timing: bool = Field(
+        True, description="send each reply's time per hop as a `server-timing` header, in "
+        "ms (total, ingress, ingress-queue, handle, pool-queue, worker-wait, model, "
+        "pool-other: README, \"Where a request's time goes\")")
     deployment: dict[str, Any] = Field(
         default_factory=dict, description="Ray Serve deployment options of the ingress, as "
         "`cpu_pool.deployment`; merged over Blitz's defaults (below)")

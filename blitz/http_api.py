@@ -48,7 +48,8 @@ class HttpApi:
         # sources name buckets and paths: shown to callers with a key, or when asked for
         self._show_sources = auth.show_model_sources or bool(auth.resolved_keys())
         self._app = RequestMiddleware(Router(self.routes), [r.path for r in self.routes],
-                                      self.settings.auth, service.observe)
+                                      self.settings.auth, service.observe,
+                                      self.settings.ingress.server_timing)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._app(scope, receive, send)

@@ -3,7 +3,8 @@
 Pure ASGI around the router, so a request pays for one extra call and one wrapped ``send``:
 it takes the request id and the API key from the headers, answers every error (a route's,
 the router's 404 and 405, its own 401) in Blitz's JSON shape, adds ``x-request-id``,
-``x-compute-time`` and ``x-blitz-pool`` to every reply, and observes each request once.
+``x-compute-time``, ``x-blitz-pool`` and ``server-timing`` (``blitz.timing``: the time per
+hop) to every reply, and observes each request once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from blitz import timing
 from blitz.config import AuthSettings
 from blitz.errors import (
     BlitzError,
@@ -45,8 +47,9 @@ class RequestMiddleware:
     counted under its path (anything else under "other") and needs a key unless public."""
 
     def __init__(self, app: ASGIApp, paths: Collection[str], auth: AuthSettings,
-                 observe: Callable[[RequestRecord, int], None]):
+                 observe: Callable[[RequestRecord, int], None], server_timing: bool = True):
         self.app = app
+        self.server_timing = server_timing
         self.paths = frozenset(paths)
         self.observe = observe
         keys = auth.resolved_keys()
@@ -79,10 +82,14 @@ class RequestMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                total = time.perf_counter() - started
                 extra = [(b"x-request-id", request_id.encode()),
-                         (b"x-compute-time", f"{time.perf_counter() - started:.6f}".encode())]
+                         (b"x-compute-time", f"{total:.6f}".encode())]
                 if record.pool:
                     extra.append((b"x-blitz-pool", record.pool.encode()))
+                if self.server_timing:
+                    extra.append((timing.HEADER.encode(),
+                                  timing.header_value(record.timings, total).encode()))
                 message["headers"] = [*message.get("headers", ()), *extra]
             await send(message)
 

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
+from blitz import timing
 from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded
 from blitz.errors import (
@@ -54,6 +55,7 @@ class RequestRecord:
     texts: int = 0
     tokens: int = 0
     error: str = ""
+    timings: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
     started: float = field(default_factory=time.perf_counter, compare=False, repr=False)
 
 
@@ -225,7 +227,7 @@ class EmbeddingService:
             self._dimensions[spec.id] = int(values.shape[1])  # known now, if it was not
             tokens = int(sum(int(p.token_counts.sum()) for p in parts))
             values = quantize(truncate_dimensions(values, dimensions, normalize), dtype)
-            record.pool, record.tokens = pool, tokens
+            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
             return EmbedResult(values, spec.id, Usage.of(tokens), pool)
 
     def _check_token_ids(self, token_ids: list[list[int]]) -> None:
@@ -304,7 +306,7 @@ class EmbeddingService:
             order = np.argsort(-scores, kind="stable")[: top_n or len(documents)]
             hits = [RerankHit(int(i), float(scores[i]),
                               documents[i] if return_documents else None) for i in order]
-            record.pool, record.tokens = pool, tokens
+            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
             return RerankResult(hits, spec.id, Usage.of(tokens), pool)
 
     # ---- readiness -------------------------------------------------------------------

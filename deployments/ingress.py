@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from ray import serve
@@ -16,6 +17,7 @@ from ray.serve.exceptions import (
 )
 from ray.serve.handle import DeploymentHandle
 
+from blitz import timing
 from blitz.batching import Batcher
 from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded
@@ -79,7 +81,11 @@ class ServeDispatcher:
         handle = self.handles[pool].options(multiplexed_model_id=model_id)
         for attempt in (1, 2):
             try:
-                return await getattr(handle, method).remote(arg)
+                started = time.perf_counter()
+                results = await getattr(handle, method).remote(arg)
+                timing.mark(results, "ingress-queue", started)
+                timing.record(results, call=time.perf_counter() - started)
+                return results
             except BackPressureError as exc:
                 metrics.rejected.inc(tags={"hop": f"{pool}-serve-queue"})
                 raise Overloaded(f"the {pool} pool is at capacity; retry shortly") from exc
@@ -114,10 +120,16 @@ class ServeDispatcher:
         return lane
 
     async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded:
-        return await self._lane(pool, model_id).submit(job)
+        return await self._submit(pool, model_id, job)
 
     async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded:
-        return await self._lane(pool, model_id).submit(job)
+        return await self._submit(pool, model_id, job)
+
+    async def _submit(self, pool: str, model_id: str, job: EmbedJob | RerankJob) -> Encoded:
+        entered = time.perf_counter()
+        result = await self._lane(pool, model_id).submit(job)
+        timing.since([result], "ingress-queue", entered)
+        return result
 
 
 def _http_host() -> str | None:

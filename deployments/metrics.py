@@ -131,6 +131,19 @@ class BlitzMetrics:
                        "unreachable, by outcome (retried, unavailable)",
                        tag_keys=_tag_keys("pool", "outcome"))
 
+    @cached_property
+    def gpu_memory(self) -> Gauge:
+        return Gauge("blitz_gpu_memory_bytes",
+                     description="CUDA memory of a GPU pool replica per device: kind "
+                     "allocated (handed out by torch's caching allocator) or reserved "
+                     "(held from the driver); blitz.gpu_memory",
+                     tag_keys=_tag_keys("pool", "device", "kind"))
+
+    def gpu_memory_publisher(self, pool: str) -> Callable[[str, str, int], None]:
+        """``blitz.gpu_memory.report_forever``'s ``publish`` for one pool's replica."""
+        return lambda device, kind, value: self.gpu_memory.set(
+            value, tags={"pool": pool, "device": device, "kind": kind})
+
     def observe_request(self, record: RequestRecord, status: int, seconds: float) -> None:
         """The service's observer: one finished request."""
         tags = {"route": record.route, "model": record.model or "-",

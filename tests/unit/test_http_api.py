@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from blitz import codecs
+from blitz import codecs, timing
 from blitz.config import BlitzSettings
 from blitz.http_api import HttpApi
 from blitz.service import EmbeddingService
@@ -255,3 +255,34 @@ async def test_routes_to_gpu_pool_when_present():
         assert r.headers["x-blitz-pool"] == "gpu" and asked == ["cpu", "gpu"]
         r = await c.post("/rerank", json={"query": "q", "documents": ["a"]})
         assert r.headers["x-blitz-pool"] == "cpu" and asked == ["cpu", "gpu", "cpu"]
+
+
+class TimedDispatcher(LocalDispatcher):
+    """Stamps what the Serve dispatcher and a pool replica would measure."""
+
+    async def embed(self, pool, model_id, job):
+        result = await super().embed(pool, model_id, job)
+        timing.record([result], ingress_queue=0.0001, call=0.002, pool=0.0015,
+                      pool_queue=0.0001, worker_wait=0.0002, model=0.001)
+        return result
+
+
+async def test_every_reply_says_where_its_time_went():
+    settings = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:16"}]})
+    api = HttpApi(EmbeddingService(settings, TimedDispatcher(settings, frozenset({"cpu"}))))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
+                                 base_url="http://blitz") as c:
+        r = await c.post("/embed", json={"texts": ["a", "b"]})
+        hops = timing.parse_header(r.headers["server-timing"])
+        assert list(hops) == list(timing.ENTRIES)
+        assert (hops["model"], hops["handle"], hops["pool-other"]) == (1.0, 0.5, 0.2)
+        assert hops["total"] >= hops["ingress"] and hops["total"] == pytest.approx(
+            float(r.headers["x-compute-time"]) * 1000, abs=0.01)
+        r = await c.get("/health")  # no model work: the total alone
+        assert list(timing.parse_header(r.headers["server-timing"])) == ["total"]
+
+
+async def test_server_timing_can_be_turned_off():
+    async with make_client({"ingress": {"server_timing": False}}) as c:
+        r = await c.post("/embed", json={"texts": ["a"]})
+        assert r.status_code == 200 and "server-timing" not in r.headers

@@ -35,7 +35,7 @@ def fake_metrics() -> tuple[BlitzMetrics, list]:
     calls: list = []
     metrics = BlitzMetrics()
     for name in ("requests", "request_seconds", "texts", "tokens", "unavailable_replies",
-                 "route_decisions", "waiting_texts"):
+                 "route_decisions", "waiting_texts", "gpu_memory"):
         setattr(metrics, name, FakeMetric(calls, name))  # shadows the cached_property
     return metrics, calls
 
@@ -121,3 +121,12 @@ def test_the_dashboard_panels_do_not_overlap():
                 for y in range(g["y"], g["y"] + g["h"])}
         assert g["x"] + g["w"] <= 24 and not cells & area, p["title"]
         cells |= area
+
+
+def test_gpu_memory_is_published_per_pool_device_and_kind():
+    metrics, calls = fake_metrics()
+    publish = metrics.gpu_memory_publisher("gpu")
+    publish("0", "allocated", 123)
+    publish("0", "reserved", 4096)
+    assert calls == [("gpu_memory", 123, {"pool": "gpu", "device": "0", "kind": "allocated"}),
+                     ("gpu_memory", 4096, {"pool": "gpu", "device": "0", "kind": "reserved"})]
