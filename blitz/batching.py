@@ -178,11 +178,12 @@ class Batcher(Generic[T, R]):
         if not live:
             return
         try:
-            results = await asyncio.wait_for(self._run([e.item for e in live]), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # no task of its own, unlike wait_for
+                results = await self._run([e.item for e in live])
             if len(results) != len(live):
                 raise RuntimeError(f"batch function returned {len(results)} results "
                                    f"for {len(live)} items")
-        except asyncio.TimeoutError:
+        except TimeoutError:
             results = [TimedOut(f"{self.name}: no answer within {self.timeout_s:g} s; "
                                 "retry shortly")] * len(live)
         except asyncio.CancelledError:

@@ -147,7 +147,7 @@ class LoadQueue(Generic[V]):
         try:
             try:
                 result = await asyncio.wait_for(asyncio.shield(thread), self.deadline_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self._timed_out(entry)
                 await asyncio.wait([thread])  # one load at a time, a stuck one included
                 logger.warning("%s: the overdue load of %r ended after all", self.name,

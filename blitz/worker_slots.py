@@ -87,8 +87,9 @@ class WorkerSlots:
         free = self._semaphore()
         self._waiting += 1
         try:
-            await asyncio.wait_for(free.acquire(), timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):  # a free slot is taken without a wait
+                await free.acquire()
+        except TimeoutError:
             raise TimedOut(f"{what} found no free worker within {timeout_s:g} s; "
                            "retry shortly") from None
         finally:
@@ -99,8 +100,9 @@ class WorkerSlots:
             free.release()
             raise
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(call), timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.wrap_future(call)
+        except TimeoutError:
             raise TimedOut(f"{what} gave no answer within {timeout_s:g} s; "
                            "retry shortly") from None
 

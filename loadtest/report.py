@@ -30,7 +30,7 @@ from loadtest.stats import Summary
 
 def environment() -> dict[str, Any]:
     return {
-        "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "time_utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "machine": platform.machine(),

@@ -224,11 +224,104 @@ def raw_markdown(rounds: Sequence[Round]) -> str:
     return markdown_table(headers, body)
 
 
+# ---- one user: 1 text, 1 in flight (``loadtest hops``), beside the in-process call ----
+
+ONE_USER = "oneuser-"  # DIR/rounds/rN/oneuser-<name>.json
+ONE_USER_NAME = "blitz-minilm-int8"  # the figure the targets are about
+OVER_INPROCESS_MS = 1.5  # target: served p50 <= in-process call p50 + this
+P99_OVER_P50 = 2.0  # target: served p99 <= this x served p50
+
+
+def read_one_user(directory: Path) -> dict[str, dict[str, Any]]:
+    """{name: the ``summary`` of its ``loadtest hops`` report} for one round."""
+    found = {}
+    for path in sorted(directory.glob(f"{ONE_USER}*.json")):
+        try:
+            summary = orjson.loads(path.read_bytes())["summary"]
+        except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
+            continue
+        found[path.stem.removeprefix(ONE_USER)] = summary
+    return found
+
+
+def one_user_rounds(directory: str | Path) -> list[dict[str, dict[str, Any]]]:
+    directory = Path(directory)
+    if (directory / "rounds").is_dir():
+        directory = directory / "rounds"
+    numbered = sorted((int(m.group(1)), p) for p in directory.glob("r*")
+                      if (m := re.fullmatch(r"r(\d+)", p.name)) and p.is_dir())
+    return [read_one_user(path) for _, path in numbered]
+
+
+def _get(summary: Mapping[str, Any] | None, *keys: str) -> float | None:
+    value: Any = summary
+    for key in keys:
+        if not isinstance(value, Mapping) or key not in value:
+            return None
+        value = value[key]
+    return _number(value)
+
+
+def one_user_markdown(rounds: Sequence[Mapping[str, Mapping[str, Any]]]) -> str:
+    names = sorted({name for r in rounds for name in r})
+    if not names:
+        return ""
+    body = []
+    for name in names:
+        cells = [name]
+        for keys in (("served", "p50"), ("served", "p99"), ("inprocess", "p50")):
+            s = spread([_get(r.get(name), *keys) for r in rounds])
+            cells.append("-" if s is None else f"{s.median:.2f} ({s.low:.2f}-{s.high:.2f})")
+        body.append(cells)
+    table = markdown_table(["server", "p50 ms", "p99 ms", "in-process call p50 ms (same run)"],
+                           body)
+    mine = [r.get(ONE_USER_NAME) for r in rounds]
+    over = spread([_get(m, "served", "p50") - _get(m, "inprocess", "p50")  # type: ignore[operator]
+                   if _get(m, "served", "p50") is not None
+                   and _get(m, "inprocess", "p50") is not None else None for m in mine])
+    tail = spread([_get(m, "served_p99_over_p50") for m in mine])
+    targets = markdown_table(["target (median over rounds)", "measured", "verdict"], [
+        [f"{ONE_USER_NAME} p50 <= in-process call + {OVER_INPROCESS_MS} ms",
+         "-" if over is None else f"+{over.median:.2f} ms ({over.low:.2f}-{over.high:.2f})",
+         _at_most(over, OVER_INPROCESS_MS, "ms")],
+        [f"{ONE_USER_NAME} p99 <= {P99_OVER_P50:g}x p50",
+         "-" if tail is None else f"{tail.median:.2f}x ({tail.low:.2f}-{tail.high:.2f})",
+         _at_most(tail, P99_OVER_P50, "x")]])
+    hops = sorted({h for m in mine if m for h in (m.get("hops_p50_ms") or {})},
+                  key=_hop_order)
+    hop_rows = []
+    for hop in hops:
+        s = spread([_get(m, "hops_p50_ms", hop) for m in mine])
+        if s is not None:
+            hop_rows.append([hop, f"{s.median:.3f}", f"{s.low:.3f}-{s.high:.3f}"])
+    return "\n".join([
+        "### One user: 1 text, 1 in flight, beside the in-process call\n",
+        "Medians over rounds (spread min-max); each round alternates blocks of served "
+        "requests and in-process calls (`loadtest hops`).\n", targets, table,
+        f"Where {ONE_USER_NAME}'s time goes (server-timing p50 per hop, ms; `proxy` is the "
+        "client's latency beyond the server's total):\n",
+        markdown_table(["hop", "median of p50s", "spread"], hop_rows)])
+
+
+def _at_most(s: Spread | None, limit: float, unit: str) -> str:
+    if s is None or s.rounds < MIN_ROUNDS:
+        return f"not settled (fewer than {MIN_ROUNDS} rounds)"
+    return "met" if s.median <= limit else f"**not met** ({s.median:.2f} {unit} > {limit:g})"
+
+
+def _hop_order(hop: str) -> int:
+    from blitz.timing import ENTRIES
+
+    order = [*ENTRIES, "proxy"]
+    return order.index(hop) if hop in order else len(order)
+
+
 def report(directory: str | Path) -> str:
     rounds = load_rounds(directory)
     if not rounds:
         return f"no rounds (rN folders) under {directory}\n"
-    return "\n".join([
+    one_user = one_user_markdown(one_user_rounds(directory))
+    return "\n".join([*([one_user] if one_user else []),
         f"### Interleaved rounds: {len(rounds)} rounds, medians of per-round ratios\n",
         "Each ratio divides a Blitz figure by the ceiling or by the best Infinity engine "
         "measured in the same round and profile (single: 1 text/request at 32 in flight "

@@ -151,3 +151,37 @@ def test_before_after_report_gives_the_median_of_per_round_ratios(tmp_path: Path
         "1.20, 1.10, 1.30"]
     assert _cells(out, "minilm-int8", "batch32")[3:] == [
         "120.0 / 220.0 / -", "1.15x", "1.10-1.20x", "1.20, 1.10, -"]
+
+
+def _one_user(path: Path, served: tuple[float, float], inprocess: float,
+              hops: dict[str, float] | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps({"summary": {
+        "served": {"p50": served[0], "p99": served[1]}, "inprocess": {"p50": inprocess},
+        "served_p99_over_p50": served[1] / served[0], "hops_p50_ms": hops or {}}}))
+
+
+def test_one_user_reports_medians_the_targets_and_the_hops(tmp_path):
+    for n, (p50, p99, inproc) in enumerate([(4.0, 7.0, 2.0), (3.0, 9.0, 1.0),
+                                            (5.0, 8.0, 2.5)], start=1):
+        _round(tmp_path, n, ceiling=(800, 600), int8=(500, 700))
+        _one_user(tmp_path / "rounds" / f"r{n}" / "oneuser-blitz-minilm-int8.json",
+                  (p50, p99), inproc, {"model": 1.0 + n, "handle": 0.5, "total": p50 - 1,
+                                       "proxy": 1.0})
+    text = rounds.report(tmp_path)
+    # p50 - in-process: 2.0, 2.0, 2.5 -> median 2.0 > 1.5; p99/p50: 1.75, 3.0, 1.6 -> 1.75
+    assert "| blitz-minilm-int8 p50 <= in-process call + 1.5 ms | +2.00 ms (2.00-2.50) | " \
+           "**not met**" in text
+    assert "| blitz-minilm-int8 p99 <= 2x p50 | 1.75x (1.60-3.00) | met |" in text
+    assert "| blitz-minilm-int8 | 4.00 (3.00-5.00) | 8.00 (7.00-9.00) | 2.00 (1.00-2.50) |" \
+        in text
+    hop_lines = [line for line in text.splitlines() if line.startswith("| total")
+                 or line.startswith("| handle") or line.startswith("| model")
+                 or line.startswith("| proxy")]
+    assert [line.split("|")[1].strip() for line in hop_lines] == [
+        "total", "handle", "model", "proxy"]  # outside in, the proxy last
+
+
+def test_one_user_is_left_out_when_not_measured(tmp_path):
+    _round(tmp_path, 1, ceiling=(800, 600), int8=(500, 700))
+    assert "One user" not in rounds.report(tmp_path)
