@@ -25,7 +25,7 @@ POOL_DEPLOYMENT: dict[str, Any] = {
     "ray_actor_options": {},  # num_cpus: workers x torch_threads unless given
     "max_ongoing_requests": 128, "max_queued_requests": 256,
     "graceful_shutdown_timeout_s": 60, "graceful_shutdown_wait_loop_s": 0.5,
-    "max_surge_percent": 0}
+    "max_surge_percent": 0, "logging_config": {"enable_access_log": False}}
 INGRESS_DEPLOYMENT: dict[str, Any] = {
     "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5},
     "max_ongoing_requests": 256, "max_queued_requests": 1024,
@@ -56,6 +56,8 @@ DEPLOYMENT_NOTES: dict[str, str] = {
     "torch_threads (1 per worker when torch_threads is unset) unless given, and a lower "
     "claim logs a WARNING",
     "max_queued_requests": "-1: unbounded",
+    "logging_config.enable_access_log": "a line per call in the replica's log; off for the "
+    "pools (the ingress logs each HTTP request), saving ~0.1 CPU-ms per pool call",
     "graceful_shutdown_timeout_s": "a stopping replica (scale-down, redeploy, shutdown) "
     "finishes the work it holds for at most this long, then is killed: pools a whole "
     "call_timeout_s, the ingress past pool_timeout_s",

@@ -38,6 +38,11 @@ logger = logging.getLogger("ray.serve")
 # `workers: 2`, both compute at once; three measured 0.89x on int8 single, 0.95x batch32)
 CALLS_IN_FLIGHT_PER_REPLICA = 2
 
+# Plain pickle both ways on the handle hop: cloudpickle (Serve's default) costs more per
+# object, and jobs, results and Blitz's errors are importable classes on both sides
+# (docs/ray-notes.md, "Request path cost").
+SERIALIZATION = {"request_serialization": "pickle", "response_serialization": "pickle"}
+
 try:  # Serve's gRPC transport (throughput-optimized mode) raises these when a replica dies
     from grpc.aio import AioRpcError as _RpcError
 except ImportError:  # pragma: no cover - grpc ships with ray[serve]
@@ -78,7 +83,7 @@ class ServeDispatcher:
         self._waker.wake(pool)
 
     async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
-        handle = self.handles[pool].options(multiplexed_model_id=model_id)
+        handle = self.handles[pool].options(multiplexed_model_id=model_id, **SERIALIZATION)
         for attempt in (1, 2):
             try:
                 started = time.perf_counter()
