@@ -25,12 +25,13 @@ POOL_DEPLOYMENT: dict[str, Any] = {
     "ray_actor_options": {},  # num_cpus: workers x torch_threads unless given
     "max_ongoing_requests": 128, "max_queued_requests": 256,
     "graceful_shutdown_timeout_s": 60, "graceful_shutdown_wait_loop_s": 0.5,
-    "max_surge_percent": 0, "logging_config": {"enable_access_log": False}}
+    "max_surge_percent": 0, "logging_config": {"enable_access_log": False},
+    "health_check_period_s": 2}
 INGRESS_DEPLOYMENT: dict[str, Any] = {
     "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5},
     "max_ongoing_requests": 256, "max_queued_requests": 1024,
     "graceful_shutdown_timeout_s": 130, "graceful_shutdown_wait_loop_s": 0.5,
-    "max_surge_percent": 100}
+    "max_surge_percent": 100, "health_check_period_s": 2}
 # Why Blitz's defaults are what they are (README's settings tables show these beside them).
 DEPLOYMENT_NOTES: dict[str, str] = {
     "num_replicas": "fixed replicas (replaces `autoscaling_config`)",
@@ -56,6 +57,8 @@ DEPLOYMENT_NOTES: dict[str, str] = {
     "torch_threads (1 per worker when torch_threads is unset) unless given, and a lower "
     "claim logs a WARNING",
     "max_queued_requests": "-1: unbounded",
+    "health_check_period_s": "how often Serve checks a replica: a killed replica is "
+    "noticed (and replaced) within about this long; Serve's default is 10 s",
     "logging_config.enable_access_log": "a line per call in the replica's log; off for the "
     "pools (the ingress logs each HTTP request), saving ~0.1 CPU-ms per pool call",
     "graceful_shutdown_timeout_s": "a stopping replica (scale-down, redeploy, shutdown) "

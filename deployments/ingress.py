@@ -27,7 +27,7 @@ from blitz.http_middleware import warn_if_open
 from blitz.postprocess import OutputDtype
 from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
 from blitz.service import EmbeddingService
-from deployments.logs import route_library_logs_to_serve
+from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.metrics import metrics
 from deployments.replicas import PoolWaker, running_replicas, watch
 
@@ -41,7 +41,7 @@ CALLS_IN_FLIGHT_PER_REPLICA = 2
 # Plain pickle both ways on the handle hop: cloudpickle (Serve's default) costs more per
 # object, and jobs, results and Blitz's errors are importable classes on both sides
 # (docs/ray-notes.md, "Request path cost").
-SERIALIZATION = {"request_serialization": "pickle", "response_serialization": "pickle"}
+SERIALIZATION = "pickle"
 
 try:  # Serve's gRPC transport (throughput-optimized mode) raises these when a replica dies
     from grpc.aio import AioRpcError as _RpcError
@@ -83,7 +83,9 @@ class ServeDispatcher:
         self._waker.wake(pool)
 
     async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
-        handle = self.handles[pool].options(multiplexed_model_id=model_id, **SERIALIZATION)
+        handle = self.handles[pool].options(multiplexed_model_id=model_id,
+                                            request_serialization=SERIALIZATION,
+                                            response_serialization=SERIALIZATION)
         for attempt in (1, 2):
             try:
                 started = time.perf_counter()
@@ -162,6 +164,7 @@ class Ingress:
                                         route_observer=metrics.observe_route)
         self.api = HttpApi(self.service)
         warn_if_open(_http_host(), self.settings.auth)
+        flush_replica_log()
 
     def __serve_build_asgi_app__(self) -> HttpApi:
         return self.api

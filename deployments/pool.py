@@ -36,7 +36,7 @@ from blitz.load_queue import LoadQueue
 from blitz.pool_work import Job, run_jobs
 from blitz.registry import ModelSpec, preflight_source
 from blitz.worker_slots import WorkerSlots
-from deployments.logs import route_library_logs_to_serve
+from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.metrics import metrics
 
 logger = logging.getLogger("ray.serve")
@@ -55,6 +55,7 @@ class ModelPool:
         """Serve awaits this (it accepts an async constructor) before it routes anything
         here, so the models in the pool's ``preload`` are resident before the first
         request, and the replica does not start at all if one of them cannot load."""
+        constructed = time.perf_counter()
         self.settings = BlitzSettings.from_args(settings)
         self.registry = self.settings.registry()
         self.pool = pool
@@ -83,6 +84,10 @@ class ModelPool:
             asyncio.get_running_loop().create_task(gpu_memory.report_forever(
                 metrics.gpu_memory_publisher(pool))) if self.device.startswith("cuda") else None)
         await self._preload()
+        self.constructor_s = round(time.perf_counter() - constructed, 3)
+        logger.info("%s pool replica constructed in %.2f s (preload included)", pool,
+                    self.constructor_s)
+        flush_replica_log()
 
     # ---- models ----------------------------------------------------------------------
 
@@ -111,6 +116,7 @@ class ModelPool:
         self.backends[model_id] = encoder.backend
         if encoder.auto_choice is not None:
             self.auto_choices[model_id] = encoder.auto_choice
+        flush_replica_log()
         return ModelHolder(encoder, on_release=self._released)
 
     async def _preload(self) -> None:
@@ -140,6 +146,7 @@ class ModelPool:
         self.evictions += 1
         metrics.model_evictions.inc(tags={"model": model_id, "pool": self.pool})
         logger.info("evicted model %r", model_id)
+        flush_replica_log()
 
     async def _holder(self, model_id: str) -> ModelHolder:
         """The model's holder. A load that failed recently, or a local source that is
@@ -154,7 +161,7 @@ class ModelPool:
         return await self.get_model(model_id)
 
     async def check_health(self) -> None:
-        """Serve calls this every ``health_check_period_s`` (10 s) on the replica's loop;
+        """Serve calls this every ``health_check_period_s`` (2 s) on the replica's loop;
         raising makes Serve replace the replica (after three in a row): a model load
         stuck past ``load_timeout_s`` (no other model can load), or every worker stuck in
         a call past ``call_timeout_s`` (no work can run)."""
@@ -245,7 +252,7 @@ class ModelPool:
                 "loaded": list(self.loaded),
                 "backends": dict(self.backends), "auto_choices": dict(self.auto_choices),
                 "evicted": list(self.evicted), "evictions": self.evictions,
-                "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id(),
+                "pid": os.getpid(), "constructor_s": self.constructor_s, "node_id": ray.get_runtime_context().get_node_id(),
                 "rss_bytes": _rss_bytes(),
                 "waiting_texts": {m: b.waiting for m, b in self._batchers.items()},
                 "running_batches": {m: b.in_flight for m, b in self._batchers.items()},
