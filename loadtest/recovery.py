@@ -5,8 +5,10 @@ replica's process by its Ray title (``ray::ServeReplica:<app>:<deployment>``), s
 one-text requests until they answer 200, SIGKILLs the replica, then keeps sending (one
 in flight, every ``--every-ms``) until one answers 200 again. Reports the time from the
 kill to that answer (what recovery and autoscaling wait for), the time from the new
-replica process's start to it (process start, imports, constructor with the preload,
-Serve's routing update), and every status seen meanwhile.
+replica process's start to it (Ray may hand the replica a worker process it started
+earlier, so this can be longer than the recovery), both moments in wall-clock time (the
+replica log's "constructed in" line gives the constructor's end and length: compare),
+and every status seen meanwhile.
 
     python -m loadtest.recovery [--url URL] [--model minilm] [--deployment CPUPool]
 """
@@ -85,13 +87,19 @@ def measure(url: str, model: str, app: str, deployment: str, every_s: float = 0.
         raise SystemExit(f"no 200 within {deadline_s:g} s of the kill; seen {dict(statuses)}")
     back = time.time()
     new = [p for p in replica_pids(app, deployment) if p != pids[0]]
-    out = {"kill_to_200_s": round(back - killed, 2), "statuses_meanwhile": dict(statuses),
+    out = {"killed_at": _clock(killed), "first_200_at": _clock(back),
+           "kill_to_200_s": round(back - killed, 2), "statuses_meanwhile": dict(statuses),
            "old_pid": pids[0], "new_pid": new[0] if new else None}
     if new:
         start = started_at(new[0])
         out["process_start_to_200_s"] = round(back - start, 2)
         out["kill_to_process_start_s"] = round(start - killed, 2)
     return out
+
+
+def _clock(t: float) -> str:
+    """Wall-clock time as Serve's logs print it (local time, milliseconds)."""
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f",{int(t % 1 * 1000):03d}"
 
 
 def main(argv: list[str] | None = None) -> int:
