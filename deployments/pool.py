@@ -24,7 +24,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from blitz import child_process, gpu_memory, timing
+from blitz import child_process, gpu_memory, lean_imports, timing
 from blitz.batching import Batcher
 from blitz.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from blitz.encoders.base import Encoded, Encoder
@@ -56,6 +56,7 @@ class ModelPool:
         here, so the models in the pool's ``preload`` are resident before the first
         request, and the replica does not start at all if one of them cannot load."""
         constructed = time.perf_counter()
+        lean_imports.defer_sklearn_metrics()  # before sentence-transformers is imported
         self.settings = BlitzSettings.from_args(settings)
         self.registry = self.settings.registry()
         self.pool = pool
