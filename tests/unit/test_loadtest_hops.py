@@ -25,11 +25,13 @@ async def test_hops_collects_every_hop_and_the_inprocess_calls():
     calls = []
     report = await hops.measure("http://blitz", "m", rounds=2, per_round=5, warmup=2,
                                 inprocess=calls.append, inprocess_backend="fake",
-                                transport=httpx.ASGITransport(_app))
+                                gap_ms=0.1, transport=httpx.ASGITransport(_app))
     assert len(report.served_ms) == 10 and len(report.inprocess_ms) == 10
-    assert len(calls) == 2 + 10  # warm-up, then one per measured block entry
+    assert len(report.inprocess_gapped_ms) == 10
+    assert len(calls) == 2 + 10 + 10  # warm-up, then back to back and after gaps
     summary = report.summary()
     assert summary["hops_p50_ms"]["model"] == 1.0 and summary["hops_p50_ms"]["handle"] == 0.5
     assert summary["hops_p50_ms"]["proxy"] >= 0
-    assert set(summary) >= {"served", "inprocess", "served_minus_inprocess_p50_ms"}
+    assert set(summary) >= {"served", "inprocess", "inprocess_after_gaps",
+                            "served_minus_inprocess_p50_ms"}
     assert "model" in hops.render(report)
