@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from blitz import codecs
+from blitz import codecs, timing
 from tests.integration.conftest import APP, CPU_BATCH, CPU_WORKERS, GPU_BATCH
 
 MSGPACK = {"content-type": "application/msgpack"}
@@ -162,3 +162,16 @@ async def test_a_pool_replica_runs_as_many_model_calls_at_once_as_it_has_workers
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
     assert most == CPU_WORKERS
     assert (await pool.stats.remote())["workers"] == CPU_WORKERS
+
+
+def test_replies_say_where_their_time_went_through_the_real_hops(http):
+    """Every hop's stamp crosses Serve's handle (plain pickle both ways) into the header."""
+    for texts, pool in ((["a short one"], "cpu"), ([f"text {i}" for i in range(12)], "gpu")):
+        r, _ = _embed(http, texts, "tiny-a")
+        hops = timing.parse_header(r.headers["server-timing"])
+        assert r.headers["x-blitz-pool"] == pool
+        assert list(hops) == list(timing.ENTRIES), hops  # every hop measured, in order
+        assert hops["model"] > 0 and hops["total"] >= hops["model"]
+        inside = sum(hops[k] for k in ("ingress", "ingress-queue", "handle", "pool-queue",
+                                       "worker-wait", "model", "pool-other"))
+        assert abs(inside - hops["total"]) < 0.05 * hops["total"] + 0.05  # they add up
