@@ -16,7 +16,6 @@ from typing import Any
 
 logger = logging.getLogger("blitz.gpu_memory")
 REPORT_EVERY_S = 5.0
-KINDS = ("allocated", "reserved")
 
 
 def read(cuda: Any = None) -> dict[tuple[str, str], int]:
