@@ -172,6 +172,9 @@ def run_optimize(args: argparse.Namespace, out: TextIO) -> int:
         recipe = f", int8 recipe {prepared.int8_recipe}" if prepared.int8_recipe else ""
         out.write(f"{spec.cpu_backend} build {how}: {prepared.path}/{prepared.file_name}"
                   f"{recipe}\n")
+        out.write("runs on onnxruntime alone (no torch in the replica)\n"
+                  if prepared.native_note is None else
+                  f"runs through sentence-transformers (torch imported): {prepared.native_note}\n")
         report = prepared.accuracy
     if report is not None:
         _write_accuracy(out, spec, report)

@@ -24,12 +24,11 @@ def main(argv: list[str]) -> int:
 
         prepare_onnx(spec, Path(argument), cache_dir)
         return 0
-    import torch
-
+    from blitz import model_threads
     from blitz.encoders.auto import measure_choice
     from blitz.encoders.loading import load_encoder
 
-    torch.set_num_threads(int(argument))
+    model_threads.configure(int(argument))
     choice, _ = measure_choice(spec, lambda name: load_encoder(
         spec.model_copy(update={"cpu_backend": name}), "cpu", cache_dir))
     print(CHOICE_MARK + choice.to_json(), flush=True)

@@ -1,9 +1,12 @@
 """ONNX builds for the CPU pool: export, dynamic int8 quantization, and their cache entry.
 
 A build is prepared once per (source files, backend, quantization, library versions)
-into the model cache (``blitz.model_cache``, area ``optimized``) and opened through
+into the model cache (``blitz.model_cache``, area ``optimized``). A bi-encoder build that
+``blitz.encoders.onnx_native.verify`` finds equal both ways is opened on onnxruntime and
+``tokenizers`` alone (no torch in the process); any other is opened through
 sentence-transformers' own ONNX backend, so the encoders call it exactly as they call a
-torch model: ``model(features)["sentence_embedding"]`` or ``predict``.
+torch model: ``model(features)["sentence_embedding"]`` or ``predict``. The verdict is
+recorded in the entry (``native``, ``native_note``).
 
 int8 builds are dynamic quantizations of the weights (per channel, configured for this
 CPU's instructions, ``blitz.cpu_features.quantization_target``) after onnxruntime's
@@ -34,6 +37,7 @@ import numpy as np
 from blitz import model_cache
 from blitz.accuracy import AccuracyReport, compare, cut, enforce_accuracy, probe
 from blitz.cpu_features import quantization_target
+from blitz.encoders.bi_encoder import BiEncoder
 from blitz.encoders.models import (
     onnx_model_kwargs,
     open_onnx_file,
@@ -42,19 +46,20 @@ from blitz.encoders.models import (
     transformer_trust,
     wrap,
 )
+from blitz.encoders.onnx_native import verify
 from blitz.model_trust import check_model_folder
 from blitz.registry import ModelSpec
 
 logger = logging.getLogger("blitz.onnx_export")
 
 AREA = "optimized"
-CACHE_FORMAT = 3  # bump when how entries are built, laid out or checked changes
+CACHE_FORMAT = 4  # bump when how entries are built, laid out or checked changes
 ONNX_FILE = "onnx/model.onnx"
 Progress = Callable[[str], None]
 # what a cached build's record must hold for ``prepare_onnx`` to read it
 RECORD_FIELDS: model_cache.Fields = {
     "file_name": str, "accuracy": dict, "int8_recipe": (str, type(None)),
-    "build_seconds": (int, float)}
+    "build_seconds": (int, float), "native": bool}
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class PreparedModel:
     accuracy: AccuracyReport
     built: bool  # True when this call built it
     build_seconds: float
+    native_note: str | None = None  # why it runs through sentence-transformers; None: it does not
 
 
 def onnx_cache_key(spec: ModelSpec, path: Path) -> tuple[str, dict[str, Any]]:
@@ -91,13 +97,13 @@ def onnx_cache_key(spec: ModelSpec, path: Path) -> tuple[str, dict[str, Any]]:
 
 def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = None,
                  progress: Progress | None = None, *, lock_timeout: float | None = None,
-                 validate: Callable[[Path, str], object] | None = None) -> PreparedModel:
+                 validate: Callable[[Path, str, bool], object] | None = None) -> PreparedModel:
     """Export (and quantize) ``spec`` into the cache, or find it there; enforce its accuracy.
 
     ``path`` is refused first if it would run its own code (``blitz.model_trust``). A
     cached build is checked before it is used: its record, its files' sizes, the trust
-    check on its folder, and ``validate(directory, file_name)`` when given (``load_onnx``
-    opens the model with it). A build that fails is rebuilt once
+    check on its folder, and ``validate(directory, file_name, native)`` when given
+    (``load_onnx`` opens the model with it). A build that fails is rebuilt once
     (``model_cache.get_or_build``). ``lock_timeout`` bounds the wait for another process
     building the same entry (``model_cache.LOCK_TIMEOUT_S`` by default). What the export
     raises propagates.
@@ -109,8 +115,10 @@ def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = Non
 
     def build(tmp: Path) -> dict[str, Any]:
         file_name, report, recipe = _build_onnx(spec, path, tmp, quantization, say)
+        note = (_native_verdict(spec, tmp, file_name, say)
+                if report.passes(spec.accuracy_threshold) else "refused by the accuracy guard")
         return {**parts, "model_id": spec.id, "file_name": file_name, "int8_recipe": recipe,
-                "accuracy": report.to_dict()}
+                "accuracy": report.to_dict(), "native": note is None, "native_note": note}
 
     def check(entry: model_cache.CacheEntry) -> None:
         file_name = entry.meta["file_name"]  # RECORD_FIELDS: a str
@@ -120,7 +128,8 @@ def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = Non
         report = _recorded_accuracy(entry.meta)
         check_model_folder(spec, entry.path)
         if validate is not None and report.passes(spec.accuracy_threshold):
-            validate(entry.path, file_name)  # a build that will be refused is not opened
+            # a build that will be refused is not opened
+            validate(entry.path, file_name, entry.meta["native"])
 
     entry = model_cache.get_or_build(model_cache.cache_root(cache_dir), AREA, key, build,
                                      validate=check, fields=RECORD_FIELDS,
@@ -128,24 +137,44 @@ def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = Non
     report = AccuracyReport.from_dict(entry.meta["accuracy"])
     prepared = PreparedModel(entry.path, str(entry.meta["file_name"]), backend, quantization,
                              entry.meta.get("int8_recipe"), report, entry.built,
-                             float(entry.meta.get("build_seconds", 0.0)))
+                             float(entry.meta.get("build_seconds", 0.0)),
+                             None if entry.meta["native"] else str(entry.meta.get("native_note")))
     if not entry.built:
         logger.info("model %r: %s build found in the cache at %s", spec.id, backend, entry.path)
     described = f"{backend} ({quantization}, {prepared.int8_recipe})" if quantization else backend
     enforce_accuracy(spec, described, report)
+    if not entry.meta["native"]:
+        logger.info("model %r: the %s build runs through sentence-transformers (torch "
+                    "imported): %s", spec.id, backend, entry.meta.get("native_note"))
     return prepared
 
 
 def load_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = None, *,
               lock_timeout: float | None = None) -> Any:
-    """``spec``'s ONNX build, prepared and cached, opened on onnxruntime (CPU) as a
-    sentence-transformers model. A cached build that cannot be opened (a truncated
-    graph, say) is rebuilt once, and the model opened then is the one returned."""
+    """``spec``'s ONNX build, prepared and cached, opened on onnxruntime (CPU): on its own
+    where the build was verified for it, else as a sentence-transformers model. A cached
+    build that cannot be opened (a truncated graph, say) is rebuilt once, and the model
+    opened then is the one returned."""
     opened: list[Any] = []
     prepare_onnx(spec, path, cache_dir, lock_timeout=lock_timeout,
-                 validate=lambda directory, file_name: opened.append(
-                     open_onnx_file(spec, directory, file_name)))
+                 validate=lambda directory, file_name, native: opened.append(
+                     open_onnx_file(spec, directory, file_name, native=native)))
     return opened[-1]
+
+
+def _native_verdict(spec: ModelSpec, directory: Path, file_name: str,
+                    say: Progress) -> str | None:
+    """None when the build runs on onnxruntime alone exactly as through
+    sentence-transformers (``onnx_native.verify``), else why not."""
+    if spec.kind != "embedding":
+        return f"a {spec.kind} runs through sentence-transformers"
+    say("checking the build on onnxruntime alone against sentence-transformers")
+    reference = wrap(spec, open_onnx_file(spec, directory, file_name), "cpu")
+    assert isinstance(reference, BiEncoder)  # an embedding model's encoder
+    try:
+        return verify(reference, directory, file_name)
+    finally:
+        reference.close()
 
 
 def _build_onnx(spec: ModelSpec, path: Path, tmp: Path, quantization: str | None,

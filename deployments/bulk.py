@@ -30,7 +30,7 @@ from typing import Any, TextIO
 
 import ray
 
-from blitz import bulk_units, bulk_write
+from blitz import bulk_units, bulk_write, model_threads
 from blitz.bulk import (
     BatchEncoder,
     backend_label,
@@ -52,10 +52,8 @@ class EmbedBatches:
 
     def __init__(self, spec: ModelSpec, options: BulkSettings, device: str,
                  cache_dir: str | None):
-        import torch
-
         if device == "cpu":
-            torch.set_num_threads(options.torch_threads)
+            model_threads.configure(options.torch_threads)
         self.encoder = BatchEncoder(spec, options, device, cache_dir)
 
     def __call__(self, rows: Any) -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from blitz import child_process, gpu_memory, lean_imports, timing
+from blitz import child_process, gpu_memory, lean_imports, model_threads, timing
 from blitz.batching import Batcher
 from blitz.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from blitz.encoders.base import Encoded, Encoder
@@ -69,10 +69,8 @@ class ModelPool:
         self.loads: LoadQueue[Encoder] = LoadQueue(
             deadline_s=self.pool_settings.load_timeout_s, name=f"blitz-{pool}-load",
             on_failure=lambda model_id, exc: self._load_failed(self.registry.get(model_id), exc))
-        if self.pool_settings.torch_threads:
-            import torch
-
-            torch.set_num_threads(self.pool_settings.torch_threads)
+        # torch itself is imported only if a model needs it (blitz.model_threads)
+        model_threads.configure(self.pool_settings.torch_threads)
         route_library_logs_to_serve()
         self.failures = LoadFailures(self.pool_settings.load_failure_ttl_s)
         self._batchers: dict[str, Batcher] = {}

@@ -71,15 +71,14 @@ def corpus(n: int) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import torch
-
+    from blitz import model_threads
     from blitz.cpu_features import cpu_supports_bf16, quantization_target
     from blitz.encoders.loading import load_encoder
     from blitz.model_cache import library_versions
     from blitz.registry import ModelSpec
     from blitz.throughput import compare_throughput
 
-    torch.set_num_threads(args.threads)  # ONNX sessions take the same count at load
+    model_threads.configure(args.threads)  # torch and ONNX sessions alike
     backends = (args.backends.split(",") if args.backends else
                 ["torch", "onnx", "onnx-int8"] + (
                     ["torch-bf16"] if cpu_supports_bf16() else []))
@@ -117,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": args.source,
         "cpu": _cpu_name(),
-        "threads": {"torch": torch.get_num_threads(), "onnxruntime": args.threads},
+        "threads": {"torch": model_threads.count(), "onnxruntime": model_threads.count()},
         "int8_target": quantization_target(),
         "native_bf16": cpu_supports_bf16(),
         "corpus": {"texts": len(texts), "tokens_min": int(tokens.min()),

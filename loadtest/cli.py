@@ -346,9 +346,9 @@ def cmd_inprocess(args: argparse.Namespace, progress: Progress) -> int:
     from loadtest import inprocess, report
 
     if args.threads:
-        import torch
+        from blitz import model_threads
 
-        torch.set_num_threads(args.threads)
+        model_threads.configure(args.threads)
     rows = inprocess.run_inprocess(
         model_id=args.model, source=args.source, backend=args.backend, sizes=args.sizes,
         seconds=args.seconds, compare_raw=not args.no_compare, seed=args.seed,

@@ -162,9 +162,9 @@ def render(report: HopsReport) -> str:
 
 
 def _threads() -> int:
-    import torch
+    from blitz import model_threads
 
-    return torch.get_num_threads()
+    return model_threads.count()
 
 
 def run(args) -> int:
@@ -172,12 +172,11 @@ def run(args) -> int:
 
     embed = None
     if args.inprocess:
-        import torch
-
+        from blitz import model_threads
         from loadtest.inprocess import blitz_embed
 
         if args.threads:
-            torch.set_num_threads(args.threads)
+            model_threads.configure(args.threads)
         embed = blitz_embed(args.model, args.source, args.inprocess)
     report = asyncio.run(measure(args.url, args.model, api_name=args.api, path=args.path,
                                  rounds=args.rounds,

@@ -129,11 +129,10 @@ def run_inprocess(*, model_id: str, source: str, backend: str, sizes: Sequence[i
 
 
 def torch_threads() -> int | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch.get_num_threads()
+    """Intra-op threads of one model call (``blitz.model_threads``), torch or ONNX."""
+    from blitz import model_threads
+
+    return model_threads.count()
 
 
 def document(rows: Sequence[CeilingRow]) -> dict[str, Any]:

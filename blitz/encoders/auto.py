@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 from blitz.cpu_features import cpu_supports_bf16
 from blitz.encoders.base import Encoder
-from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
+from blitz.encoders.bi_encoder import BiEncoder
 from blitz.errors import ModelLoadFailed
 from blitz.probes import PROBE_TEXTS
 from blitz.registry import ModelSpec
@@ -185,12 +185,12 @@ Remember = Callable[[Callable[[], AutoChoice]], RememberedChoice]
 def measure_choice(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
                    backends: Sequence[str] | None = None, timer: Timer = time.perf_counter,
                    seconds: float | None = None
-                   ) -> tuple[AutoChoice, dict[str, SentenceTransformerEncoder]]:
+                   ) -> tuple[AutoChoice, dict[str, BiEncoder]]:
     """Open every candidate (``open_backend(name)`` loads ``spec`` with
     ``cpu_backend=name``, accuracy guard included; a candidate whose load fails is
     dropped with a warning), time them on the probe set and choose. Returns the choice
     and every opened encoder; the caller closes the ones it does not keep."""
-    encoders: dict[str, SentenceTransformerEncoder] = {}
+    encoders: dict[str, BiEncoder] = {}
     dropped: dict[str, str] = {}
     failures: list[ModelLoadFailed] = []
     for name in backends or candidates():
@@ -233,7 +233,7 @@ def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
     process"). Otherwise, or when the chooser fails, ``measure_choice`` runs here and the
     losers are closed before this returns.
     """
-    opened: dict[str, SentenceTransformerEncoder] = {}
+    opened: dict[str, BiEncoder] = {}
 
     def measure() -> AutoChoice:
         choice = chooser(spec) if chooser is not None else None
@@ -267,7 +267,7 @@ def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
     return winner
 
 
-def _bi_encoder(encoder: Encoder) -> SentenceTransformerEncoder:
-    if not isinstance(encoder, SentenceTransformerEncoder):
+def _bi_encoder(encoder: Encoder) -> BiEncoder:
+    if not isinstance(encoder, BiEncoder):
         raise TypeError(f"cpu_backend auto serves bi-encoders, not {type(encoder)}")
     return encoder

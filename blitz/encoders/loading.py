@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from blitz import accuracy
+from blitz import accuracy, model_threads
 from blitz.auto_cache import choice_key, remember_choice
 from blitz.cpu_features import cpu_supports_bf16
 from blitz.encoders.auto import candidates, load_auto
@@ -127,9 +127,7 @@ def _load_auto(spec: ModelSpec, device: str, cache_dir: str | Path | None) -> En
     """``cpu_backend: auto``: the choice recorded for this model, candidate set, CPU,
     threads, libraries and guard (``blitz.auto_cache``), else measured in a child
     process and recorded; then only the winner is opened, through ``load_encoder``."""
-    import torch
-
-    threads = torch.get_num_threads()  # what this thread's models run with: the child too
+    threads = model_threads.count()  # what this process's models run with: the child too
     key, parts = choice_key(spec, resolve_source(spec, cache_dir), candidates(), threads)
     return load_auto(
         spec, lambda name: load_encoder(spec.model_copy(update={"cpu_backend": name}),

@@ -2,7 +2,9 @@
 (``blitz.encoders.loading``) and the ONNX build (``blitz.onnx_export``) share.
 
 ``open_*`` return the library's own model (torch, or onnxruntime through its ONNX
-backend); ``wrap`` makes any of them an ``Encoder`` sized for the device it runs on.
+backend), or for an ONNX build verified for it, a ``NativeOnnxModel`` (onnxruntime and
+``tokenizers`` alone, ``blitz.encoders.onnx_native``); ``wrap`` makes any of them an
+``Encoder`` sized for the device it runs on.
 Each passes ``spec.trust_remote_code`` on; the folder was checked before
 (``blitz.model_trust``), as sentence-transformers trusts any local folder's modules.
 """
@@ -12,8 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from blitz import model_threads
 from blitz.encoders.base import Encoder
 from blitz.encoders.cross_encoder import CrossEncoderEncoder
+from blitz.encoders.onnx_native import NativeOnnxModel, OnnxEncoder, open_native
 from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
 from blitz.registry import ModelSpec
 
@@ -38,6 +42,10 @@ activations as a whole): each text runs alone, so its vector never depends on ot
 def wrap(spec: ModelSpec, model: Any, device: str) -> Encoder:
     """``spec``'s opened model as an ``Encoder`` with the batch sizes that suit ``device``."""
     on_cpu = device == "cpu"
+    rows_per_call = 1 if on_cpu and spec.cpu_backend in PER_ROW_BACKENDS else 0
+    if isinstance(model, NativeOnnxModel):
+        return OnnxEncoder(spec.id, model, max_seq_length=spec.max_seq_length,
+                           token_budget=CPU_TOKEN_BUDGET, rows_per_call=rows_per_call)
     if spec.kind == "cross-encoder":
         return CrossEncoderEncoder(
             spec.id, model, max_seq_length=spec.max_seq_length,
@@ -45,11 +53,12 @@ def wrap(spec: ModelSpec, model: Any, device: str) -> Encoder:
     return SentenceTransformerEncoder(
         spec.id, model.eval(), max_seq_length=spec.max_seq_length,
         token_budget=CPU_TOKEN_BUDGET if on_cpu else GPU_TOKEN_BUDGET,
-        rows_per_call=1 if on_cpu and spec.cpu_backend in PER_ROW_BACKENDS else 0)
+        rows_per_call=rows_per_call)
 
 
 def open_torch_bi_encoder(spec: ModelSpec, path: Path, device: str = "cpu") -> SentenceTransformer:
     """``spec``'s bi-encoder in torch, full precision."""
+    model_threads.torch_module()  # torch runs the replica's thread count
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
@@ -64,6 +73,7 @@ def open_torch_bi_encoder(spec: ModelSpec, path: Path, device: str = "cpu") -> S
 
 def open_torch_cross_encoder(spec: ModelSpec, path: Path, device: str = "cpu") -> CrossEncoder:
     """``spec``'s cross-encoder in torch, full precision."""
+    model_threads.torch_module()
     from sentence_transformers import CrossEncoder
 
     return CrossEncoder(str(path), device=device, local_files_only=True,
@@ -81,17 +91,16 @@ def transformer_trust(spec: ModelSpec, model_kwargs: dict[str, Any] | None = Non
 
 
 def onnx_model_kwargs(file_name: str | None = None) -> dict[str, Any]:
-    """onnxruntime session settings: CPU provider, as many intra-op threads as torch uses.
+    """onnxruntime session settings: CPU provider, ``blitz.model_threads`` intra-op threads.
 
-    A pool sets torch's thread count per replica before it loads models; ONNX models
-    follow it, so both backends use the same cores. Threads do not spin while idle: a
+    A pool sets the thread count per replica before it loads models; torch and ONNX
+    models both follow it, so both backends use the same cores. Threads do not spin while idle: a
     replica holds several models, and spinning threads of one slow down the others.
     """
     import onnxruntime as ort
-    import torch
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
+    options.intra_op_num_threads = model_threads.count()
     options.inter_op_num_threads = 1
     # idle onnxruntime threads spin by default, starving torch models in the same replica
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -101,8 +110,13 @@ def onnx_model_kwargs(file_name: str | None = None) -> dict[str, Any]:
     return kwargs
 
 
-def open_onnx_file(spec: ModelSpec, directory: Path, file_name: str) -> Any:
-    """The ONNX graph ``directory/file_name`` (an export of ``spec``) on onnxruntime (CPU)."""
+def open_onnx_file(spec: ModelSpec, directory: Path, file_name: str, *,
+                   native: bool = False) -> Any:
+    """The ONNX graph ``directory/file_name`` (an export of ``spec``) on onnxruntime (CPU):
+    on its own when ``native`` (a build ``onnx_native.verify`` passed), else through
+    sentence-transformers."""
+    if native:
+        return open_native(directory, file_name)
     from sentence_transformers import CrossEncoder, SentenceTransformer
 
     kwargs = onnx_model_kwargs(file_name)

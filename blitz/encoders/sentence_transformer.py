@@ -1,215 +1,54 @@
-"""Bi-encoder backend on sentence-transformers (torch; the ONNX backends load through it too).
+"""Bi-encoder backend on sentence-transformers: torch, and the ONNX builds that
+``blitz.encoders.onnx_native`` cannot run on onnxruntime alone.
 
-Texts are tokenized once, sorted by length and run in micro-batches that fit a token
-budget, so short texts are not padded to the longest one in the request. A micro-batch
-also ends where widening it to the next text would pad more tokens than a model call of
-its own costs: that fixed cost, in tokens, is measured once after loading
-(``calibrate``). On a CPU it is small (~10-40 tokens for MiniLM), so a handful of texts
-of mixed lengths runs as a few calls of similar lengths instead of one call padded to the
-longest (calls of up to ``SPLIT_MAX_TEXTS`` texts: the micro-batches of single-text
-traffic); on a GPU it is larger than the token budget and only the budget splits.
-
-``rows_per_call`` caps the texts per model call: ``1`` for dynamically quantized int8,
-whose activation scales are computed per call over the whole padded batch, so a text's
-vector would depend on what it was batched with. Run alone, every text gets the same
-vector whatever shares its request or micro-batch (BENCHMARKS.md, issue #23).
+The model runs whole (its own modules: transformer, pooling, normalization...) on ids
+that ``BiEncoder`` tokenized and micro-batched (``blitz.encoders.bi_encoder``). torch is
+imported only when such a model is opened (``blitz.model_threads``).
 """
 
 from __future__ import annotations
 
-import math
-import threading
-import time
 from typing import Any
 
 import numpy as np
-import torch
 
-from blitz.encoders.base import Encoded, Encoder, check_lengths, l2_normalize
-from blitz.errors import InvalidValue
+from blitz import model_threads
+from blitz.encoders.bi_encoder import BiEncoder
+from blitz.encoders.token_ids import HfTokenIds
 
 
-class SentenceTransformerEncoder(Encoder):
-    kind = "embedding"
-
+class SentenceTransformerEncoder(BiEncoder):
     def __init__(self, model_id: str, model: Any, *, max_seq_length: int | None = None,
                  token_budget: int, rows_per_call: int = 0):
         limit = max_seq_length or model.max_seq_length or 512
         model.max_seq_length = limit
-        super().__init__(model_id, limit)
+        super().__init__(model_id, HfTokenIds(model.tokenizer), max_seq_length=limit,
+                         dimension=model.get_embedding_dimension(), device=str(model.device),
+                         token_budget=token_budget, rows_per_call=rows_per_call)
         self.model = model
-        self.tokenizer = model.tokenizer
-        self.device = str(model.device)
-        self.token_budget = token_budget
-        self.rows_per_call = rows_per_call  # 0: as many as the token budget allows
-        self.call_tokens = math.inf  # a model call's fixed cost in tokens, once calibrated
-        self._dimension = model.get_embedding_dimension()
-        self._pad_id = self.tokenizer.pad_token_id or 0
-        self._type_ids = "token_type_ids" in getattr(self.tokenizer, "model_input_names", ())
-        self._specials = self.tokenizer.num_special_tokens_to_add(pair=False)
-        # a fast tokenizer called with other truncation settings than its last call changes
-        # its state; two threads doing that at once fail ("Already borrowed")
-        self._tokenizer_lock = threading.Lock()
-
-    @property
-    def dimension(self) -> int:
-        return self._dimension
-
-    def token_ids(self, texts: list[str], truncate: bool) -> tuple[list[list[int]], np.ndarray]:
-        """Ids with special tokens, truncated to max_seq_length, and billed token counts."""
-        with self._tokenizer_lock:
-            ids = self.tokenizer(texts, add_special_tokens=True, truncation=True,
-                                 max_length=self.max_seq_length, return_attention_mask=False,
-                                 return_token_type_ids=False)["input_ids"]
-        lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
-        if not truncate:
-            at_limit = np.flatnonzero(lengths >= self.max_seq_length)
-            if at_limit.size:
-                with self._tokenizer_lock:
-                    full = self.tokenizer([texts[i] for i in at_limit],
-                                          add_special_tokens=True, truncation=False,
-                                          return_attention_mask=False,
-                                          return_token_type_ids=False)["input_ids"]
-                lengths[at_limit] = [len(row) for row in full]
-        return ids, check_lengths(lengths, self.max_seq_length, truncate)
-
-    def embed(self, texts: list[str], *, normalize: bool, truncate: bool = True) -> Encoded:
-        ids, counts = self.token_ids(texts, truncate)
-        return self._run(ids, counts, normalize)
-
-    def embed_many(self, jobs: list[tuple[list[str], bool, bool]]) -> list[Encoded | Exception]:
-        """Tokenize each request alone, then run all of them as one length-sorted batch."""
-        results: list[Encoded | Exception] = []
-        good: list[tuple[int, list[list[int]], np.ndarray, bool]] = []
-        for k, (texts, normalize, truncate) in enumerate(jobs):
-            try:
-                ids, counts = self.token_ids(texts, truncate)
-            except Exception as exc:
-                results.append(exc)
-                continue
-            results.append(exc_placeholder)
-            good.append((k, ids, counts, normalize))
-        if good:
-            merged = self._run([row for _, ids, _, _ in good for row in ids],
-                               np.zeros(0, np.int64), normalize=False)
-            start = 0
-            for k, ids, counts, normalize in good:
-                values = merged.values[start:start + len(ids)]
-                start += len(ids)
-                share = merged.padded_tokens * len(ids) // max(len(merged.values), 1)
-                results[k] = Encoded(l2_normalize(values) if normalize else values, counts,
-                                     share)
-        return results
-
-    def embed_tokens(self, ids: list[list[int]], *, normalize: bool,
-                     truncate: bool = True) -> Encoded:
-        vocab = self.tokenizer.vocab_size
-        room = self.max_seq_length - self._specials
-        for i, row in enumerate(ids):
-            if any(t < 0 or t >= vocab for t in row):
-                raise InvalidValue(f"input {i} has token ids outside 0..{vocab - 1}",
-                                   param="input")
-        lengths = np.array([len(row) + self._specials for row in ids], dtype=np.int64)
-        counts = check_lengths(lengths, self.max_seq_length, truncate)
-        with self._tokenizer_lock:
-            full = [self.tokenizer.build_inputs_with_special_tokens(list(row[:room]))
-                    for row in ids]
-        return self._run(full, counts, normalize)
-
-    def _run(self, ids: list[list[int]], counts: np.ndarray, normalize: bool) -> Encoded:
-        out = np.empty((len(ids), self._dimension), dtype=np.float32)
-        padded = 0
-        # past SPLIT_MAX_TEXTS, larger products run cheaper per token than the calibration's
-        # one-row calls show, and splitting by call cost measured slower (BENCHMARKS.md)
-        call_tokens = self.call_tokens if len(ids) <= SPLIT_MAX_TEXTS else math.inf
-        for batch in self._calls([len(r) for r in ids], call_tokens):
-            width = max(len(ids[i]) for i in batch)
-            padded += width * len(batch)
-            out[batch] = self._forward([ids[i] for i in batch], width)
-        if normalize and len(ids):
-            out = l2_normalize(out)
-        return Encoded(out, counts, padded)
-
-    def _calls(self, lengths: list[int], call_tokens: float) -> list[np.ndarray]:
-        batches = length_batches(lengths, self.token_budget, call_tokens)
-        if not self.rows_per_call:
-            return batches
-        step = self.rows_per_call
-        return [b[i:i + step] for b in batches for i in range(0, len(b), step)]
+        self._torch = model_threads.torch_module()
 
     def _forward(self, rows: list[list[int]], width: int) -> np.ndarray:
-        input_ids = np.full((len(rows), width), self._pad_id, dtype=np.int64)
-        mask = np.zeros((len(rows), width), dtype=np.int64)
-        for j, row in enumerate(rows):
-            input_ids[j, : len(row)] = row
-            mask[j, : len(row)] = 1
+        torch = self._torch
+        input_ids, mask = padded(rows, width, self.tokens.pad_id)
         features = {"input_ids": torch.from_numpy(input_ids).to(self.device),
                     "attention_mask": torch.from_numpy(mask).to(self.device)}
-        if self._type_ids:
+        if self.tokens.type_ids:
             features["token_type_ids"] = torch.zeros_like(features["input_ids"])
         with torch.inference_mode():
             emb = self.model(features)["sentence_embedding"]
         return emb.float().cpu().numpy()
 
-    def calibrate(self) -> None:
-        """Set ``call_tokens``: one row timed at a short and a long width (the best of
-        ``CALIBRATION_REPEATS`` each) gives a call's fixed cost and a token's cost."""
-        row = self.token_ids(["calibrate " * self.max_seq_length], truncate=True)[0][0]
-        short, long = CALIBRATION_WIDTHS[0], min(CALIBRATION_WIDTHS[1], len(row))
-        if long - short < CALIBRATION_WIDTHS[0]:
-            return  # a model this short has no room for padding to matter
-
-        def best_of(width: int) -> float:
-            rows = [row[:width - 1] + row[-1:]]
-            times = []
-            for _ in range(CALIBRATION_REPEATS):
-                start = time.perf_counter()
-                self._forward(rows, width)
-                times.append(time.perf_counter() - start)
-            return min(times)
-
-        best_of(long)  # first calls at a new shape are slower (allocations, kernels)
-        self.call_tokens = call_cost_tokens(best_of(short), best_of(long), short, long,
-                                            self.token_budget)
-
     def close(self) -> None:
         self.model = None
-        self.tokenizer = None
 
 
-exc_placeholder = RuntimeError("not computed")
-CALIBRATION_WIDTHS = (16, 128)  # tokens per row of the two timed calls
-CALIBRATION_REPEATS = 5
-MIN_CALL_TOKENS = 4.0  # a floor, so timing noise cannot split every distinct length
-SPLIT_MAX_TEXTS = 16  # calls with more texts are split by the token budget alone
-
-
-def call_cost_tokens(short_s: float, long_s: float, short: int, long: int,
-                     token_budget: int) -> float:
-    """A model call's fixed cost in tokens, from one row timed at two widths: the line
-    through both points crosses zero tokens at the fixed cost. Infinite (only the budget
-    splits) when the longer call was not slower, as on a GPU; at most the budget."""
-    per_token = (long_s - short_s) / (long - short)
-    if per_token <= 0:
-        return math.inf
-    fixed = short_s - per_token * short
-    return min(max(fixed / per_token, MIN_CALL_TOKENS), float(token_budget))
-
-
-def length_batches(lengths: list[int], token_budget: int,
-                   call_tokens: float = math.inf) -> list[np.ndarray]:
-    """Index groups of similar length: sorted by length, a group ends where its padded
-    size (count x longest) would pass ``token_budget``, or where adding the next text
-    would pad the group by more than ``call_tokens``, the cost of a call of its own."""
-    if not lengths:
-        return []
-    order = np.argsort(np.asarray(lengths), kind="stable")
-    batches, start = [], 0
-    for end in range(1, len(order) + 1):
-        if end < len(order):
-            count, width, grown = end - start, lengths[order[end - 1]], lengths[order[end]]
-            if grown * (count + 1) <= token_budget and count * (grown - width) <= call_tokens:
-                continue
-        batches.append(order[start:end])
-        start = end
-    return batches
+def padded(rows: list[list[int]], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` as one (len(rows), width) int64 id matrix padded with ``pad_id``, and its
+    attention mask."""
+    input_ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=np.int64)
+    for j, row in enumerate(rows):
+        input_ids[j, : len(row)] = row
+        mask[j, : len(row)] = 1
+    return input_ids, mask

@@ -7,14 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from blitz.encoders import sentence_transformer
-from blitz.encoders.loading import OPENERS, load_encoder, resolve_device
-from blitz.encoders.sentence_transformer import (
+from blitz.encoders import bi_encoder
+from blitz.encoders.bi_encoder import (
     MIN_CALL_TOKENS,
     SPLIT_MAX_TEXTS,
     call_cost_tokens,
     length_batches,
 )
+from blitz.encoders.loading import OPENERS, load_encoder, resolve_device
 from blitz.errors import InputTooLong, InvalidValue, ModelLoadFailed
 from blitz.registry import ModelSpec
 from tests.tiny_models import build_tiny_bi_encoder, build_tiny_cross_encoder
@@ -74,7 +74,8 @@ def test_embed_many_isolates_errors_and_matches_single_calls(tiny):
 
 def test_token_id_input_equals_text_input(minilm):
     text = "Token ids come from the model's own tokenizer."
-    ids = minilm.tokenizer([text], add_special_tokens=False)["input_ids"]
+    ids = minilm.tokens.ids([text], None)
+    ids = [row[1:-1] for row in ids]  # without [CLS] and [SEP]
     a = minilm.embed_tokens(ids, normalize=True).values
     b = minilm.embed([text], normalize=True).values
     assert float((a * b).sum()) > 0.9999
@@ -266,7 +267,7 @@ def test_calibrated_encoder_splits_small_calls_by_length_and_answers_the_same(ti
 def test_calibrate_measures_a_calls_fixed_cost_in_tokens(tiny_dir, monkeypatch):
     encoder = load_encoder(ModelSpec(id="t", source=str(tiny_dir), max_seq_length=128))
     clock, widths = [0.0], []
-    monkeypatch.setattr(sentence_transformer.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bi_encoder.time, "perf_counter", lambda: clock[0])
 
     def timed_forward(rows, width):  # 10 ms a call + 0.5 ms a token: 20 tokens a call
         widths.append(width)

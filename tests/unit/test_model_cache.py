@@ -198,7 +198,7 @@ def _forged_onnx_entry(tmp_path: Path, spec: ModelSpec, source: Path, **record) 
     (entry / onnx_export.ONNX_FILE).write_bytes(b"graph")
     perfect = {"metric": "cosine", "minimum": 1.0, "mean": 1.0, "probes": 3}
     meta = {**parts, "model_id": spec.id, "file_name": onnx_export.ONNX_FILE,
-            "int8_recipe": None, "accuracy": perfect, "build_seconds": 1.0,
+            "int8_recipe": None, "accuracy": perfect, "build_seconds": 1.0, "native": False,
             "contents": {onnx_export.ONNX_FILE: 5}, **record}
     (entry / model_cache.ENTRY_FILE).write_text(
         json.dumps({name: value for name, value in meta.items() if value is not None}))
@@ -208,6 +208,7 @@ def _forged_onnx_entry(tmp_path: Path, spec: ModelSpec, source: Path, **record) 
 @pytest.mark.parametrize("forgery", [
     "no contents, an absolute file_name", "a .. file_name", "no contents",
     "a file_name not built", "build_seconds not a number", "accuracy not a report",
+    "native not a flag",
 ])
 def test_a_forged_onnx_record_is_rebuilt_and_meets_the_guard(tmp_path, monkeypatch, forgery):
     """A forged record claiming accuracy 1.0 must not skip the accuracy guard: the entry is
@@ -227,6 +228,7 @@ def test_a_forged_onnx_record_is_rebuilt_and_meets_the_guard(tmp_path, monkeypat
         "no contents": {"contents": None},
         "a file_name not built": {"file_name": "onnx/other.onnx"},
         "build_seconds not a number": {"build_seconds": "fast"},
+        "native not a flag": {"native": "yes"},
         "accuracy not a report": {"accuracy": {"metric": "cosine", "minimum": "1.0",
                                                "mean": "1.0", "probes": "3"}},
     }[forgery]

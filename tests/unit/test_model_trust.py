@@ -149,6 +149,7 @@ def test_a_cached_build_that_names_code_is_rebuilt_not_opened(tmp_path, monkeypa
         return onnx_export.ONNX_FILE, AccuracyReport("cosine", 1.0, 1.0, 3), None
 
     monkeypatch.setattr(onnx_export, "_build_onnx", build)
+    monkeypatch.setattr(onnx_export, "_native_verdict", lambda *_: "a fake graph")
     first = onnx_export.prepare_onnx(spec, source, tmp_path / "cache")
     forged = _modules("sentence_transformers.models.Transformer", EVIL_TYPE)
     (first.path / "modules.json").write_text(json.dumps(forged))
@@ -158,7 +159,7 @@ def test_a_cached_build_that_names_code_is_rebuilt_not_opened(tmp_path, monkeypa
     opened: list[Path] = []
 
     again = onnx_export.prepare_onnx(spec, source, tmp_path / "cache",
-                                     validate=lambda directory, _: opened.append(directory))
+                                     validate=lambda directory, *_: opened.append(directory))
     assert again.built and len(builds) == 2
     assert EVIL_TYPE not in (again.path / "modules.json").read_text()
     assert opened == [again.path]  # only the rebuilt, clean folder was opened
