@@ -31,7 +31,8 @@ NEED_A_FAULT = {"blitz_rejected", "blitz_pool_failures", "blitz_503_replies",
 NEED_A_GPU = {"blitz_gpu_memory_bytes"}  # set only by replicas on CUDA: unit-tested on a fake
 ROUTES = {"/embed", "/v1/embeddings", "/rerank", "/v1/rerank", "/models", "/v1/models",
           "/health", "/ready", "other", "handle.embed", "handle.rerank"}
-MODELS = {"minilm", "minilm-int8", "tiny-a", "tiny-b", "tiny-c", "tiny-ce", "broken", "slow"}
+MODELS = {"minilm", "minilm-int8", "tiny-a", "tiny-b", "tiny-c", "tiny-ce", "broken", "slow",
+          "busy"}  # every id the integration registry holds (tests/integration/conftest.py)
 BOUNDED = {"route": ROUTES, "model": MODELS | {"other", "-"}, "pool": {"cpu", "gpu", "-"},
            "hop": {"ingress", "cpu", "gpu", "cpu-serve-queue", "gpu-serve-queue", "pool"},
            "status": {str(s) for s in (200, 400, 401, 404, 405, 413, 422, 424, 500, 503)},
