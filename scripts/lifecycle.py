@@ -1,20 +1,29 @@
-"""Start and stop `serve run` cleanly, HAProxy included (scripts/serve.sh, scripts/stop.sh).
+"""Start and stop Blitz's Ray and Serve cleanly, HAProxy included (scripts/serve.sh, stop.sh).
 
     python scripts/lifecycle.py run CONFIG [serve run args...]
-        `check`, then `serve run CONFIG` in its own session (through scripts/serve_run.py:
-        a local Ray without its dashboard unless BLITZ_DASHBOARD=1); on SIGINT/SIGTERM/SIGHUP
-        `drain` it, then stop every process of that session, HAProxy included (also
-        when `serve run` ends on its own, without the drain).
+        `check`, then, driver-less (the default): scripts/ray_up.py in its own session
+        starts Ray's head (no dashboard, log monitor or autoscaler monitor), deploys
+        CONFIG and exits; this process adopts Ray's daemons (PR_SET_CHILD_SUBREAPER) and
+        waits, importing nothing of Ray. A deploy that fails (ray_up.py's exit status)
+        stops everything and is this command's status. On SIGINT/SIGTERM/SIGHUP:
+        `shutdown` (drain, then Serve's own shutdown), then SIGTERM/SIGKILL to every
+        process of that session in `ray stop`'s order, then `reap`.
+        With serve run args, BLITZ_DASHBOARD=1, BLITZ_CONSOLE_LOGS=1 or a cluster to
+        join: `serve run CONFIG` in its own session instead (scripts/serve_run.py), as
+        before: `drain`, SIGINT (Serve's shutdown), SIGTERM, SIGKILL to its session.
     python scripts/lifecycle.py drain [ADDRESS]
         Delete every Serve application of the Ray cluster at ADDRESS (default `auto`)
         and wait, at most BLITZ_DRAIN_S (60) seconds, until they are gone: each replica
         finishes the requests it holds before it stops. Serve and the proxies stay up.
+    python scripts/lifecycle.py shutdown [ADDRESS]
+        `drain` (unless BLITZ_DRAIN_S=0), then Serve's own shutdown.
     python scripts/lifecycle.py check CONFIG
         `reap`, then refuse (exit 1) if a port the server needs is held.
     python scripts/lifecycle.py reap
-        Stop stale HAProxy processes: those whose config lies in Serve's HAProxy
-        directory (Ray 2.60: /tmp/haproxy-serve/<node id>/haproxy.cfg, from
-        RAY_SERVE_HAPROXY_CONFIG_FILE_LOC) and whose Ray node (raylet) is gone or
+        Stop the processes of driver-less runs whose lifecycle.py is gone (MARKER in
+        their environment), then stale HAProxy processes: those whose config lies in
+        Serve's HAProxy directory (Ray 2.60: /tmp/haproxy-serve/<node id>/haproxy.cfg,
+        from RAY_SERVE_HAPROXY_CONFIG_FILE_LOC) and whose Ray node (raylet) is gone or
         whose parent is pid 1.
 
 Why: Ray starts HAProxy from its HAProxyManager actor; when `serve run` is stopped
@@ -51,8 +60,8 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 # in the environment of every process of a driver-less run: the pid of its lifecycle.py
 MARKER = "BLITZ_LIFECYCLE_PID"
-# `ray stop`'s order (ray/scripts/scripts.py `stop`): raylet first, GCS last; a GCS
-# sent SIGTERM with the raylet can hang in "Stopping GCS server" for good
+# `ray stop`'s order (ray/scripts/scripts.py `stop`): raylet first, GCS last (a GCS
+# sent SIGTERM at once with everything else was seen hanging in "Stopping GCS server")
 STOP_ORDER = ("raylet", None, "gcs_server")
 
 
