@@ -19,6 +19,10 @@
         `drain` (unless BLITZ_DRAIN_S=0), then Serve's own shutdown.
     python scripts/lifecycle.py check CONFIG
         `reap`, then refuse (exit 1) if a port the server needs is held.
+    python scripts/lifecycle.py watch PID
+        The watchdog a driver-less `run` starts in a session of its own: once lifecycle.py
+        PID is gone (killed outright, SIGKILL to it or its process group), `reap` what
+        it leaves; nothing when PID stopped cleanly first.
     python scripts/lifecycle.py reap
         Stop the processes of driver-less runs whose lifecycle.py is gone (MARKER in
         their environment), then stale HAProxy processes: those whose config lies in
@@ -60,6 +64,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 # in the environment of every process of a driver-less run: the pid of its lifecycle.py
 MARKER = "BLITZ_LIFECYCLE_PID"
+WATCH_S = 1.0  # how often the watchdog looks for its lifecycle.py
 # `ray stop`'s order (ray/scripts/scripts.py `stop`): raylet first, GCS last (a GCS
 # sent SIGTERM at once with everything else was seen hanging in "Stopping GCS server")
 STOP_ORDER = ("raylet", None, "gcs_server")
@@ -530,8 +535,35 @@ def _wait(keep_going, tracked: list[subprocess.Popen], requested: list[int]) -> 
         time.sleep(0.2)
 
 
+def watch(pid: int) -> int:
+    """Wait until lifecycle.py ``pid`` is gone, then `reap`: a run killed outright leaves
+    Ray's daemons running (they do not share a starter's fate), holding the ports, until
+    something stops them."""
+    while _is_lifecycle(pid):
+        time.sleep(WATCH_S)
+    reap()
+    return 0
+
+
+def _start_watchdog() -> subprocess.Popen:
+    """`watch` this process, from a session of its own (a signal to this process group
+    does not reach it); ~9 MiB."""
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "watch",
+                             str(os.getpid())], start_new_session=True,
+                            stdin=subprocess.DEVNULL)
+
+
 def run_driverless(config: str, requested: list[int], hurry: list[bool]) -> int:
     up = _start_driverless(config)
+    watchdog = _start_watchdog()
+    try:
+        return _run_driverless(up, requested, hurry)
+    finally:
+        watchdog.terminate()  # a clean stop leaves it nothing to do
+        watchdog.wait()
+
+
+def _run_driverless(up: subprocess.Popen, requested: list[int], hurry: list[bool]) -> int:
     sid, tracked = up.pid, [up]
     _wait(lambda: up.poll() is None, tracked, requested)
     status = 0
@@ -602,6 +634,8 @@ def main(argv: list[str]) -> int:
         return drain(argv[1] if len(argv) == 2 else "auto")
     if argv[:1] == ["shutdown"] and len(argv) <= 2:
         return shutdown(argv[1] if len(argv) == 2 else "auto")
+    if argv[:1] == ["watch"] and len(argv) == 2 and argv[1].isdigit():
+        return watch(int(argv[1]))
     if argv[:1] == ["run"] and len(argv) >= 2:
         return run(argv[1], argv[2:])
     print(__doc__, file=sys.stderr)

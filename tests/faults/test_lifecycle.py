@@ -162,8 +162,16 @@ class Run:
         sid = self.sid
         return sid if sid is not None and alive(sid) and "run" in cmdline(sid) else None
 
+    def watchdog(self) -> int | None:
+        """The pid of this run's `lifecycle.py watch` (driver-less runs have one)."""
+        return next((p for p in pids()
+                     if [a for a in cmdline(p) if a][-2:] == ["watch", str(self.proc.pid)]
+                     and any(a.endswith("lifecycle.py") for a in cmdline(p))), None)
+
     def processes(self) -> list[int]:
         left = [self.proc.pid] if self.proc.poll() is None else []
+        watchdog = self.watchdog()
+        left += [watchdog] if watchdog else []
         if self._sid:
             left += session(self._sid)
         return sorted(set(left + haproxies(self.nodes)))
@@ -251,30 +259,46 @@ def test_stop_restart_and_stale_haproxy(serve_env, ports, tmp_path):
         timings["first SIGTERM -> all gone"] = first.stop(signal.SIGTERM)
         assert all(port_free(p) for p in ports.values())
 
-        # 2. The next start just works; then it is killed outright (no cleanup runs).
+        # 2. The next start just works; then it is killed outright (no cleanup runs in
+        # it): its watchdog (`lifecycle.py watch`, a session of its own) stops what it left.
         second = Run("second", serve_env, ports["http"], tmp_path)
         runs.append(second)
         timings["second ready"] = second.wait_ready()
-        supervisor, driver, sid = second.proc.pid, second.driver(), second.sid
-        assert driver is None, "driver-less by default: no `serve run` should stay"
-        os.kill(supervisor, signal.SIGSTOP)
-        os.kill(supervisor, signal.SIGKILL)
-        second.proc.wait(timeout=10)
-        time.sleep(3)
-        # Ray's daemons do not share lifecycle.py's fate: the whole Ray is still there
+        supervisor, sid = second.proc.pid, second.sid
+        assert second.driver() is None, "driver-less by default: no `serve run` should stay"
+        watchdog = second.watchdog()
+        assert watchdog and os.getsid(watchdog) != os.getsid(supervisor)
         left = session(sid)
-        print("\nleft by the killed run:", sorted(comm(p) for p in left))
-        assert haproxies(second.nodes) and not port_free(ports["http"]), \
-            "Ray and HAProxy should outlive a killed lifecycle.py"
-        stale = left
+        killed = time.monotonic()
+        os.killpg(os.getpgid(supervisor), signal.SIGKILL)  # the whole process group
+        second.proc.wait(timeout=10)
+        wait_until(lambda: not [p for p in left if alive(p)] and port_free(ports["http"])
+                   and not haproxies(second.nodes),
+                   "the watchdog to stop the killed run's Ray and HAProxy", timeout_s=STOP_S)
+        timings["second SIGKILL -> watchdog stopped all"] = time.monotonic() - killed
+        assert not alive(watchdog)
 
-        # 3. The next start stops the killed run's Ray, comes up, and stops on SIGINT.
+        # 3. A run killed with its watchdog too: Ray's daemons do not share lifecycle.py's
+        # fate, so the whole Ray is still there, until the next start stops it.
         third = Run("third", serve_env, ports["http"], tmp_path)
         runs.append(third)
-        timings["third ready (stale Ray stopped)"] = third.wait_ready()
+        timings["third ready"] = third.wait_ready()
+        for pid in (third.watchdog(), third.proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        third.proc.wait(timeout=10)
+        time.sleep(3)
+        stale = session(third.sid)
+        print("\nleft by the killed run:", sorted(comm(p) for p in stale))
+        assert haproxies(third.nodes) and not port_free(ports["http"]), \
+            "Ray and HAProxy should outlive a killed lifecycle.py and watchdog"
+
+        # 4. The next start stops the killed run's Ray, comes up, and stops on SIGINT.
+        fourth = Run("fourth", serve_env, ports["http"], tmp_path)
+        runs.append(fourth)
+        timings["fourth ready (stale Ray stopped)"] = fourth.wait_ready()
         assert not [p for p in stale if alive(p)]
-        assert "of Ray started by a scripts/serve.sh that is gone" in third.tail()
-        timings["third SIGINT -> all gone"] = third.stop(signal.SIGINT)
+        assert "of Ray started by a scripts/serve.sh that is gone" in fourth.tail()
+        timings["fourth SIGINT -> all gone"] = fourth.stop(signal.SIGINT)
         assert all(port_free(p) for p in ports.values())
         print("lifecycle timings (s):",
               {k: round(v, 1) for k, v in timings.items()})
