@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idle memory of `bash scripts/serve.sh` (issue #24): start it, wait for /ready, embed once
 # with minilm, wait IDLE_S (20), then PSS per process and in all (python -m loadtest.memory)
-# over serve.sh's whole process tree (serve run, Ray, its workers, HAProxy), and the Blitz
+# over serve.sh's whole process tree (Ray, its workers, HAProxy; `serve run` on its old
+# path: lifecycle.py adopts the driver-less Ray as a subreaper), and the Blitz
 # metrics scraped through Prometheus's file-discovery list; stop it.
 # Usage: bash loadtest/idle_memory.sh [OUT_FILE]   (extra serve.sh environment passes through)
 # On a shared machine, hold the server lock: flock /tmp/blitz-server.lock bash loadtest/idle_memory.sh

@@ -3,7 +3,8 @@
     python -m loadtest.memory PID [PID ...] [--json]
 
 sums ``Pss`` from ``/proc/<pid>/smaps_rollup`` over each PID and all its descendants
-(``bash scripts/serve.sh``'s pid covers `serve run`, Ray, its workers and HAProxy).
+(``bash scripts/serve.sh``'s pid covers Ray, its workers and HAProxy: lifecycle.py
+adopts them as a subreaper; `serve run` too on its old path).
 PSS divides each shared page among the processes that map it, so the per-process
 figures add up to what the tree costs the machine, unlike RSS. Processes are grouped
 by a short name (the Ray process title, the script, or the executable); reading

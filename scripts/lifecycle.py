@@ -1,20 +1,33 @@
-"""Start and stop `serve run` cleanly, HAProxy included (scripts/serve.sh, scripts/stop.sh).
+"""Start and stop Blitz's Ray and Serve cleanly, HAProxy included (scripts/serve.sh, stop.sh).
 
     python scripts/lifecycle.py run CONFIG [serve run args...]
-        `check`, then `serve run CONFIG` in its own session (through scripts/serve_run.py:
-        a local Ray without its dashboard unless BLITZ_DASHBOARD=1); on SIGINT/SIGTERM/SIGHUP
-        `drain` it, then stop every process of that session, HAProxy included (also
-        when `serve run` ends on its own, without the drain).
+        `check`, then, driver-less (the default): scripts/ray_up.py in its own session
+        starts Ray's head (no dashboard, log monitor or autoscaler monitor), deploys
+        CONFIG and exits; this process adopts Ray's daemons (PR_SET_CHILD_SUBREAPER) and
+        waits, importing nothing of Ray. A deploy that fails (ray_up.py's exit status)
+        stops everything and is this command's status. On SIGINT/SIGTERM/SIGHUP:
+        `shutdown` (drain, then Serve's own shutdown), then SIGTERM/SIGKILL to every
+        process of that session in `ray stop`'s order, then `reap`.
+        With serve run args, BLITZ_DASHBOARD=1, BLITZ_CONSOLE_LOGS=1 or a cluster to
+        join: `serve run CONFIG` in its own session instead (scripts/serve_run.py), as
+        before: `drain`, SIGINT (Serve's shutdown), SIGTERM, SIGKILL to its session.
     python scripts/lifecycle.py drain [ADDRESS]
         Delete every Serve application of the Ray cluster at ADDRESS (default `auto`)
         and wait, at most BLITZ_DRAIN_S (60) seconds, until they are gone: each replica
         finishes the requests it holds before it stops. Serve and the proxies stay up.
+    python scripts/lifecycle.py shutdown [ADDRESS]
+        `drain` (unless BLITZ_DRAIN_S=0), then Serve's own shutdown.
     python scripts/lifecycle.py check CONFIG
         `reap`, then refuse (exit 1) if a port the server needs is held.
+    python scripts/lifecycle.py watch PID
+        The watchdog a driver-less `run` starts in a session of its own: once lifecycle.py
+        PID is gone (killed outright, SIGKILL to it or its process group), `reap` what
+        it leaves; nothing when PID stopped cleanly first.
     python scripts/lifecycle.py reap
-        Stop stale HAProxy processes: those whose config lies in Serve's HAProxy
-        directory (Ray 2.60: /tmp/haproxy-serve/<node id>/haproxy.cfg, from
-        RAY_SERVE_HAPROXY_CONFIG_FILE_LOC) and whose Ray node (raylet) is gone or
+        Stop the processes of driver-less runs whose lifecycle.py is gone (MARKER in
+        their environment), then stale HAProxy processes: those whose config lies in
+        Serve's HAProxy directory (Ray 2.60: /tmp/haproxy-serve/<node id>/haproxy.cfg,
+        from RAY_SERVE_HAPROXY_CONFIG_FILE_LOC) and whose Ray node (raylet) is gone or
         whose parent is pid 1.
 
 Why: Ray starts HAProxy from its HAProxyManager actor; when `serve run` is stopped
@@ -48,6 +61,13 @@ GRACE_S = float(os.environ.get("BLITZ_STOP_GRACE_S", "15"))  # Serve's own shutd
 TERM_S = 5.0  # then SIGTERM to `serve run`, then SIGKILL to whatever is left
 DRAIN_S = float(os.environ.get("BLITZ_DRAIN_S", "60"))  # delete the apps first; 0: no drain
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+# in the environment of every process of a driver-less run: the pid of its lifecycle.py
+MARKER = "BLITZ_LIFECYCLE_PID"
+WATCH_S = 1.0  # how often the watchdog looks for its lifecycle.py
+# `ray stop`'s order (ray/scripts/scripts.py `stop`): raylet first, GCS last (a GCS
+# sent SIGTERM at once with everything else was seen hanging in "Stopping GCS server")
+STOP_ORDER = ("raylet", None, "gcs_server")
 
 
 def log(msg: str) -> None:
@@ -153,7 +173,65 @@ def stop_pids(pids: list[int], what: str) -> None:
         _wait_gone(lambda: [p for p in left if _alive(p)], time.monotonic() + 2)
 
 
+def _marker(pid: int) -> int | None:
+    """The lifecycle pid in ``pid``'s environment (MARKER), None without one."""
+    for var in _read(pid, "environ").split(b"\0"):
+        if var.startswith(MARKER.encode() + b"="):
+            value = var.split(b"=", 1)[1]
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def _is_lifecycle(pid: int) -> bool:
+    return _alive(pid) and any(a.endswith("lifecycle.py") for a in _cmdline(pid)[1:2])
+
+
+def stale_rays() -> list[int]:
+    """Processes of driver-less runs whose lifecycle.py is gone (killed outright: Ray's
+    daemons from `ray start` do not share their starter's fate), this user's only."""
+    stale = []
+    for pid in _pids():
+        owner = _marker(pid)
+        if owner is None or pid == os.getpid() or not _alive(pid) or _is_lifecycle(owner):
+            continue
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == os.getuid():
+                stale.append(pid)
+        except OSError:
+            pass
+    return stale
+
+
+def stop_ray(pids_fn, hurry: list[bool] | None = None, wait_s: float = 5.0) -> None:
+    """SIGTERM the processes ``pids_fn()`` names in `ray stop`'s order (STOP_ORDER), at
+    most ``wait_s`` for each step, then SIGKILL what is left."""
+    def step(name: str | None) -> list[int]:
+        return [p for p in pids_fn() if (_read(p, "comm").strip().decode() == name)
+                or (name is None and _read(p, "comm").strip() not in (b"raylet",
+                                                                      b"gcs_server"))]
+    for name in STOP_ORDER:
+        pids = step(name)
+        _signal(pids, signal.SIGTERM)
+        if not (hurry and hurry[0]):
+            _wait_gone(lambda n=name: step(n), time.monotonic() + wait_s)
+    left = pids_fn()
+    if left:
+        log(f"killing {len(left)} Ray process(es) left after SIGTERM: {left}")
+        _signal(left, signal.SIGKILL)
+        _wait_gone(pids_fn, time.monotonic() + 5)
+
+
+def reap_rays() -> int:
+    stale = stale_rays()
+    if stale:
+        log(f"stopping {len(stale)} process(es) of Ray started by a scripts/serve.sh "
+            f"that is gone (killed outright?): {stale}")
+        stop_ray(lambda: [p for p in stale if _alive(p)])
+    return len(stale)
+
+
 def reap() -> int:
+    reaped = reap_rays()
     nodes, stale = live_nodes(), []
     for pid, cfg in serve_haproxies():
         node = os.path.basename(os.path.dirname(cfg))
@@ -163,7 +241,7 @@ def reap() -> int:
             stale.append(pid)
     if stale:
         stop_pids(stale, "stale HAProxy")
-    return len(stale)
+    return reaped + len(stale)
 
 
 # --- ports ------------------------------------------------------------------------------
@@ -265,13 +343,17 @@ def check(config: str) -> bool:
 
 # --- drain ------------------------------------------------------------------------------
 
-def drain(address: str) -> int:
-    """Delete every Serve application at ``address``; wait until gone, at most DRAIN_S."""
+def _connect(address: str) -> None:
     import ray  # only here: the other commands run without Ray
+
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+
+
+def _delete_apps() -> int:
+    """Delete every Serve application; wait until gone, at most DRAIN_S."""
     from ray import serve
 
     start = time.monotonic()
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     apps = list(serve.status().applications)
     for app in apps:
         serve.delete(app, _blocking=False)
@@ -287,6 +369,25 @@ def drain(address: str) -> int:
     return 0
 
 
+def drain(address: str) -> int:
+    """Delete every Serve application at ``address``; wait until gone, at most DRAIN_S."""
+    _connect(address)
+    return _delete_apps()
+
+
+def shutdown(address: str) -> int:
+    """`drain` (unless BLITZ_DRAIN_S is 0), then Serve's own shutdown (HAProxy included):
+    what `serve run` does on SIGINT, for a driver-less run."""
+    from ray import serve
+
+    _connect(address)
+    status = _delete_apps() if DRAIN_S > 0 else 0
+    start = time.monotonic()
+    serve.shutdown()
+    log(f"Serve shut down in {time.monotonic() - start:.1f} s")
+    return status
+
+
 def gcs_address(sid: int) -> str | None:
     """The GCS address of the Ray node started in session ``sid`` (its raylet's flag)."""
     for pid in _session(sid):
@@ -298,23 +399,27 @@ def gcs_address(sid: int) -> str | None:
     return None
 
 
-def drain_run(sid: int, hurry: list[bool]) -> None:
-    """`drain` the Ray started by `serve run` (session ``sid``), in a child process."""
-    address = gcs_address(sid) if DRAIN_S > 0 else None
+def drain_run(sid: int, hurry: list[bool], command: str = "drain") -> None:
+    """`drain` (or `shutdown`) the Ray started in session ``sid``, in a child process."""
+    if command == "drain" and DRAIN_S <= 0:
+        return
+    address = gcs_address(sid)
     if address is None:
-        if DRAIN_S > 0:
-            log("drain: no Ray node in this run's session (joined a cluster?); skipping it")
+        log(f"{command}: no Ray node in this run's session (joined a cluster?); skipping it")
         return
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.setdefault("RAY_AUTH_MODE", "token")  # a new local Ray 2.60 cluster's default
-    log(f"draining: deleting the applications (at most {DRAIN_S:.0f} s, BLITZ_DRAIN_S)")
-    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "drain", address],
+    if DRAIN_S > 0:
+        log(f"draining: deleting the applications (at most {DRAIN_S:.0f} s, BLITZ_DRAIN_S)")
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), command, address],
                              env=env, start_new_session=True)
-    deadline = time.monotonic() + DRAIN_S + 30  # connecting to Ray takes a while
+    # connecting to Ray takes a while; Serve's shutdown takes ~10 s
+    limit = max(DRAIN_S, 0) + 30 + (GRACE_S if command == "shutdown" else 0)
+    deadline = time.monotonic() + limit
     while child.poll() is None and not hurry[0] and time.monotonic() < deadline:
         time.sleep(0.2)
     if child.poll() is None:
-        log("drain cut short; stopping now")
+        log(f"{command} cut short; stopping now")
         child.kill()
         child.wait()
 
@@ -355,22 +460,134 @@ def stop_run(child: subprocess.Popen, hurry: list[bool]) -> float:
     return time.monotonic() - start
 
 
-def run(config: str, extra: list[str]) -> int:
-    requested: list[int] = []
-    hurry = [False]
+def driverless(extra: list[str]) -> bool:
+    """Whether to run driver-less (scripts/ray_up.py) rather than keep `serve run`."""
+    if extra:  # `serve run` options: they need `serve run` (scripts/serve_run.py)
+        return False
+    if os.environ.get("BLITZ_DASHBOARD", "0") == "1":
+        return False
+    if os.environ.get("BLITZ_CONSOLE_LOGS", "0") == "1":  # the log monitor + a driver
+        return False
+    return not will_attach()
 
-    def on_signal(signum, _frame):
-        if requested:
-            hurry[0] = True
-        requested.append(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-    if not check(config):
-        return 1
+def _reap_children(tracked: list[subprocess.Popen]) -> None:
+    """Collect exited children: as a subreaper this process inherits Ray's daemons when
+    `ray start` exits. ``tracked`` ones are left to their Popen, which needs the status."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None:
+            return
+        for child in tracked:
+            if child.pid == info.si_pid:
+                child.poll()
+                break
+        else:
+            os.waitpid(info.si_pid, 0)
+
+
+def _ray_node_up(sid: int) -> bool:
+    names = {_read(p, "comm").strip() for p in _session(sid)}
+    return b"raylet" in names and b"gcs_server" in names
+
+
+def _logs_dir(sid: int) -> str:
+    for pid in _session(sid):
+        for arg in _cmdline(pid):
+            if arg.startswith("--log_dir="):
+                return arg.split("=", 1)[1]
+    return "/tmp/ray/session_latest/logs"
+
+
+def _start_driverless(config: str) -> subprocess.Popen:
+    """scripts/ray_up.py in a session of its own: Ray's daemons inherit that session (and
+    MARKER), and this process adopts them when `ray start` exits (a subreaper)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        log("prctl(PR_SET_CHILD_SUBREAPER) failed; Ray's daemons will not be our children")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env[MARKER] = str(os.getpid())
+    up = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ray_up.py")
+    return subprocess.Popen([sys.executable, up, config], env=env, start_new_session=True,
+                            preexec_fn=_child_setup)
+
+
+def stop_driverless(sid: int, hurry: list[bool], tracked: list[subprocess.Popen]) -> float:
+    """Drain and shut Serve down (`lifecycle.py shutdown`), then stop every process of
+    session ``sid`` in `ray stop`'s order; seconds taken."""
+    start = time.monotonic()
+    if not hurry[0] and _ray_node_up(sid):
+        drain_run(sid, hurry, "shutdown")
+    stop_ray(lambda: _session(sid), hurry)
+    for child in tracked:
+        child.wait()
+    _reap_children([])
+    reap()
+    return time.monotonic() - start
+
+
+def _wait(keep_going, tracked: list[subprocess.Popen], requested: list[int]) -> None:
+    while keep_going() and not requested:
+        _reap_children(tracked)
+        time.sleep(0.2)
+
+
+def watch(pid: int) -> int:
+    """Wait until lifecycle.py ``pid`` is gone, then `reap`: a run killed outright leaves
+    Ray's daemons running (they do not share a starter's fate), holding the ports, until
+    something stops them."""
+    while _is_lifecycle(pid):
+        time.sleep(WATCH_S)
+    reap()
+    return 0
+
+
+def _start_watchdog() -> subprocess.Popen:
+    """`watch` this process, from a session of its own (a signal to this process group
+    does not reach it); ~9 MiB."""
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "watch",
+                             str(os.getpid())], start_new_session=True,
+                            stdin=subprocess.DEVNULL)
+
+
+def run_driverless(config: str, requested: list[int], hurry: list[bool]) -> int:
+    up = _start_driverless(config)
+    watchdog = _start_watchdog()
+    try:
+        return _run_driverless(up, requested, hurry)
+    finally:
+        watchdog.terminate()  # a clean stop leaves it nothing to do
+        watchdog.wait()
+
+
+def _run_driverless(up: subprocess.Popen, requested: list[int], hurry: list[bool]) -> int:
+    sid, tracked = up.pid, [up]
+    _wait(lambda: up.poll() is None, tracked, requested)
+    status = 0
+    if not requested and up.returncode != 0:
+        log(f"the deploy failed (scripts/ray_up.py exited with {up.returncode}); "
+            "stopping Ray")
+        status = up.returncode or 1
+    elif not requested:
+        log(f"serving, with no driver: Ray's logs are in {_logs_dir(sid)} (replicas: "
+            "serve/); BLITZ_CONSOLE_LOGS=1 prints them here instead (`serve run`)")
+        _wait(lambda: _ray_node_up(sid), tracked, requested)
+        if not requested:
+            log("Ray's raylet or GCS is gone; cleaning up what is left")
+            status = 1
     if requested:
-        return 0
-    # `serve run`, with Ray started without its dashboard unless BLITZ_DASHBOARD=1
+        log(f"{signal.Signals(requested[0]).name}: stopping Ray and every process it "
+            "started (a second signal skips the graceful part)")
+    log(f"stopped in {stop_driverless(sid, hurry, tracked):.1f} s")
+    return status
+
+
+def run_serve_run(config: str, extra: list[str], requested: list[int],
+                  hurry: list[bool]) -> int:
+    """`serve run` (scripts/serve_run.py) in its own session, stopped with its session."""
     driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_run.py")
     child = subprocess.Popen([sys.executable, driver, "run", config, *extra],
                              start_new_session=True,
@@ -387,6 +604,26 @@ def run(config: str, extra: list[str]) -> int:
     return 0 if requested else (child.returncode or 0)
 
 
+def run(config: str, extra: list[str]) -> int:
+    requested: list[int] = []
+    hurry = [False]
+
+    def on_signal(signum, _frame):
+        if requested:
+            hurry[0] = True
+        requested.append(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    if not check(config):
+        return 1
+    if requested:
+        return 0
+    if driverless(extra):
+        return run_driverless(config, requested, hurry)
+    return run_serve_run(config, extra, requested, hurry)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["reap"] and len(argv) == 1:
         reap()
@@ -395,6 +632,10 @@ def main(argv: list[str]) -> int:
         return 0 if check(argv[1]) else 1
     if argv[:1] == ["drain"] and len(argv) <= 2:
         return drain(argv[1] if len(argv) == 2 else "auto")
+    if argv[:1] == ["shutdown"] and len(argv) <= 2:
+        return shutdown(argv[1] if len(argv) == 2 else "auto")
+    if argv[:1] == ["watch"] and len(argv) == 2 and argv[1].isdigit():
+        return watch(int(argv[1]))
     if argv[:1] == ["run"] and len(argv) >= 2:
         return run(argv[1], argv[2:])
     print(__doc__, file=sys.stderr)

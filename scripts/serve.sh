@@ -7,17 +7,21 @@
 # exported here; `serve deploy` to a running cluster needs them on `ray start` too (see
 # README). Set BLITZ_FAST_PATH=0 for Serve's default proxy.
 #
-# Start and stop (scripts/lifecycle.py, README "Start and stop"): a stale HAProxy left
-# by an earlier run is stopped first, and a port held by anything else is refused with
-# a message. `serve run` runs in its own session; Ctrl-C, SIGINT, SIGTERM or SIGHUP to
-# this script stops it and every process it started (Ray, HAProxy): a drain first (the
-# apps deleted, so requests in flight finish; at most BLITZ_DRAIN_S, 60), then Serve's
-# own shutdown (~10 s), SIGTERM after BLITZ_STOP_GRACE_S (15), SIGKILL 5 s later.
+# Start and stop (scripts/lifecycle.py, README "Start and stop"): a stale HAProxy or Ray
+# left by an earlier run is stopped first, and a port held by anything else is refused
+# with a message. Then Ray's head starts with no long-lived driver (scripts/ray_up.py
+# deploys the config and exits; a deploy that fails ends this script with status 1).
+# Ctrl-C, SIGINT, SIGTERM or SIGHUP to this script stops every process it started (Ray,
+# HAProxy): a drain first (the apps deleted, so requests in flight finish; at most
+# BLITZ_DRAIN_S, 60), then Serve's own shutdown, then SIGTERM/SIGKILL to Ray's processes.
 # BLITZ_SERVE_CONFIG picks another config file; BLITZ_SKIP_INSTALL=1 skips install.sh.
 #
-# Ray starts without its dashboard (scripts/serve_run.py; README, "What scripts/serve.sh
-# leaves out"): the metrics export stays, the `serve status/deploy` CLI goes.
-# BLITZ_DASHBOARD=1 keeps the dashboard.
+# Ray starts without its dashboard, log monitor and autoscaler monitor (README, "What
+# scripts/serve.sh leaves out"): the metrics export stays, the `serve status/deploy` CLI
+# and the replicas' logs on this console go (they stay in /tmp/ray/session_*/logs).
+# Arguments to this script go to `serve run`, which then stays as the driver (the old
+# path, scripts/serve_run.py), as with BLITZ_DASHBOARD=1 (the dashboard kept) or
+# BLITZ_CONSOLE_LOGS=1 (the replicas' logs on this console; ~230 MiB more at idle).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${BLITZ_SKIP_INSTALL:-0}" != "1" ] || [ ! -x .venv/bin/serve ]; then

