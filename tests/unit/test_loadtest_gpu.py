@@ -1,0 +1,38 @@
+"""loadtest.gpu's no-server part on a machine without CUDA: the GPU pool's encoder falls
+back to the CPU, so the report's accuracy and throughput rows are those of the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loadtest import gpu
+
+pytestmark = pytest.mark.slow
+
+
+def test_encode_reports_accuracy_and_every_call_size(tiny_models, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu, "REFERENCE_TEXTS", 48)
+    monkeypatch.setattr(gpu, "SIZES", (1, 32))
+    source = str(tiny_models["tiny-a"])
+    gpu.reference(source, tmp_path / "ref.npy")
+    result = gpu.encode(source, tmp_path / "ref.npy", tmp_path, seconds=0.05)
+
+    assert json.loads((tmp_path / "gpu-encode.json").read_text()) == result
+    for dtype in ("float16", "float32"):  # on the CPU both are the fp32 torch backend
+        accuracy = result["accuracy"][dtype]
+        assert accuracy["min_cos_vs_cpu_fp32"] > 0.9999
+        assert accuracy["min_cos_single_vs_batched"] > 0.9999
+    assert [(row["dtype"], row["texts_per_call"]) for row in result["throughput"]] == [
+        ("float16", 1), ("float16", 32), ("float32", 1), ("float32", 32)]
+    assert all(row["texts_per_s"] > 0 and row["calls"] >= 3 for row in result["throughput"])
+    assert result["device"]["cuda"] is False
+
+
+def test_a_reference_of_another_model_is_refused(tiny_models, tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu, "REFERENCE_TEXTS", 16)
+    monkeypatch.setattr(gpu, "SIZES", (1,))
+    gpu.reference(str(tiny_models["tiny-b"]), tmp_path / "ref-b.npy")
+    with pytest.raises(ValueError, match="reference"):  # 32 dimensions against 48
+        gpu.encode(str(tiny_models["tiny-a"]), tmp_path / "ref-b.npy", tmp_path, seconds=0.05)
