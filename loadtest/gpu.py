@@ -75,7 +75,9 @@ def _min_cos(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.min(np.sum(a * b, axis=1)))
 
 
-def encode(source: str, ref_path: Path, out: Path, seconds: float) -> dict[str, Any]:
+def encode(source: str, ref_path: Path, out: Path, seconds: float,
+           dtypes: tuple[str, ...] = ("float16", "float32"),
+           cudnn_check: bool = False) -> dict[str, Any]:
     """Accuracy and texts/s per call size of the GPU pool's encoder, no server."""
     from blitz import gpu_memory
     from blitz.encoders.loading import load_encoder, resolve_device
@@ -89,7 +91,7 @@ def encode(source: str, ref_path: Path, out: Path, seconds: float) -> dict[str, 
                               "gpu_memory": {}}
     corpus = sentences(8192, seed=1)
     kept: dict[str, np.ndarray] = {}
-    for dtype in ("float16", "float32"):
+    for dtype in dtypes:
         t = time.perf_counter()
         encoder = load_encoder(_spec(source, dtype), device)
         load_s = time.perf_counter() - t
@@ -103,23 +105,59 @@ def encode(source: str, ref_path: Path, out: Path, seconds: float) -> dict[str, 
         }
         result["gpu_memory"][f"{dtype} loaded"] = _gib(gpu_memory.read())
         embed = encoder.embed
+        cold = measure(lambda batch, embed=embed: embed(batch, normalize=True), corpus, 32,
+                       seconds, engine="blitz", backend="cold", warmup_calls=0)
+        result["throughput"].append({"dtype": dtype, "texts_per_call": 32, "pass": "cold",
+                                     "texts_per_s": round(cold.embeddings_per_s, 1),
+                                     "ms_per_call_p50": round(cold.ms_per_call_p50, 3),
+                                     "ms_per_call_mean": round(cold.ms_per_call_mean, 3),
+                                     "calls": cold.calls})
+        print(f"{dtype} first {seconds:g} s at 32 texts/call (cold): "
+              f"{cold.embeddings_per_s:,.0f} texts/s, mean {cold.ms_per_call_mean:.2f} ms", flush=True)
         for size in SIZES:
+            measure(lambda batch, embed=embed: embed(batch, normalize=True), corpus, size,
+                    1.0, engine="blitz", backend="warm-up", warmup_calls=0)
             row = measure(lambda batch, embed=embed: embed(batch, normalize=True), corpus, size,
                           seconds, engine="blitz", backend=f"{device} {dtype}", warmup_calls=3)
             result["throughput"].append({"dtype": dtype, "texts_per_call": size,
                                          "texts_per_s": round(row.embeddings_per_s, 1),
                                          "ms_per_call_p50": round(row.ms_per_call_p50, 3),
+                                         "ms_per_call_mean": round(row.ms_per_call_mean, 3),
                                          "calls": row.calls})
             print(f"{dtype} {size:>5} texts/call: {row.embeddings_per_s:>10,.0f} texts/s, "
                   f"p50 {row.ms_per_call_p50:.2f} ms/call", flush=True)
         result["gpu_memory"][f"{dtype} after 1024/call"] = _gib(gpu_memory.read())
+        if dtype == "float16" and cudnn_check:
+            result["throughput"].append(_cold_with_cudnn_attention(embed, seconds))
         del encoder, embed
         _empty_cache()
-    result["accuracy"]["min_cos_fp16_vs_fp32_same_device"] = _min_cos(kept["float16"],
-                                                                      kept["float32"])
+    if len(kept) == 2:
+        result["accuracy"]["min_cos_fp16_vs_fp32_same_device"] = _min_cos(kept["float16"],
+                                                                          kept["float32"])
     print(json.dumps(result["accuracy"], indent=1), flush=True)
     (out / "gpu-encode.json").write_text(json.dumps(result, indent=2))
     return result
+
+
+def _cold_with_cudnn_attention(embed: Any, seconds: float) -> dict[str, Any]:
+    """What ``loading.plan_free_attention`` avoids: 32 texts/call over shapes not seen yet
+    (another corpus), with cuDNN back in torch's attention."""
+    import torch
+
+    from loadtest.inprocess import measure
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        row = measure(lambda batch: embed(batch, normalize=True), sentences(8192, seed=7), 32,
+                      seconds, engine="blitz", backend="cudnn", warmup_calls=0)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    print(f"float16 {seconds:g} s at 32 texts/call, new shapes, cuDNN attention: "
+          f"{row.embeddings_per_s:,.0f} texts/s, mean {row.ms_per_call_mean:.2f} ms", flush=True)
+    return {"dtype": "float16", "texts_per_call": 32, "pass": "cold, cuDNN attention",
+            "texts_per_s": round(row.embeddings_per_s, 1),
+            "ms_per_call_p50": round(row.ms_per_call_p50, 3),
+            "ms_per_call_mean": round(row.ms_per_call_mean, 3), "calls": row.calls}
 
 
 def _gib(reading: dict[tuple[str, str], int]) -> dict[str, float]:
@@ -226,7 +264,7 @@ def serve_run(source: str, out: Path, seconds: float, zero_delay_s: float) -> di
     print("cold start:", result["cold_start"], flush=True)
     result["gpu_memory_metric_warm"] = _gpu_memory_metric()
     profiles = [("single", 1, 32), ("batch32", 32, 4), ("batch256", 256, 4),
-                ("batch1024", 1024, 2)]
+                ("batch1024", 1024, 2), ("single-again", 1, 32)]
     result["profiles"] = [_profile(name, out, seconds, n, c) for name, n, c in profiles]
     time.sleep(6)  # one gauge tick after the largest batches
     result["gpu_memory_metric_after_profiles"] = _gpu_memory_metric()
@@ -257,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     enc.add_argument("--reference", type=Path, required=True)
     enc.add_argument("--out", type=Path, required=True)
     enc.add_argument("--seconds", type=float, default=3.0)
+    enc.add_argument("--dtypes", default="float16,float32")
+    enc.add_argument("--cudnn-check", action="store_true",
+                     help="also time new shapes with cuDNN in torch's attention (float16)")
     srv = sub.add_parser("serve", help="the served profiles, cold start and scale to zero")
     srv.add_argument("--source", required=True)
     srv.add_argument("--out", type=Path, required=True)
@@ -267,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         reference(args.source, args.out)
     elif args.command == "encode":
         args.out.mkdir(parents=True, exist_ok=True)
-        encode(args.source, args.reference, args.out, args.seconds)
+        encode(args.source, args.reference, args.out, args.seconds,
+               tuple(args.dtypes.split(",")), args.cudnn_check)
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         serve_run(args.source, args.out, args.seconds, args.zero_delay)

@@ -27,7 +27,7 @@ with lzma.open('.gpu/a/model.safetensors.xz') as src, open(sys.argv[1], 'wb') as
     shutil.copyfileobj(src, dst, 1 << 24)" "$MODEL/model.safetensors"
     "$PY" -m pip list 2>/dev/null | grep -i -E '^(torch|transformers|sentence|tokenizers|numpy|pydantic) ' || true
     "$PY" -m loadtest.gpu encode --source "$MODEL" --reference .gpu/a/reference.npy \
-      --out "$OUT" --seconds "${SECONDS_PER_SIZE:-3}" 2>&1 | tee "$OUT/encode.log"
+      --out "$OUT" --seconds "${SECONDS_PER_SIZE:-3}" ${ENCODE_ARGS:-} 2>&1 | tee "$OUT/encode.log"
     ;;
   serve)
     test -f "$MODEL/model.safetensors" || { echo "no model at $MODEL: run encode first on this machine"; exit 3; }

@@ -161,6 +161,19 @@ def _torch_dtype(spec: ModelSpec, device: str) -> Any:
     import torch
 
     if device.startswith("cuda"):
+        plan_free_attention(torch)
         return {"float16": torch.float16, "bfloat16": torch.bfloat16,
                 "float32": torch.float32}[spec.gpu_dtype]
     return torch.float32
+
+
+def plan_free_attention(torch: Any) -> None:
+    """Keep cuDNN out of torch's attention on CUDA, for this process.
+
+    torch (2.5 and later) sends a masked ``scaled_dot_product_attention`` to cuDNN first
+    on Hopper and newer GPUs, and cuDNN builds an execution plan for each new (batch,
+    length) shape it sees: ~0.2 s each on an H200. A GPU pool batches whatever requests
+    are waiting, so nearly every batch is a new shape, and the single profile served 154
+    texts/s at a 200 ms p50 (BENCHMARKS.md, "GPU"). The flash and memory-efficient
+    kernels need no plan; torch falls back to them."""
+    torch.backends.cuda.enable_cudnn_sdp(False)

@@ -295,6 +295,24 @@ def test_cuda_request_falls_back_to_cpu_without_cuda():
     assert resolve_device("cuda") == "cpu"
 
 
+def test_gpu_models_keep_cudnn_out_of_attention():
+    """cuDNN builds an attention plan per new batch shape (~0.2 s on an H200, BENCHMARKS.md
+    "GPU"): a model opened for CUDA turns it off for the process; CPU models leave it."""
+    import torch
+
+    from blitz.encoders.loading import _torch_dtype
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        assert _torch_dtype(ModelSpec(id="m", source="x"), "cpu") == torch.float32
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        assert _torch_dtype(ModelSpec(id="m", source="x"), "cuda") == torch.float16
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
 def test_every_kind_and_cpu_backend_has_one_opener():
     from typing import get_args
 
