@@ -171,6 +171,14 @@ class IngressSettings(_Settings):
         True, description="send each reply's time per hop as a `server-timing` header, in "
         "ms (total, ingress, ingress-queue, handle, pool-queue, worker-wait, model, "
         "pool-other: README, \"Where a request's time goes\")")
+    cpu_pool: Literal["replicas", "in_process"] = Field(
+        "replicas", description="where the CPU pool's models run. `replicas`: replicas of "
+        "their own, scaled on their own, called over Serve's handle hop. `in_process`: "
+        "inside each ingress replica, one hop and one process less (BENCHMARKS.md, \"One "
+        "hop less\"); the ingress then claims the CPU pool's CPUs besides its own and "
+        "scales as one with it, and a model that crashes takes the ingress down with it. "
+        "The CPU pool's settings apply either way; its `deployment` options only to "
+        "`replicas`")
     deployment: dict[str, Any] = Field(
         default_factory=dict, description="Ray Serve deployment options of the ingress, as "
         "`cpu_pool.deployment`; merged over Blitz's defaults (below)")

@@ -9,7 +9,7 @@ import ray
 from ray.serve import Application
 
 from blitz.config import BlitzSettings, IngressSettings, PoolSettings
-from deployments.ingress import Ingress
+from deployments.ingress import Ingress, IngressWithCpuPool
 from deployments.pool import ModelPool
 from deployments.serve_options import deployment_options
 
@@ -85,13 +85,27 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     use_gpu = settings.gpu == "on" or (settings.gpu == "auto" and cluster_has_gpus())
     free = _available_resources()  # on a redeploy, the old replicas hold theirs
     # mypy keeps a class's own type under a class decorator: these are Deployments
-    cpu_pool = ModelPool.options(  # type: ignore[attr-defined]
-        **fit_surge(options["cpu"], free)).bind(plain, "cpu")
     gpu_pool = (ModelPool.options(  # type: ignore[attr-defined]
         **fit_surge(options["gpu"], free)).bind(plain, "gpu") if use_gpu else None)
-    logger.info("blitz: %d model(s), GPU pool %s", len(settings.models),
+    in_process = settings.ingress.cpu_pool == "in_process"
+    logger.info("blitz: %d model(s), CPU pool %s, GPU pool %s", len(settings.models),
+                "in the ingress" if in_process else "in replicas of its own",
                 "bound" if use_gpu else "not bound")
+    if in_process:
+        ingress = with_cpu_claim(options["ingress"], settings.cpu_pool)
+        return IngressWithCpuPool.options(**fit_surge(ingress, free)).bind(  # type: ignore[attr-defined]
+            plain, gpu_pool)
+    cpu_pool = ModelPool.options(  # type: ignore[attr-defined]
+        **fit_surge(options["cpu"], free)).bind(plain, "cpu")
     return Ingress.options(**fit_surge(options["ingress"], free)).bind(  # type: ignore[attr-defined]
         plain, cpu_pool, gpu_pool)
+
+
+def with_cpu_claim(ingress: dict[str, Any], cpu_pool: PoolSettings) -> dict[str, Any]:
+    """The ingress's Serve options when the CPU pool runs inside it: the CPUs it claims
+    itself plus the CPU pool's claim, under the ingress's deployment name."""
+    actor = dict(ingress.get("ray_actor_options") or {})
+    actor["num_cpus"] = float(actor.get("num_cpus", 0)) + cpu_pool.num_cpus
+    return {**ingress, "ray_actor_options": actor}
 
 app = build_app  # `serve run deployments.app:build_app` and serve_config.yaml both work

@@ -29,6 +29,7 @@ from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
 from blitz.service import EmbeddingService
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.metrics import metrics
+from deployments.pool import in_process
 from deployments.replicas import PoolWaker, running_replicas, watch
 
 logger = logging.getLogger("ray.serve")
@@ -139,6 +140,30 @@ class ServeDispatcher:
         return result
 
 
+class InProcessCpuDispatcher(ServeDispatcher):
+    """``ServeDispatcher`` with the CPU pool inside this replica (``ingress.cpu_pool:
+    in_process``): CPU pool calls go to the pool object here, with the same per-(pool,
+    model) queue in front of them; GPU pool calls still take the handle hop."""
+
+    def __init__(self, settings: BlitzSettings, cpu_pool: Any,
+                 handles: dict[str, DeploymentHandle]):
+        super().__init__(settings, handles)
+        self.cpu_pool = cpu_pool
+        self.pools = self.pools | {"cpu"}
+
+    def running_pools(self) -> frozenset[str]:
+        return super().running_pools() | {"cpu"}  # it runs wherever this code runs
+
+    async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
+        if pool != "cpu":
+            return await super()._call(pool, model_id, method, arg)
+        started = time.perf_counter()
+        results = await getattr(self.cpu_pool, f"{method}_for")(model_id, arg)
+        timing.mark(results, "ingress-queue", started)
+        timing.record(results, call=time.perf_counter() - started)
+        return results
+
+
 def _http_host() -> str | None:
     """The host Serve's HTTP proxies listen on (``http_options.host``); None if unknown."""
     try:
@@ -151,15 +176,15 @@ def _http_host() -> str | None:
         return None
 
 
-@serve.deployment
-@serve.ingress()  # HTTP: the ASGI app from __serve_build_asgi_app__, no adapter in between
-class Ingress:
-    def __init__(self, settings: dict[str, Any], cpu_pool: DeploymentHandle,
-                 gpu_pool: DeploymentHandle | None = None):
-        route_library_logs_to_serve()
-        self.settings = BlitzSettings.from_args(settings)
-        handles = {"cpu": cpu_pool} | ({"gpu": gpu_pool} if gpu_pool is not None else {})
-        self.service = EmbeddingService(self.settings, ServeDispatcher(self.settings, handles),
+class _IngressMethods:
+    """What both ingress deployments answer: HTTP (the ASGI app) and the handle API."""
+
+    settings: BlitzSettings
+    service: EmbeddingService
+    api: HttpApi
+
+    def _serve(self, dispatcher: ServeDispatcher) -> None:
+        self.service = EmbeddingService(self.settings, dispatcher,
                                         observer=metrics.observe_request,
                                         route_observer=metrics.observe_route)
         self.api = HttpApi(self.service)
@@ -187,3 +212,35 @@ class Ingress:
         return await self.service.rerank(query, documents, model=model, top_n=top_n,
                                          return_documents=return_documents,
                                          truncate=truncate)
+
+
+@serve.deployment
+@serve.ingress()  # HTTP: the ASGI app from __serve_build_asgi_app__, no adapter in between
+class Ingress(_IngressMethods):
+    """The ingress with the pools in replicas of their own (``ingress.cpu_pool: replicas``)."""
+
+    def __init__(self, settings: dict[str, Any], cpu_pool: DeploymentHandle,
+                 gpu_pool: DeploymentHandle | None = None):
+        route_library_logs_to_serve()
+        self.settings = BlitzSettings.from_args(settings)
+        handles = {"cpu": cpu_pool} | ({"gpu": gpu_pool} if gpu_pool is not None else {})
+        self._serve(ServeDispatcher(self.settings, handles))
+
+
+@serve.deployment
+@serve.ingress()
+class IngressWithCpuPool(_IngressMethods):
+    """The ingress with the CPU pool inside it (``ingress.cpu_pool: in_process``): built
+    like a CPU pool replica (its ``preload`` models resident before the first request),
+    and unhealthy when that pool is."""
+
+    async def __init__(self, settings: dict[str, Any],  # type: ignore[misc]
+                       gpu_pool: DeploymentHandle | None = None):
+        route_library_logs_to_serve()
+        self.settings = BlitzSettings.from_args(settings)
+        self.cpu_pool = await in_process(settings, "cpu")
+        handles = {"gpu": gpu_pool} if gpu_pool is not None else {}
+        self._serve(InProcessCpuDispatcher(self.settings, self.cpu_pool, handles))
+
+    async def check_health(self) -> None:
+        await self.cpu_pool.check_health()

@@ -201,7 +201,12 @@ class ModelPool:
         """Several requests' jobs in one call (the ingress merges concurrent ones), of any
         kind: they enter the model's one queue together, so they can share a batch, and
         each gets its own result or error, so one bad job fails alone."""
-        model_id = self._model_id()
+        return await self.run_jobs_for(self._model_id(), jobs)
+
+    async def run_jobs_for(self, model_id: str, jobs: list[Job]) -> list[Encoded | BaseException]:
+        """``run_jobs`` for ``model_id`` named by the caller: a pool inside the ingress's
+        replica (``in_process``) has no Serve request to carry the id."""
+        self.registry.get(model_id)  # an unknown id: UnknownModel (404)
         self.workers.refuse_if_stuck(f"model {model_id!r}")  # queued, it could never run
         entered = time.perf_counter()
         try:
@@ -213,12 +218,9 @@ class ModelPool:
         return results
 
     def _model_id(self) -> str:
-        """The request's model id, when the registry knows it (``UnknownModel``, 404,
-        otherwise): a handle caller can send any id, and none may create a batcher or a
-        metric label here."""
-        model_id = serve.get_multiplexed_model_id()
-        self.registry.get(model_id)
-        return model_id
+        """The request's model id (``run_jobs_for`` checks it: a handle caller can send
+        any id, and none may create a batcher or a metric label here)."""
+        return serve.get_multiplexed_model_id()
 
     def _batcher(self, model_id: str) -> Batcher:
         batcher = self._batchers.get(model_id)
@@ -260,3 +262,14 @@ class ModelPool:
                 "waiting_for_workers": self.workers.waiting,
                 "loading": self.loads.loading, "queued_loads": self.loads.queued,
                 "load_overdue_s": round(self.loads.overdue_s(), 3)}
+
+
+async def in_process(settings: dict[str, Any], pool: str = "cpu") -> Any:
+    """Pool ``pool``'s replica object, built inside the calling replica (the ingress, with
+    ``ingress.cpu_pool: in_process``): the same models, queues, worker threads, health
+    check and metrics as a replica of its own, called without a Serve hop. Serve builds a
+    replica the same way: the object first, then its async constructor awaited."""
+    cls = ModelPool.func_or_class  # type: ignore[attr-defined]
+    replica = cls.__new__(cls)
+    await replica.__init__(settings, pool)
+    return replica

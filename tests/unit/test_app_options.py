@@ -8,7 +8,14 @@ import re
 import pytest
 
 from blitz.config import BlitzSettings
-from deployments.app import _ingress_options, _pool_options, build_app, fit_surge, surge_fits
+from deployments.app import (
+    _ingress_options,
+    _pool_options,
+    build_app,
+    fit_surge,
+    surge_fits,
+    with_cpu_claim,
+)
 
 
 def test_custom_resources_pin_pools_and_ingress_to_nodes_that_have_them():
@@ -106,3 +113,20 @@ def test_old_flat_serve_options_still_work_with_one_warning_naming_the_new_spell
     assert len(cpu) == 1 and "cpu_pool.deployment" in cpu[0] and "autoscaling_config" in cpu[0]
     again = BlitzSettings.model_validate(old.model_dump(mode="json"))  # what replicas get
     assert again == old
+
+
+def test_an_ingress_holding_the_cpu_pool_claims_its_cpus_besides_its_own():
+    settings = BlitzSettings.from_args({
+        "ingress": {"cpu_pool": "in_process"},
+        "cpu_pool": {"workers": 2, "torch_threads": 1,
+                     "deployment": {"ray_actor_options": {"resources": {"head": 0.01}}}}})
+    ingress = with_cpu_claim(_ingress_options(settings.ingress), settings.cpu_pool)
+    assert ingress["name"] == "Ingress"  # the same deployment name either way
+    assert ingress["ray_actor_options"]["num_cpus"] == 0.5 + 2  # its own + workers x threads
+    assert _ingress_options(settings.ingress)["ray_actor_options"]["num_cpus"] == 0.5
+
+
+def test_the_cpu_pool_runs_in_replicas_of_its_own_unless_told():
+    assert BlitzSettings().ingress.cpu_pool == "replicas"
+    with pytest.raises(ValueError, match="cpu_pool"):
+        BlitzSettings.from_args({"ingress": {"cpu_pool": "inside"}})

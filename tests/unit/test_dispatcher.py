@@ -214,3 +214,32 @@ def test_a_handle_whose_replicas_cannot_be_read_counts_as_running():
                         {"cpu": FakeHandle([]), "gpu": StatsHandle()})
     assert running_replicas(StatsHandle()) is None
     assert d.running_pools() == {"cpu", "gpu"}
+
+
+class LocalPool:
+    """Stands in for a CPU pool object inside the ingress (``ingress.cpu_pool: in_process``)."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, int]] = []
+
+    async def run_jobs_for(self, model_id, jobs):
+        self.calls.append((model_id, len(jobs)))
+        return [Encoded(np.full((len(job), 4), 2.0, np.float32), np.ones(len(job), np.int64))
+                for job in jobs]
+
+
+async def test_an_in_process_cpu_pool_is_called_here_and_the_gpu_pool_over_its_handle():
+    from deployments.ingress import InProcessCpuDispatcher
+
+    settings = BlitzSettings.from_args({"models": [{"id": "m", "source": "fake:4"}]})
+    local, gpu = LocalPool(), FakeHandle([])
+    d = InProcessCpuDispatcher(settings, local, {"gpu": gpu})
+    assert d.pools == {"cpu", "gpu"}
+    assert "cpu" in d.running_pools()  # it runs wherever the ingress runs
+
+    cpu_result = await d.embed("cpu", "m", EmbedJob(texts=["a", "b"]))
+    gpu_result = await d.embed("gpu", "m", EmbedJob(texts=["c"]))
+    assert local.calls == [("m", 1)] and gpu.calls == [1]  # each pool got its own job
+    assert cpu_result.values.shape == (2, 4) and float(cpu_result.values[0, 0]) == 2.0
+    assert gpu_result.values.shape == (1, 4) and float(gpu_result.values[0, 0]) == 1.0
+    assert "ingress-queue" in cpu_result.timings  # the hop is timed like a handle call
