@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `ingress.cpu_pool: replicas` (the CPU pool in replicas of its own, the default) against
-# `in_process` (its models inside the ingress replica), interleaved (BENCHMARKS.md, "One
-# hop less"): one Ray started by scripts/serve.sh with two applications of
+# `ingress.cpu_pool: replicas` (the CPU pool in replicas of its own) against `in_process`
+# (its models inside the ingress replica), interleaved
+# (BENCHMARKS.md, "One hop less"): one Ray started by scripts/serve.sh with two applications of
 # serve_config.yaml, `/` (replicas) and `/local` (in_process), each claiming one CPU of
 # this 2-core machine (a claim, not a limit: both run the same threads); then ROUNDS
 # rounds of, for each in turn: one user (`loadtest hops`, 1 text, 1 in flight, beside the
@@ -24,6 +24,7 @@ import yaml
 with open("serve_config.yaml") as f:
     config = yaml.safe_load(f)
 app = config["applications"][0]
+app["args"].setdefault("ingress", {})["cpu_pool"] = "replicas"
 pool = app["args"]["cpu_pool"].setdefault("deployment", {})
 pool.setdefault("ray_actor_options", {})["num_cpus"] = 1
 local = copy.deepcopy(app)

@@ -10,7 +10,7 @@ earlier, so this can be longer than the recovery), both moments in wall-clock ti
 replica log's "constructed in" line gives the constructor's end and length: compare),
 and every status seen meanwhile.
 
-    python -m loadtest.recovery [--url URL] [--model minilm] [--deployment CPUPool]
+    python -m loadtest.recovery [--url URL] [--model minilm] [--deployment CPUPool|Ingress]
 """
 
 from __future__ import annotations
@@ -108,10 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--app", default="blitz")
-    parser.add_argument("--deployment", default="CPUPool")
+    parser.add_argument("--deployment", help="default: CPUPool, or Ingress where the CPU "
+                        "pool runs inside it (ingress.cpu_pool: in_process)")
     parser.add_argument("--every-ms", type=float, default=20.0)
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.url, args.model, args.app, args.deployment,
+    deployment = args.deployment or (
+        "CPUPool" if replica_pids(args.app, "CPUPool") else "Ingress")
+    print(json.dumps(measure(args.url, args.model, args.app, deployment,
                              args.every_ms / 1000)))
     return 0
 
