@@ -19,7 +19,8 @@
 # read them as one run's figures, ratios within a row only.
 #
 # Stops any Ray/Serve running here first: Blitz is started with scripts/serve.sh on
-# serve_config.yaml, or with the BERT-base rows on OUT_DIR/bench_config.yaml: serve_config.yaml
+# serve_config.yaml (BLITZ_SERVE_CONFIG: another file, e.g. one with `ingress.cpu_pool:
+# in_process`), or with the BERT-base rows on OUT_DIR/bench_config.yaml: serve_config.yaml
 # plus the BERT-base model on each backend
 # (`python -m loadtest.models bert-base DIR --serve-config serve_config.yaml`).
 # Every server the script starts is stopped on exit, failure or Ctrl-C included
@@ -100,7 +101,7 @@ start_infinity() {  # start_infinity ENGINE NAME DIR PORT LOG
 }
 start_blitz() {  # once; stays up for the rounds and the Blitz extras
   [ "${BLITZ_STARTED:-0}" = 1 ] && return 0
-  local config=serve_config.yaml
+  local config="${BLITZ_SERVE_CONFIG:-serve_config.yaml}"
   if part blitz && model bert-base; then
     "$PY" -m loadtest.models bert-base "$BERT" --serve-config serve_config.yaml > "$OUT/bench_config.yaml"
     config="$OUT/bench_config.yaml"
