@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 import httpx
+import pytest
 
 from blitz import codecs
 from tests.faults.conftest import small_app
@@ -245,21 +246,24 @@ def cpus_claimed(cpus: float):
         remove_placement_group(group)
 
 
-async def test_redeploy_on_a_cluster_with_no_free_cpu_completes(deploy):
+@pytest.mark.parametrize("cpu_pool", ["replicas", "in_process"])
+async def test_redeploy_on_a_cluster_with_no_free_cpu_completes(deploy, cpu_pool):
     """Every CPU of the cluster is claimed (the app's replicas and a placement group hold
     them all): a redeploy that adds a model must still complete, the ingress replaced in
     place, not wait forever for room for its surge replica while the old config serves on.
     Every request answers 200 or 503 with Retry-After, and the new model answers within the
-    bound."""
+    bound. With the CPU pool inside the ingress (``in_process``) the ingress's replacement
+    is the pool's too: the same holds."""
     import ray
     from ray import serve
 
     from deployments.app import build_app
 
-    app = "fault-redeploy-full"
+    app = f"fault-redeploy-full-{cpu_pool.replace('_', '-')}"
     ingress_cpus = 0.5
     pool = {"deployment": {"ray_actor_options": {"num_cpus": 0.1}}}
-    ingress = {"deployment": {"ray_actor_options": {"num_cpus": ingress_cpus}}}
+    ingress = {"cpu_pool": cpu_pool,
+               "deployment": {"ray_actor_options": {"num_cpus": ingress_cpus}}}
     before = small_app([{"id": "a", "source": "fake:8"}], cpu_pool=pool, ingress=ingress)
     after = small_app([{"id": "a", "source": "fake:8"}, {"id": "b", "source": "fake:16"}],
                       cpu_pool=pool, ingress=ingress)
