@@ -4,7 +4,9 @@
 #   bash loadtest/gpu_device.sh encode   carry .gpu/a: the fp16 model (xz), pinned HF wheels
 #   bash loadtest/gpu_device.sh serve    carry .gpu/b: Ray 2.60 (no Java jars) and Serve's deps
 # The model and the installs of the first call stay on the machine for the second while it
-# is warm. Results land in $OUT (the device tool's return folder) or ./gpu-out.
+# is warm. `python -m loadtest.gpu_bundles` builds .gpu/a and .gpu/b here (git-ignored:
+# `echo /.gpu/ >> .git/info/exclude`). Results land in $OUT (the device tool's return
+# folder) or ./gpu-out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
@@ -18,7 +20,7 @@ case "${1:?encode or serve}" in
   encode)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     "$PY" -V
-    pip_in --find-links .gpu/a/whl --find-links .gpu/a/extra transformers==4.57.6 \
+    pip_in --find-links .gpu/a/whl transformers==4.57.6 \
       sentence-transformers==5.7.0 msgpack-numpy orjson pydantic==2.14.4
     mkdir -p "$MODEL"
     cp -r .gpu/a/model/. "$MODEL/"
