@@ -149,6 +149,21 @@ def model_folder(into: Path) -> Path:
     return source
 
 
+MARKER = ".blitz-gpu-bundle"  # in each folder this module built, and only there
+
+
+def fresh(folder: Path) -> None:
+    """``folder`` empty and marked as this module's; an existing folder is emptied only
+    when it carries the mark (one this module built), never anything else."""
+    if folder.exists():
+        if not (folder / MARKER).is_file():
+            raise SystemExit(f"{folder} exists and was not built by loadtest.gpu_bundles: "
+                             "move it away or pick another --out")
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    (folder / MARKER).write_text("built by python -m loadtest.gpu_bundles\n")
+
+
 def size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -160,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     a, b = args.out / "a", args.out / "b"
     for folder in (a, b):
-        shutil.rmtree(folder, ignore_errors=True)
+        fresh(folder)
     from loadtest.gpu import reference
 
     source = model_folder(a)

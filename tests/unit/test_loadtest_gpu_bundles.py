@@ -48,3 +48,20 @@ def test_dropped_folders_leave_the_wheel_and_its_record(tmp_path):
 def test_a_file_to_strip_that_is_not_there_fails(tmp_path):
     with pytest.raises(SystemExit, match="nothing to strip"):
         strip_wheel(_wheel(tmp_path), (), ("pkg/not_here.so",))
+
+
+def test_only_folders_it_built_are_emptied(tmp_path):
+    from loadtest.gpu_bundles import MARKER, fresh
+
+    theirs = tmp_path / "a"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("someone's")
+    with pytest.raises(SystemExit, match="not built by"):
+        fresh(theirs)
+    assert (theirs / "notes.txt").read_text() == "someone's"
+
+    ours = tmp_path / "b"
+    fresh(ours)
+    (ours / "old.whl").write_text("x")
+    fresh(ours)  # rebuilt: emptied, marked again
+    assert sorted(p.name for p in ours.iterdir()) == [MARKER]
