@@ -15,6 +15,7 @@ from functools import cached_property
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
+from blitz.metric_buffer import MetricBuffer
 from blitz.service import RequestRecord
 
 SERVE_METRICS_CHARTED = (
@@ -37,7 +38,13 @@ LATENCY_BOUNDS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 
 class BlitzMetrics:
-    """Created lazily so that importing this module never touches Ray."""
+    """Created lazily so that importing this module never touches Ray. What is recorded
+    for every request or queue change (requests, texts, tokens, 503 replies, routing
+    decisions, queue depths) goes through ``buffer`` (``blitz.metric_buffer``: gathered,
+    recorded once a second); rarer events and histograms are recorded at once."""
+
+    def __init__(self) -> None:
+        self.buffer = MetricBuffer()
 
     @cached_property
     def requests(self) -> Counter:
@@ -148,24 +155,24 @@ class BlitzMetrics:
         """The service's observer: one finished request."""
         tags = {"route": record.route, "model": record.model or "-",
                 "pool": record.pool or "-"}
-        self.requests.inc(tags={**tags, "status": str(status)})
+        self.buffer.inc(self.requests, 1, {**tags, "status": str(status)})
         self.request_seconds.observe(seconds, tags=tags)
         if record.texts:
-            self.texts.inc(record.texts, tags=tags)
+            self.buffer.inc(self.texts, record.texts, tags)
         if record.tokens:
-            self.tokens.inc(record.tokens, tags=tags)
+            self.buffer.inc(self.tokens, record.tokens, tags)
         if status == 503:
             reason = record.error if record.error in RETRY_LATER_REASONS else "other"
-            self.unavailable_replies.inc(tags={"route": record.route, "pool": tags["pool"],
-                                               "reason": reason})
+            self.buffer.inc(self.unavailable_replies, 1,
+                            {"route": record.route, "pool": tags["pool"], "reason": reason})
 
     def waiting(self, hop: str, pool: str, model: str) -> Callable[[int], None]:
         """A Batcher's ``on_waiting``: sets the queue-depth gauge of one hop and model."""
         tags = {"hop": hop, "pool": pool, "model": model}
-        return lambda texts: self.waiting_texts.set(texts, tags=tags)
+        return lambda texts: self.buffer.set(self.waiting_texts, texts, tags)
 
     def observe_route(self, pool: str, reason: str) -> None:
-        self.route_decisions.inc(tags={"pool": pool, "reason": reason})
+        self.buffer.inc(self.route_decisions, 1, {"pool": pool, "reason": reason})
 
 
 metrics = BlitzMetrics()
