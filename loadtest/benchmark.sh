@@ -27,8 +27,10 @@
 # (scripts/serve.sh stops the Ray and HAProxy it started); on a shared machine, STOP_RAY=0
 # skips stopping the Ray/Serve/HAProxy processes of others before and after.
 # Each round ends with one user (1 text, 1 in flight: `loadtest hops`, requests per block
-# ONE_USER_N, 300) against Blitz minilm-int8 and each Infinity engine, each beside the
-# in-process int8 call, with Blitz's server-timing breakdown per hop.
+# ONE_USER_N, 300) against Blitz minilm-int8, the HTTP floor (`loadtest.floor_server` on
+# :8002: one uvicorn process, the same int8 call on a worker thread, no proxy or queue) and
+# each Infinity engine, each beside the in-process int8 call, with Blitz's server-timing
+# breakdown per hop.
 # Environment: ROUNDS (3) interleaved rounds; DUR/WARM seconds per MiniLM figure (20/5);
 # INFINITY_ENGINES in the rounds (optimum: the faster engine on MiniLM in every earlier
 # run; "optimum torch" for both); BERT_DUR/BERT_WARM for the BERT-base rows (15/5);
@@ -196,6 +198,9 @@ if part rounds && model minilm; then
     start_infinity "$engine" minilm "$MINILM" "$port" "$OUT/rounds-infinity-$engine.log"
     ports+=("$engine:$port")
   done
+  echo "== the HTTP floor (loadtest.floor_server): minilm int8 on :8002, up for the rounds"
+  start_server "$OUT/rounds-floor.log" "$PY" -m loadtest.floor_server --port 8002
+  wait_for http://127.0.0.1:8002/health 300
   failed() { echo "!! $1 failed; this round reports it as missing" >&2; }
   for round in $(seq 1 "$ROUNDS"); do
     dir="$OUT/rounds/r$round"; mkdir -p "$dir"
@@ -217,6 +222,9 @@ if part rounds && model minilm; then
     echo "== round $round/$ROUNDS, one user (1 text, 1 in flight): Blitz minilm-int8 and Infinity, each beside the in-process call"
     "$PY" -m loadtest hops --model minilm-int8 --inprocess onnx-int8 --gap-ms 4 --rounds 2 --per-round "$ONE_USER_N" \
       --out "$dir/oneuser-blitz-minilm-int8.json" > /dev/null || failed "one user, blitz"
+    "$PY" -m loadtest hops --url http://127.0.0.1:8002 --model minilm-int8 --inprocess onnx-int8 \
+      --gap-ms 4 --rounds 2 --per-round "$ONE_USER_N" --out "$dir/oneuser-floor.json" > /dev/null \
+      || failed "one user, the HTTP floor"
     for entry in "${ports[@]}"; do
       engine="${entry%%:*}"; port="${entry##*:}"
       "$PY" -m loadtest hops --url "http://127.0.0.1:$port" --api openai-float --path /embeddings \
@@ -224,7 +232,7 @@ if part rounds && model minilm; then
         --out "$dir/oneuser-infinity-$engine.json" > /dev/null || failed "one user, infinity $engine"
     done
   done
-  for _ in "${ports[@]}"; do stop_last_server; done
+  for _ in "${ports[@]}" floor; do stop_last_server; done
   "$PY" -m loadtest rounds "$OUT" | tee "$OUT/rounds.md"
 fi
 

@@ -228,6 +228,7 @@ def raw_markdown(rounds: Sequence[Round]) -> str:
 
 ONE_USER = "oneuser-"  # DIR/rounds/rN/oneuser-<name>.json
 ONE_USER_NAME = "blitz-minilm-int8"  # the figure the targets are about
+FLOOR_NAME = "floor"  # loadtest.floor_server: the least HTTP server, the same model call
 OVER_INPROCESS_MS = 1.5  # target: served p50 <= in-process call p50 + this
 P99_OVER_P50 = 2.0  # target: served p99 <= this x served p50
 
@@ -288,6 +289,7 @@ def one_user_markdown(rounds: Sequence[Mapping[str, Mapping[str, Any]]]) -> str:
         [f"{ONE_USER_NAME} p99 <= {P99_OVER_P50:g}x p50",
          "-" if tail is None else f"{tail.median:.2f}x ({tail.low:.2f}-{tail.high:.2f})",
          _at_most(tail, P99_OVER_P50, "x")]])
+    floor = _floor_markdown(rounds)
     hops = sorted({h for m in mine if m for h in (m.get("hops_p50_ms") or {})},
                   key=_hop_order)
     hop_rows = []
@@ -299,9 +301,33 @@ def one_user_markdown(rounds: Sequence[Mapping[str, Mapping[str, Any]]]) -> str:
         "### One user: 1 text, 1 in flight, beside the in-process call\n",
         "Medians over rounds (spread min-max); each round alternates blocks of served "
         "requests and in-process calls (`loadtest hops`).\n", targets, table,
+        *([floor] if floor else []),
         f"Where {ONE_USER_NAME}'s time goes (server-timing p50 per hop, ms; `proxy` is the "
         "client's latency beyond the server's total):\n",
         markdown_table(["hop", "median of p50s", "spread"], hop_rows)])
+
+
+def _over(a: Mapping[str, Any] | None, a_keys: tuple[str, ...], b: Mapping[str, Any] | None,
+          b_keys: tuple[str, ...]) -> float | None:
+    x, y = _get(a, *a_keys), _get(b, *b_keys)
+    return None if x is None or y is None else x - y
+
+
+def _floor_markdown(rounds: Sequence[Mapping[str, Mapping[str, Any]]]) -> str:
+    """What any HTTP server pays here (the floor server's p50 beyond its in-process call)
+    and what Blitz adds to it (Blitz's p50 beyond the floor server's), per round."""
+    p50 = ("served", "p50")
+    floor = spread([_over(r.get(FLOOR_NAME), p50, r.get(FLOOR_NAME), ("inprocess", "p50"))
+                    for r in rounds])
+    beyond = spread([_over(r.get(ONE_USER_NAME), p50, r.get(FLOOR_NAME), p50) for r in rounds])
+    if floor is None or beyond is None:
+        return ""
+    return (f"The HTTP floor (`python -m loadtest.floor_server`: one uvicorn process, the "
+            f"same model call on a worker thread, no proxy, queue or checks) answers one user "
+            f"**+{floor.median:.2f} ms** ({floor.low:.2f} to {floor.high:.2f}) beyond its "
+            f"in-process call; {ONE_USER_NAME} answers **+{beyond.median:.2f} ms** "
+            f"({beyond.low:.2f} to {beyond.high:.2f}) beyond the floor (medians over "
+            f"{beyond.rounds} rounds).\n")
 
 
 def _at_most(s: Spread | None, limit: float, unit: str) -> str:

@@ -185,3 +185,23 @@ def test_one_user_reports_medians_the_targets_and_the_hops(tmp_path):
 def test_one_user_is_left_out_when_not_measured(tmp_path):
     _round(tmp_path, 1, ceiling=(800, 600), int8=(500, 700))
     assert "One user" not in rounds.report(tmp_path)
+
+
+def test_one_user_reports_the_http_floor_and_what_blitz_adds_to_it(tmp_path):
+    # Blitz p50 4, 3, 5; the floor server's p50 3.0, 2.5, 3.5 beside in-process 2.0, 1.5, 2.0
+    for n, (blitz_p50, floor_p50, floor_inproc) in enumerate(
+            [(4.0, 3.0, 2.0), (3.0, 2.5, 1.5), (5.0, 3.5, 2.0)], start=1):
+        _round(tmp_path, n, ceiling=(800, 600), int8=(500, 700))
+        folder = tmp_path / "rounds" / f"r{n}"
+        _one_user(folder / "oneuser-blitz-minilm-int8.json", (blitz_p50, 8.0), 2.0)
+        _one_user(folder / "oneuser-floor.json", (floor_p50, 6.0), floor_inproc)
+    text = rounds.report(tmp_path)
+    # floor over its in-process call: 1.0, 1.0, 1.5; Blitz over the floor: 1.0, 0.5, 1.5
+    assert "answers one user **+1.00 ms** (1.00 to 1.50) beyond its in-process call" in text
+    assert "blitz-minilm-int8 answers **+1.00 ms** (0.50 to 1.50) beyond the floor" in text
+
+
+def test_the_floor_is_left_out_when_not_measured(tmp_path):
+    _round(tmp_path, 1, ceiling=(800, 600), int8=(500, 700))
+    _one_user(tmp_path / "rounds" / "r1" / "oneuser-blitz-minilm-int8.json", (4.0, 8.0), 2.0)
+    assert "HTTP floor" not in rounds.report(tmp_path)
