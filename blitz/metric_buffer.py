@@ -1,34 +1,36 @@
-"""Counter increments and gauge values gathered in the process, recorded once a second.
+"""Metric values gathered in the process and recorded by a background thread once a second.
 
-Recording one value on a Ray metric costs the caller tens of microseconds (tags merged
-and checked in Python, then handed to Ray's core), and the ingress recorded about ten
-per request: under load that was a fifth of its event loop's time (py-spy, BENCHMARKS.md
-"Round nine"). A counter is a sum and a gauge its last value, so both can be gathered
-here and handed on once per ``interval_s`` and label set, which changes nothing a
-scrape reads (Ray itself exports every few seconds) and costs a dict update per value.
-Histograms need every value and are not gathered.
+Recording one value on a Ray metric hands it to Ray's core, which releases Python's GIL
+and takes it back: under load, with model threads holding the GIL, each record kept the
+ingress's event loop waiting. The ingress recorded about ten values per request, and
+those records took a fifth of its loop's time (py-spy, BENCHMARKS.md "Round nine").
+Here the caller only adds the value to a dict under a lock; a daemon thread hands what
+was gathered to Ray once per ``interval_s``:
 
-- **Where**: values added on a thread running an asyncio loop are gathered, and the
-  first one schedules the flush on that loop (``call_later``). A value added with no
-  running loop (a worker thread, a test) is recorded at once: nothing waits on a loop
-  that may never run it.
-- **Lost at most**: the last interval's values, if the process dies or its loop closes
-  before the flush runs.
+- **Counters** are summed and **gauges** keep their last value, per metric and label
+  set, so a second of traffic is one record each. **Histograms** keep every value (a
+  bucket count needs each) and are recorded one by one, on the thread, not the loop.
+- **Bounded**: at most ``max_values`` histogram values wait per label set; past that,
+  new ones are dropped and counted in ``dropped`` (a flusher stuck in Ray must not
+  grow memory without end).
+- **Lost at most**: the values of the last interval, if the process dies first.
 - **Failures**: a metric that refuses a value is logged and skipped; the rest still go.
-- **Pickled** (Ray ships a deployment with what it references), a buffer arrives empty.
+- **Pickled** (Ray ships a deployment with what it references), a buffer arrives empty,
+  with no thread: it starts one on its first value.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
+import time
 from collections.abc import Hashable, Mapping
 from typing import Any, Protocol
 
 logger = logging.getLogger("blitz.metrics")
 
 FLUSH_INTERVAL_S = 1.0
+MAX_VALUES = 100_000  # histogram values waiting per metric and label set
 
 
 class CounterLike(Protocol):  # ray.serve.metrics.Counter, as Ray 2.60 annotates it
@@ -39,36 +41,37 @@ class GaugeLike(Protocol):  # ray.serve.metrics.Gauge
     def set(self, value: float, tags: dict[str, str]) -> object: ...
 
 
+class HistogramLike(Protocol):  # ray.serve.metrics.Histogram
+    def observe(self, value: float, tags: dict[str, str]) -> object: ...
+
+
 class MetricBuffer:
-    def __init__(self, interval_s: float = FLUSH_INTERVAL_S):
-        if interval_s <= 0:
-            raise ValueError("interval_s must be positive")
+    def __init__(self, interval_s: float = FLUSH_INTERVAL_S, max_values: int = MAX_VALUES):
+        if interval_s <= 0 or max_values < 1:
+            raise ValueError("interval_s must be positive and max_values at least 1")
         self.interval_s = interval_s
+        self.max_values = max_values
+        self.dropped = 0  # histogram values refused because max_values were waiting
         self._lock = threading.Lock()
         self._sums: dict[Hashable, list[Any]] = {}  # key -> [counter, tags, sum]
         self._lasts: dict[Hashable, list[Any]] = {}  # key -> [gauge, tags, last value]
-        self._flush_on: asyncio.AbstractEventLoop | None = None  # the loop a flush waits on
+        self._values: dict[Hashable, list[Any]] = {}  # key -> [histogram, tags, [values]]
+        self._flusher: threading.Thread | None = None
 
     def __getstate__(self) -> dict[str, float]:
-        """A copy (Ray pickles deployments with what they reference) starts empty: the
-        values gathered are this process's to record."""
-        return {"interval_s": self.interval_s}
+        return {"interval_s": self.interval_s, "max_values": self.max_values}
 
-    def __setstate__(self, state: dict[str, float]) -> None:
-        self.__init__(state["interval_s"])  # type: ignore[misc]
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["interval_s"], state["max_values"])  # type: ignore[misc]
 
     @property
     def pending(self) -> int:
         """Label sets with a value not yet recorded."""
         with self._lock:
-            return len(self._sums) + len(self._lasts)
+            return len(self._sums) + len(self._lasts) + len(self._values)
 
     def inc(self, counter: CounterLike, value: float, tags: Mapping[str, str]) -> None:
         """Add ``value`` (> 0) to ``counter`` under ``tags``, at the next flush."""
-        loop = _running_loop()
-        if loop is None:
-            counter.inc(value, tags=dict(tags))
-            return
         key = (id(counter), *tags.items())
         with self._lock:
             entry = self._sums.get(key)
@@ -76,17 +79,11 @@ class MetricBuffer:
                 self._sums[key] = [counter, dict(tags), value]
             else:
                 entry[2] += value
-            schedule = self._claim_flush(loop)
-        if schedule:
-            loop.call_later(self.interval_s, self.flush)
+            self._start_flusher()
 
     def set(self, gauge: GaugeLike, value: float, tags: Mapping[str, str]) -> None:
         """Set ``gauge`` under ``tags`` to ``value`` at the next flush (the last value set
         by then wins)."""
-        loop = _running_loop()
-        if loop is None:
-            gauge.set(value, tags=dict(tags))
-            return
         key = (id(gauge), *tags.items())
         with self._lock:
             entry = self._lasts.get(key)
@@ -94,36 +91,45 @@ class MetricBuffer:
                 self._lasts[key] = [gauge, dict(tags), value]
             else:
                 entry[2] = value
-            schedule = self._claim_flush(loop)
-        if schedule:
-            loop.call_later(self.interval_s, self.flush)
+            self._start_flusher()
 
-    def _claim_flush(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """True for the one caller that must schedule the next flush on ``loop`` (lock
-        held): none is pending, or the one pending waits on a loop that has closed."""
-        pending = self._flush_on
-        if pending is loop or (pending is not None and not pending.is_closed()):
-            return False
-        self._flush_on = loop
-        return True
+    def observe(self, histogram: HistogramLike, value: float, tags: Mapping[str, str]) -> None:
+        """Observe ``value`` on ``histogram`` under ``tags`` at the next flush."""
+        key = (id(histogram), *tags.items())
+        with self._lock:
+            entry = self._values.get(key)
+            if entry is None:
+                self._values[key] = [histogram, dict(tags), [value]]
+            elif len(entry[2]) < self.max_values:
+                entry[2].append(value)
+            else:
+                self.dropped += 1
+            self._start_flusher()
+
+    def _start_flusher(self) -> None:
+        """Start the flushing thread if this buffer has none yet (lock held)."""
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_forever, daemon=True,
+                                             name="blitz-metrics")
+            self._flusher.start()
+
+    def _flush_forever(self) -> None:
+        while True:
+            time.sleep(self.interval_s)
+            self.flush()
 
     def flush(self) -> None:
-        """Record everything gathered so far, now."""
+        """Record everything gathered so far, now, on the calling thread."""
         with self._lock:
-            sums, lasts = self._sums, self._lasts
-            self._sums, self._lasts = {}, {}
-            self._flush_on = None
+            sums, lasts, values = self._sums, self._lasts, self._values
+            self._sums, self._lasts, self._values = {}, {}, {}
         for counter, tags, total in sums.values():
             _record(counter.inc, total, tags)
         for gauge, tags, last in lasts.values():
             _record(gauge.set, last, tags)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
+        for histogram, tags, observed in values.values():
+            for value in observed:
+                _record(histogram.observe, value, tags)
 
 
 def _record(method: Any, value: float, tags: dict[str, str]) -> None:

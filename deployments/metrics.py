@@ -39,9 +39,10 @@ LATENCY_BOUNDS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 class BlitzMetrics:
     """Created lazily so that importing this module never touches Ray. What is recorded
-    for every request or queue change (requests, texts, tokens, 503 replies, routing
-    decisions, queue depths) goes through ``buffer`` (``blitz.metric_buffer``: gathered,
-    recorded once a second); rarer events and histograms are recorded at once."""
+    for every request, model call or queue change (requests, their seconds, texts, tokens,
+    503 replies, routing decisions, queue depths, batch sizes) goes through ``buffer``
+    (``blitz.metric_buffer``: gathered, recorded by a background thread once a second);
+    rarer events (loads, evictions, refusals, failures) are recorded at once."""
 
     def __init__(self) -> None:
         self.buffer = MetricBuffer()
@@ -156,7 +157,7 @@ class BlitzMetrics:
         tags = {"route": record.route, "model": record.model or "-",
                 "pool": record.pool or "-"}
         self.buffer.inc(self.requests, 1, {**tags, "status": str(status)})
-        self.request_seconds.observe(seconds, tags=tags)
+        self.buffer.observe(self.request_seconds, seconds, tags)
         if record.texts:
             self.buffer.inc(self.texts, record.texts, tags)
         if record.tokens:
@@ -170,6 +171,14 @@ class BlitzMetrics:
         """A Batcher's ``on_waiting``: sets the queue-depth gauge of one hop and model."""
         tags = {"hop": hop, "pool": pool, "model": model}
         return lambda texts: self.buffer.set(self.waiting_texts, texts, tags)
+
+    def observe_batch(self, pool: str, texts: int) -> None:
+        """A model call of ``texts`` texts, about to run."""
+        self.buffer.observe(self.batch_texts, texts, {"pool": pool})
+
+    def observe_padding(self, pool: str, efficiency: float) -> None:
+        """A model call's real tokens over the tokens it computed, padding included."""
+        self.buffer.observe(self.padding_efficiency, efficiency, {"pool": pool})
 
     def observe_route(self, pool: str, reason: str) -> None:
         self.buffer.inc(self.route_decisions, 1, {"pool": pool, "reason": reason})

@@ -237,14 +237,14 @@ class ModelPool:
 
     async def _run_batch(self, model_id: str, jobs: list[Job]) -> list:
         started = time.perf_counter()
-        metrics.batch_texts.observe(sum(len(j) for j in jobs), tags={"pool": self.pool})
+        metrics.observe_batch(self.pool, sum(len(j) for j in jobs))
         results, waited, ran = await self._run(model_id, lambda encoder: run_jobs(encoder, jobs))
         timing.mark(results, "pool-queue", started)
         timing.record(results, worker_wait=waited, model=ran)
         real = sum(int(r.token_counts.sum()) for r in results if isinstance(r, Encoded))
         padded = sum(r.padded_tokens for r in results if isinstance(r, Encoded))
         if padded:
-            metrics.padding_efficiency.observe(real / padded, tags={"pool": self.pool})
+            metrics.observe_padding(self.pool, real / padded)
         return results
 
     async def stats(self) -> dict[str, Any]:

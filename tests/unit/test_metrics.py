@@ -35,9 +35,16 @@ def fake_metrics() -> tuple[BlitzMetrics, list]:
     calls: list = []
     metrics = BlitzMetrics()
     for name in ("requests", "request_seconds", "texts", "tokens", "unavailable_replies",
-                 "route_decisions", "waiting_texts", "gpu_memory"):
+                 "route_decisions", "waiting_texts", "gpu_memory", "batch_texts",
+                 "padding_efficiency"):
         setattr(metrics, name, FakeMetric(calls, name))  # shadows the cached_property
     return metrics, calls
+
+
+def recorded(metrics: BlitzMetrics, calls: list) -> list:
+    """What reached the metrics: the buffer flushed now, not by its thread a second later."""
+    metrics.buffer.flush()
+    return calls
 
 
 def test_a_served_request_is_counted_timed_and_its_tokens_added():
@@ -47,15 +54,36 @@ def test_a_served_request_is_counted_timed_and_its_tokens_added():
     metrics.observe_request(RequestRecord("/embed", "minilm", "gpu", texts=12, tokens=96),
                             200, 0.25)
     tags = {"route": "/embed", "model": "minilm", "pool": "gpu"}
-    assert calls == [("requests", 1, {**tags, "status": "200"}),
-                     ("request_seconds", 0.25, tags), ("texts", 12, tags),
-                     ("tokens", 96, tags)]  # routing decisions: observe_route
+    assert recorded(metrics, calls) == [
+        ("requests", 1, {**tags, "status": "200"}), ("texts", 12, tags), ("tokens", 96, tags),
+        ("request_seconds", 0.25, tags)]  # routing decisions: observe_route
+
+
+def test_requests_are_summed_per_label_set_and_every_latency_kept():
+    from blitz.service import RequestRecord
+
+    metrics, calls = fake_metrics()
+    for seconds in (0.1, 0.2, 0.3):
+        metrics.observe_request(RequestRecord("/embed", "minilm", "cpu", texts=2, tokens=9),
+                                200, seconds)
+    tags = {"route": "/embed", "model": "minilm", "pool": "cpu"}
+    assert recorded(metrics, calls) == [
+        ("requests", 3, {**tags, "status": "200"}), ("texts", 6, tags), ("tokens", 27, tags),
+        *[("request_seconds", s, tags) for s in (0.1, 0.2, 0.3)]]
+
+
+def test_a_model_call_records_its_texts_and_padding_efficiency():
+    metrics, calls = fake_metrics()
+    metrics.observe_batch("cpu", 12)
+    metrics.observe_padding("cpu", 0.75)
+    assert recorded(metrics, calls) == [("batch_texts", 12, {"pool": "cpu"}),
+                                        ("padding_efficiency", 0.75, {"pool": "cpu"})]
 
 
 def test_a_routing_decision_is_counted_with_its_reason():
     metrics, calls = fake_metrics()
     metrics.observe_route("cpu", "cold_gpu")
-    assert calls == [("route_decisions", 1, {"pool": "cpu", "reason": "cold_gpu"})]
+    assert recorded(metrics, calls) == [("route_decisions", 1, {"pool": "cpu", "reason": "cold_gpu"})]
 
 
 def test_503s_are_counted_by_reason_from_a_closed_set():
@@ -65,19 +93,22 @@ def test_503s_are_counted_by_reason_from_a_closed_set():
     for code in ("overloaded", "timeout", "not_ready", "something_new"):
         metrics.observe_request(RequestRecord("/embed", error=code), 503, 0.01)
     metrics.observe_request(RequestRecord("/embed", error="model_not_found"), 404, 0.01)
-    reasons = [tags["reason"] for name, _, tags in calls if name == "unavailable_replies"]
+    reasons = [tags["reason"] for name, _, tags in recorded(metrics, calls)
+               if name == "unavailable_replies"]
     assert reasons == ["overloaded", "timeout", "not_ready", "other"]
     assert all(tags["pool"] == "-" and tags.get("model", "-") == "-"
                for name, _, tags in calls if name != "route_decisions")
 
 
-def test_waiting_sets_the_gauge_of_its_hop_and_model():
+def test_waiting_sets_the_gauge_of_its_hop_and_model_to_its_last_value():
     metrics, calls = fake_metrics()
     on_waiting = metrics.waiting("ingress", "cpu", "minilm")
     on_waiting(7)
     on_waiting(0)
+    metrics.waiting("pool", "cpu", "minilm")(3)
     tags = {"hop": "ingress", "pool": "cpu", "model": "minilm"}
-    assert calls == [("waiting_texts", 7, tags), ("waiting_texts", 0, tags)]
+    assert recorded(metrics, calls) == [("waiting_texts", 0, tags),
+                                        ("waiting_texts", 3, {**tags, "hop": "pool"})]
 
 
 def _queries() -> list[str]:
