@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -258,9 +258,19 @@ class EmbeddingService:
 
     @staticmethod
     async def _gather(calls: list, chunk_size: int) -> list[Encoded]:
-        """Run chunk calls in parallel; an over-long input is reported at its request index."""
+        """Run chunk calls in parallel; an over-long input is reported at its request index.
+        One call (most requests) is awaited in the request's own task: no task of its own,
+        one loop step less."""
+        outcomes: list[Any]
+        if len(calls) == 1:
+            try:
+                outcomes = [await calls[0]]
+            except Exception as exc:  # as gather's return_exceptions; a cancellation propagates
+                outcomes = [exc]
+        else:
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
         parts: list[Encoded] = []
-        for k, res in enumerate(await asyncio.gather(*calls, return_exceptions=True)):
+        for k, res in enumerate(outcomes):
             if isinstance(res, BaseException):
                 error = as_blitz_error(res)  # what a pool replica raised arrives wrapped
                 if isinstance(error, InputTooLong):
