@@ -72,39 +72,40 @@ class MetricBuffer:
 
     def inc(self, counter: CounterLike, value: float, tags: Mapping[str, str]) -> None:
         """Add ``value`` (> 0) to ``counter`` under ``tags``, at the next flush."""
-        key = (id(counter), *tags.items())
         with self._lock:
-            entry = self._sums.get(key)
-            if entry is None:
-                self._sums[key] = [counter, dict(tags), value]
-            else:
+            entry = self._entry(self._sums, counter, tags, value)
+            if entry is not None:
                 entry[2] += value
-            self._start_flusher()
 
     def set(self, gauge: GaugeLike, value: float, tags: Mapping[str, str]) -> None:
         """Set ``gauge`` under ``tags`` to ``value`` at the next flush (the last value set
         by then wins)."""
-        key = (id(gauge), *tags.items())
         with self._lock:
-            entry = self._lasts.get(key)
-            if entry is None:
-                self._lasts[key] = [gauge, dict(tags), value]
-            else:
+            entry = self._entry(self._lasts, gauge, tags, value)
+            if entry is not None:
                 entry[2] = value
-            self._start_flusher()
 
     def observe(self, histogram: HistogramLike, value: float, tags: Mapping[str, str]) -> None:
         """Observe ``value`` on ``histogram`` under ``tags`` at the next flush."""
-        key = (id(histogram), *tags.items())
         with self._lock:
-            entry = self._values.get(key)
+            entry = self._entry(self._values, histogram, tags, [value])
             if entry is None:
-                self._values[key] = [histogram, dict(tags), [value]]
-            elif len(entry[2]) < self.max_values:
+                return
+            if len(entry[2]) < self.max_values:
                 entry[2].append(value)
             else:
                 self.dropped += 1
-            self._start_flusher()
+
+    def _entry(self, waiting: dict[Hashable, list[Any]], metric: object,
+               tags: Mapping[str, str], first: Any) -> list[Any] | None:
+        """``metric``'s waiting entry under ``tags`` ([metric, tags, gathered]), or None
+        when it had none and one was made holding ``first`` (lock held)."""
+        self._start_flusher()
+        key = (id(metric), *tags.items())
+        entry = waiting.get(key)
+        if entry is None:
+            waiting[key] = [metric, dict(tags), first]
+        return entry
 
     def _start_flusher(self) -> None:
         """Start the flushing thread if this buffer has none yet (lock held)."""
