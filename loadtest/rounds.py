@@ -278,9 +278,7 @@ def one_user_markdown(rounds: Sequence[Mapping[str, Mapping[str, Any]]]) -> str:
     table = markdown_table(["server", "p50 ms", "p99 ms", "in-process call p50 ms (same run)",
                             "in-process call after an idle gap, p50 ms"], body)
     mine = [r.get(ONE_USER_NAME) for r in rounds]
-    over = spread([_get(m, "served", "p50") - _get(m, "inprocess", "p50")  # type: ignore[operator]
-                   if _get(m, "served", "p50") is not None
-                   and _get(m, "inprocess", "p50") is not None else None for m in mine])
+    over = spread([_over(m, ("served", "p50"), m, ("inprocess", "p50")) for m in mine])
     tail = spread([_get(m, "served_p99_over_p50") for m in mine])
     targets = markdown_table(["target (median over rounds)", "measured", "verdict"], [
         [f"{ONE_USER_NAME} p50 <= in-process call + {OVER_INPROCESS_MS} ms",
