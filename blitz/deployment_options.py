@@ -28,13 +28,14 @@ POOL_DEPLOYMENT: dict[str, Any] = {
     "max_surge_percent": 0, "logging_config": {"enable_access_log": False},
     "health_check_period_s": 2}
 INGRESS_DEPLOYMENT: dict[str, Any] = {
-    "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.5},
+    "num_replicas": "auto", "ray_actor_options": {"num_cpus": 0.5},
     "max_ongoing_requests": 256, "max_queued_requests": 1024,
     "graceful_shutdown_timeout_s": 130, "graceful_shutdown_wait_loop_s": 0.5,
     "max_surge_percent": 100, "health_check_period_s": 2}
 # Why Blitz's defaults are what they are (README's settings tables show these beside them).
 DEPLOYMENT_NOTES: dict[str, str] = {
-    "num_replicas": "fixed replicas (replaces `autoscaling_config`)",
+    "num_replicas": "fixed replicas (replaces `autoscaling_config`); `auto`: sized from "
+    "the node's cores when the app is built (README, \"Scaling\")",
     "autoscaling_config.min_replicas": "fewest replicas; 0: none while idle (a request "
     "wakes one)",
     "autoscaling_config.max_replicas": "most replicas; the ingress sizes its pool-call "
@@ -88,9 +89,9 @@ def merge_options(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """``over`` merged over ``base``, dict by dict. Serve takes either a fixed
     ``num_replicas`` or an ``autoscaling_config``: the one ``over`` sets replaces the other."""
     merged = copy.deepcopy(base)
-    if over.get("num_replicas") not in (None, "auto"):
+    if over.get("num_replicas") is not None:
         merged.pop("autoscaling_config", None)
-    if "autoscaling_config" in over and merged.get("num_replicas") != "auto":
+    if "autoscaling_config" in over and "num_replicas" not in over:
         merged.pop("num_replicas", None)
     for key, value in over.items():
         merged[key] = (merge_options(merged[key], value)
@@ -120,9 +121,19 @@ def lift_flat_keys(section: str, value: Any, flat: dict[str, str | None]) -> Any
     return value
 
 
+# The CPU pool's own defaults: fixed replicas, as many as the node's cores call for.
+CPU_POOL_DEFAULTS: dict[str, Any] = {"deployment": {"num_replicas": "auto"}}
 # The GPU pool's own defaults; a partial ``gpu_pool`` in the args keeps those it leaves out.
 GPU_POOL_DEFAULTS: dict[str, Any] = {
     "max_batch_size": 1024, "max_queued_texts": 16384, "deployment": {
         "autoscaling_config": {"min_replicas": 0},
         "ray_actor_options": {"num_cpus": 0.5, "num_gpus": 1},
         "max_ongoing_requests": 1024}}
+
+
+def size_replicas(deployment: dict[str, Any], replicas: int) -> None:
+    """``num_replicas: auto`` -> ``replicas``, fixed (``autoscaling_config`` is how a config
+    asks for Serve's autoscaling instead)."""
+    if deployment.get("num_replicas") == "auto":
+        deployment["num_replicas"] = replicas
+        deployment.pop("autoscaling_config", None)

@@ -3,8 +3,8 @@
 sentence-transformers 5.x imports ``sklearn.metrics`` when it is imported (for
 ``util.similarity``'s sparse Manhattan distance and its evaluators), which brings
 scikit-learn: measured on a 2-core machine, 13 MiB of an idle pool replica's PSS and
-~0.65 s of importing sentence-transformers (BENCHMARKS.md, "Idle memory"), for functions
-no replica calls. ``defer_sklearn_metrics()``, run
+~0.65 s of importing sentence-transformers (docs/benchmarks-history.md, "Idle memory"),
+for functions no replica calls. ``defer_sklearn_metrics()``, run
 before sentence-transformers is first imported, puts a stand-in ``sklearn.metrics`` in
 ``sys.modules``: each name taken from it is a function that imports the real module on
 its first call and hands the call over, so nothing is lost, only deferred. Importing

@@ -2,7 +2,8 @@
 
 A replica or bulk actor that exports, quantizes or times models in process stays far
 larger than the model it then serves: glibc keeps the freed heap, and closed candidates
-do not give all their memory back. Measured (BENCHMARKS.md, "Memory per process"): 1395
+do not give all their memory back. Measured (docs/benchmarks-history.md, "Memory per
+process"): 1395
 MiB idle after building ``minilm-int8`` in process against 625 MiB when the build was
 cached; ~170 MiB more when ``cpu_backend: auto`` chose in process. Two kinds of work,
 one runner (``blitz.child_process.run_child``: killed past the load deadline, and with

@@ -3,7 +3,8 @@
 Recording one value on a Ray metric hands it to Ray's core, which releases Python's GIL
 and takes it back: under load, with model threads holding the GIL, each record kept the
 ingress's event loop waiting. The ingress recorded about ten values per request, and
-those records took a fifth of its loop's time (py-spy, BENCHMARKS.md "Round nine").
+those records took a fifth of its loop's time (py-spy, docs/benchmarks-history.md "Round
+nine").
 Here the caller only adds the value to a dict under a lock; a daemon thread hands what
 was gathered to Ray once per ``interval_s``:
 

@@ -4,7 +4,7 @@ A pool replica sets the count once (``torch_threads``, a name kept from when tor
 the only runtime), before it loads models. onnxruntime sessions read it when they are
 opened; torch is told only when a torch model is opened (``torch_module``), so a replica
 whose models all run on onnxruntime never imports torch (~210 MiB and ~1.5 s of import,
-BENCHMARKS.md "Idle memory").
+docs/benchmarks-history.md "Idle memory").
 """
 
 from __future__ import annotations

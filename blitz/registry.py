@@ -11,9 +11,10 @@ Sources:
   clearly); ``@<revision>`` (a commit hash, tag or branch) pins what is downloaded, and
   being part of the source it is part of every cache key made from it;
 - ``s3://``, ``gs://``, ``az://``: object storage, downloaded once into the model cache;
-- ``fake:<dimension>[:<load seconds>[:<seconds per batch>]]``: a deterministic fake
-  encoder for API and fault tests (the optional delays make its load, and each batch it
-  embeds, slow).
+- ``fake:<dimension>[:<load seconds>[:<seconds per batch>[:<batches at once>]]]``: a
+  deterministic fake encoder for API and fault tests (the optional delays make its load,
+  and each batch it embeds, slow; ``batches at once``, 1 for a GPU-like device, is how
+  many of those delays run at the same time, unlimited by default).
 
 Whatever the source, the model ends as a local folder, and a folder can name code to run
 (custom modules in ``modules.json``, ``auto_map`` in ``config.json``): ``blitz.model_trust``
@@ -128,9 +129,9 @@ class ModelSpec(BaseModel):
             if revision is not None and (not _REVISION.match(revision) or ".." in revision):
                 raise ValueError(f"hf: source {value!r}: the revision after @ must be a commit "
                                  f"hash, tag or branch matching {_REVISION.pattern}")
-        if scheme == "fake" and not re.fullmatch(r"\d+(:\d+(\.\d+)?){0,2}", rest):
-            raise ValueError(f"fake: source {value!r} must be "
-                             "fake:<dimension>[:<load seconds>[:<seconds per batch>]]")
+        if scheme == "fake" and not re.fullmatch(r"\d+(:\d+(\.\d+)?){0,2}(:[1-9]\d*)?", rest):
+            raise ValueError(f"fake: source {value!r} must be fake:<dimension>[:<load "
+                             "seconds>[:<seconds per batch>[:<batches at once>]]]")
         return value
 
     @model_validator(mode="after")
@@ -152,6 +153,11 @@ class ModelSpec(BaseModel):
         """A fake source's (dimension, load seconds, seconds per batch)."""
         dimension, load_s, batch_s = (self.location().rest.split(":") + ["0", "0"])[:3]
         return int(dimension), float(load_s), float(batch_s)
+
+    def fake_batches_at_once(self) -> int | None:
+        """A fake source's batches at once (None: unlimited)."""
+        parts = self.location().rest.split(":")
+        return int(parts[3]) if len(parts) > 3 else None
 
 
 class Registry:

@@ -83,7 +83,7 @@ def _deployment_rows(options: dict[str, Any]) -> list[str]:
 
 def render() -> str:
     """The generated Markdown between the markers."""
-    settings = BlitzSettings()
+    settings = BlitzSettings.model_validate({}, context={"size": False})  # `auto` as written
     section = type(settings).model_fields
     parts = [f"<!-- generated from blitz/config.py; edit the fields' descriptions, then run "
              f"`{COMMAND}` -->", "",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import ray
 from ray.serve import Application
 
 from blitz.config import BlitzSettings, IngressSettings, PoolSettings
+from blitz.sizing import NodeShape
 from deployments.ingress import Ingress, IngressWithCpuPool
 from deployments.pool import ModelPool
 from deployments.serve_options import deployment_options
@@ -16,8 +19,43 @@ from deployments.serve_options import deployment_options
 logger = logging.getLogger("ray.serve")
 
 
+# Serve's fast request path: both set in the environment of the process that starts Ray.
+FAST_PATH_ENV = ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY")
+FAST_PATH_WARNING = (
+    "blitz: Ray was started without Serve's fast request path ({missing} unset), so HTTP "
+    "goes through Serve's default Python proxy: measured on 2 cores it serves {single} "
+    "the single-text requests/s and {batch32} the 32-text batches of the fast path, and "
+    "one user waits {one_user} longer at p50 (BENCHMARKS.md, \"Entry points\"). Fix: "
+    "`source scripts/fast-path.env.sh` before `serve run` or `ray start` (or run "
+    "`bash scripts/serve.sh`)")
+# What the default proxy cost against the fast path in the entry-point rounds
+# (BENCHMARKS.md, "Entry points"), named in the WARNING above.
+DEFAULT_PROXY_COST = {"single": "0.39x", "batch32": "0.85x", "one_user": "6.2 ms"}
+
+
 def cluster_has_gpus() -> bool:
     return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
+
+
+def fast_path_warning(environ: Mapping[str, str]) -> str | None:
+    """The WARNING for an app whose Ray runs Serve's default proxy, or None. Replicas and
+    this builder inherit the environment Ray was started with."""
+    missing = [name for name in FAST_PATH_ENV if environ.get(name, "0") in ("", "0")]
+    if not missing:
+        return None
+    return FAST_PATH_WARNING.format(missing=" and ".join(missing), **DEFAULT_PROXY_COST)
+
+
+def node_shape() -> NodeShape:
+    """The node replicas are sized for: the alive node with the most CPUs Ray offers (a
+    replica runs on one node), with its GPUs; this machine when Ray is not running."""
+    if not ray.is_initialized():
+        return NodeShape.local()
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if not nodes:
+        return NodeShape.local()
+    largest = max(nodes, key=lambda r: (r.get("CPU", 0), r.get("GPU", 0)))
+    return NodeShape(cpus=max(1, int(largest.get("CPU", 0))), gpus=int(largest.get("GPU", 0)))
 
 
 def _pool_options(pool: str, settings: PoolSettings) -> dict[str, Any]:
@@ -76,7 +114,14 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     """Bind the ingress, the CPU pool and, when the cluster has GPUs (or ``gpu: on``), the
     GPU pool. A pool asking for a GPU on a cluster without one would wait forever, so
     ``gpu: auto`` binds it only when ``ray.cluster_resources()`` lists GPUs."""
-    settings = BlitzSettings.from_args(args)
+    node = node_shape()
+    settings = BlitzSettings.from_args(args, node=node)
+    warning = fast_path_warning(os.environ)
+    if warning:
+        logger.warning(warning)
+    if settings.sizing is not None:
+        logger.info("blitz: sized for a node of %d CPU(s) and %d GPU(s) (auto settings): %s",
+                    node.cpus, node.gpus, settings.sizing.describe())
     # every block is checked against Serve's schema, bound or not
     options = {"cpu": _pool_options("cpu", settings.cpu_pool),
                "gpu": _pool_options("gpu", settings.gpu_pool),

@@ -63,7 +63,7 @@ class ModelPool:
         self.pool_settings = self.settings.pool(pool)
         self.device = resolve_device("cuda" if pool == "gpu" else "cpu")
         self.cache_dir = self.settings.resolved_cache_dir()
-        self.workers = WorkerSlots(self.pool_settings.workers,
+        self.workers = WorkerSlots(self.pool_settings.worker_count,
                                    stuck_after_s=self.pool_settings.call_timeout_s,
                                    name=f"blitz-{pool}")
         self.loads: LoadQueue[Encoder] = LoadQueue(
@@ -74,6 +74,8 @@ class ModelPool:
         route_library_logs_to_serve()
         self.failures = LoadFailures(self.pool_settings.load_failure_ttl_s)
         self._batchers: dict[str, Batcher] = {}
+        self.batches_run: dict[str, int] = {}  # per model: batches, and the texts in them
+        self.texts_run: dict[str, int] = {}
         self.loaded: list[str] = []  # resident models, least recently loaded first
         self.backends: dict[str, str] = {}  # resident model -> the backend serving it
         self.auto_choices: dict[str, dict[str, Any]] = {}  # cpu_backend auto: the choice
@@ -229,7 +231,7 @@ class ModelPool:
                 lambda jobs: self._run_batch(model_id, jobs),
                 max_batch=self.pool_settings.max_batch_size,
                 max_waiting=self.pool_settings.max_queued_texts,
-                max_in_flight=self.pool_settings.workers,
+                max_in_flight=self.pool_settings.worker_count,
                 name=f"{self.pool} pool, model {model_id!r}",
                 on_reject=lambda: metrics.rejected.inc(tags={"hop": self.pool}),
                 on_waiting=metrics.waiting("pool", self.pool, model_id))
@@ -237,7 +239,10 @@ class ModelPool:
 
     async def _run_batch(self, model_id: str, jobs: list[Job]) -> list:
         started = time.perf_counter()
-        metrics.observe_batch(self.pool, sum(len(j) for j in jobs))
+        texts = sum(len(j) for j in jobs)
+        metrics.observe_batch(self.pool, texts)
+        self.batches_run[model_id] = self.batches_run.get(model_id, 0) + 1
+        self.texts_run[model_id] = self.texts_run.get(model_id, 0) + texts
         results, waited, ran = await self._run(model_id, lambda encoder: run_jobs(encoder, jobs))
         timing.mark(results, "pool-queue", started)
         timing.record(results, worker_wait=waited, model=ran)
@@ -249,13 +254,14 @@ class ModelPool:
 
     async def stats(self) -> dict[str, Any]:
         """What this replica holds: for tests and operators."""
-        return {"pool": self.pool, "device": self.device, "workers": self.pool_settings.workers,
+        return {"pool": self.pool, "device": self.device, "workers": self.pool_settings.worker_count,
                 "loaded": list(self.loaded),
                 "backends": dict(self.backends), "auto_choices": dict(self.auto_choices),
                 "evicted": list(self.evicted), "evictions": self.evictions,
                 "pid": os.getpid(), "constructor_s": self.constructor_s,
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "rss_bytes": _rss_bytes(),
+                "batches_run": dict(self.batches_run), "texts_run": dict(self.texts_run),
                 "waiting_texts": {m: b.waiting for m, b in self._batchers.items()},
                 "running_batches": {m: b.in_flight for m, b in self._batchers.items()},
                 "busy_workers": self.workers.busy, "stuck_workers": self.workers.stuck,

@@ -2,7 +2,8 @@
 
 What one user waits for beyond the in-process call is partly the server and partly what
 any HTTP server pays here: the client, the loopback, an idle core waking for the request,
-the model call running after an idle gap (BENCHMARKS.md, "Round six"). This server has
+the model call running after an idle gap (docs/benchmarks-history.md, "Round six"). This
+server has
 none of Blitz's parts (no proxy, no Ray, no queue, no batching, no checks) and all of the
 rest: one uvicorn process, a raw ASGI app, Blitz's own encoder (``load_encoder``, the
 spec's backend) called on one worker thread with one intra-op thread (a pool replica's

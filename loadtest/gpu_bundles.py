@@ -1,5 +1,5 @@
-"""Build the two carries of ``loadtest/gpu_device.sh`` (BENCHMARKS.md, "GPU pool on an
-NVIDIA H200") in a git-ignored folder, default ``.gpu/``:
+"""Build the two carries of ``loadtest/gpu_device.sh`` (docs/benchmarks-history.md, "GPU
+pool on an NVIDIA H200") in a git-ignored folder, default ``.gpu/``:
 
 - ``a/``: all-MiniLM-L6-v2 with its weights in float16 and xz-compressed
   (``model.safetensors.xz`` beside ``model/``), the CPU fp32 reference vectors

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks on a lent accelerator machine (no network there), in two calls of the
-# device tool, because one call carries at most 64 MiB (BENCHMARKS.md, "GPU"):
+# device tool, because one call carries at most 64 MiB (docs/benchmarks-history.md, "GPU
+# pool on an NVIDIA H200"):
 #   bash loadtest/gpu_device.sh encode   carry .gpu/a: the fp16 model (xz), pinned HF wheels
 #   bash loadtest/gpu_device.sh serve    carry .gpu/b: Ray 2.60 (no Java jars) and Serve's deps
 # The model and the installs of the first call stay on the machine for the second while it

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `ingress.cpu_pool: replicas` (the CPU pool in replicas of its own) against `in_process`
 # (its models inside the ingress replica), interleaved
-# (BENCHMARKS.md, "One hop less"): one Ray started by scripts/serve.sh with two applications of
+# (docs/benchmarks-history.md, "One hop less"): one Ray started by scripts/serve.sh with two
+# applications of
 # serve_config.yaml, `/` (replicas) and `/local` (in_process), each claiming one CPU of
 # this 2-core machine (a claim, not a limit: both run the same threads); then ROUNDS
 # rounds of, for each in turn: one user (`loadtest hops`, 1 text, 1 in flight, beside the

@@ -229,9 +229,9 @@ def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
     records what it chose. With a ``chooser`` (the loader passes
     ``blitz.load_children.choose_in_child``), the candidates are opened and timed
     elsewhere and only the winner is opened here: a replica that opened all four kept
-    ~170 MiB of the losers' memory after closing them (BENCHMARKS.md, "Memory per
-    process"). Otherwise, or when the chooser fails, ``measure_choice`` runs here and the
-    losers are closed before this returns.
+    ~170 MiB of the losers' memory after closing them (docs/benchmarks-history.md,
+    "Memory per process"). Otherwise, or when the chooser fails, ``measure_choice`` runs
+    here and the losers are closed before this returns.
     """
     opened: dict[str, BiEncoder] = {}
 

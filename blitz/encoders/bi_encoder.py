@@ -16,7 +16,8 @@ traffic); on a GPU it is larger than the token budget and only the budget splits
 ``rows_per_call`` caps the texts per model call: ``1`` for dynamically quantized int8,
 whose activation scales are computed per call over the whole padded batch, so a text's
 vector would depend on what it was batched with. Run alone, every text gets the same
-vector whatever shares its request or micro-batch (BENCHMARKS.md, issue #23).
+vector whatever shares its request or micro-batch (docs/benchmarks-history.md, issue
+#23).
 """
 
 from __future__ import annotations

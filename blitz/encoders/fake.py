@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 
 import numpy as np
@@ -14,16 +15,22 @@ class FakeEncoder(Encoder):
     """Hash-seeded vectors; tokens are whitespace-separated words plus two specials.
 
     ``batch_s`` makes each batch (``embed_many``) take that long, like a busy model: it
-    blocks the calling thread, which in a pool is the worker thread, never the event loop.
+    blocks the calling thread, which in a pool is the worker thread, never the event loop,
+    and releases the GIL meanwhile. ``batches_at_once`` makes it a device: at most that
+    many of those delays run at once (1: a GPU-like stand-in, one batch on the device at a
+    time whatever its size up to the pool's batch limit; the vectors are made on the
+    calling thread first, as a real model tokenizes before its device runs).
     """
 
     backend = "fake"
 
     def __init__(self, model_id: str, dimension: int, max_seq_length: int = 128,
-                 batch_s: float = 0.0):
+                 batch_s: float = 0.0, batches_at_once: int | None = None):
         super().__init__(model_id, max_seq_length)
         self._dimension = dimension
         self._batch_s = batch_s
+        self._device = (threading.BoundedSemaphore(batches_at_once)
+                        if batches_at_once is not None else None)
 
     @property
     def dimension(self) -> int:
@@ -43,9 +50,14 @@ class FakeEncoder(Encoder):
         return Encoded(values.astype(np.float32), counts, int(counts.sum()))
 
     def embed_many(self, jobs: list[tuple[list[str], bool, bool]]) -> list[Encoded | Exception]:
-        if self._batch_s:
+        if self._device is None:
+            if self._batch_s:
+                time.sleep(self._batch_s)
+            return super().embed_many(jobs)
+        results = super().embed_many(jobs)
+        with self._device:
             time.sleep(self._batch_s)
-        return super().embed_many(jobs)
+        return results
 
     def embed_tokens(self, ids: list[list[int]], *, normalize: bool,
                      truncate: bool = True) -> Encoded:

@@ -139,7 +139,8 @@ def _load_auto(spec: ModelSpec, device: str, cache_dir: str | Path | None) -> En
 def _fake(spec: ModelSpec) -> Encoder:
     dimension, load_s, batch_s = spec.fake_params()
     time.sleep(load_s)  # a slow load, for fault tests (runs on a loader thread)
-    return FakeEncoder(spec.id, dimension, spec.max_seq_length or 128, batch_s=batch_s)
+    return FakeEncoder(spec.id, dimension, spec.max_seq_length or 128, batch_s=batch_s,
+                       batches_at_once=spec.fake_batches_at_once())
 
 
 def _checked_bf16(spec: ModelSpec, model: Any, device: str) -> Encoder:
@@ -174,6 +175,6 @@ def plan_free_attention(torch: Any) -> None:
     on Hopper and newer GPUs, and cuDNN builds an execution plan for each new (batch,
     length) shape it sees: ~0.2 s each on an H200. A GPU pool batches whatever requests
     are waiting, so nearly every batch is a new shape, and the single profile served 154
-    texts/s at a 200 ms p50 (BENCHMARKS.md, "GPU"). The flash and memory-efficient
-    kernels need no plan; torch falls back to them."""
+    texts/s at a 200 ms p50 (docs/benchmarks-history.md, "GPU pool on an NVIDIA H200").
+    The flash and memory-efficient kernels need no plan; torch falls back to them."""
     torch.backends.cuda.enable_cudnn_sdp(False)

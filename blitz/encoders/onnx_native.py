@@ -2,7 +2,7 @@
 
 sentence-transformers' ONNX backend runs the graph on onnxruntime but needs torch,
 transformers and optimum around it (~400 MiB of a replica's memory and seconds of
-imports, BENCHMARKS.md "Idle memory"). A sentence-transformers model made of a
+imports, docs/benchmarks-history.md "Idle memory"). A sentence-transformers model made of a
 transformer, a pooling and an optional normalization needs none of them: the graph gives
 the token embeddings, pooling and normalization are a few numpy lines, and the folder's
 ``tokenizer.json`` gives the ids.

@@ -62,7 +62,7 @@ def cluster_app(model_dir: Path) -> dict:
         "gpu_pool": {"torch_threads": 1, "max_batch_size": 64,
                      "deployment": deployment(num_gpus=1)},
         "ingress": {"pool_timeout_s": POOL_TIMEOUT_S, "deployment": {
-            "ray_actor_options": {"num_cpus": 0.1, "resources": on_head}}},
+            "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1, "resources": on_head}}},
     }
 
 

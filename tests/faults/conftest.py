@@ -44,6 +44,7 @@ def small_app(models: list[dict], *, cpu_pool: dict | None = None,
             "deployment": {"ray_actor_options": {"num_cpus": 0.1},
                            "autoscaling_config": {"min_replicas": 1, "max_replicas": 1}},
             "torch_threads": 1, "max_batch_size": 32}, cpu_pool or {}),
-        "ingress": merge_options({"deployment": {"ray_actor_options": {"num_cpus": 0.1}},
+        "ingress": merge_options({"deployment": {"num_replicas": 1,
+                                                 "ray_actor_options": {"num_cpus": 0.1}},
                                   "pool_timeout_s": 20}, ingress or {}),
     }

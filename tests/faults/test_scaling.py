@@ -75,7 +75,7 @@ async def test_pools_scale_up_under_load_and_down_when_idle(deploy):
         "models": [{"id": "busy", "source": "fake:8:0:0.25"}],  # each batch takes 0.25 s
         "gpu": "on", "routing": {"gpu_min_batch": 10},
         "cpu_pool": pool((1, CPU_MAX)), "gpu_pool": pool((0, 1), num_gpus=0.1),
-        "ingress": {"deployment": {"ray_actor_options": {"num_cpus": 0.1}},
+        "ingress": {"deployment": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}},
                     "pool_timeout_s": 60}})
     assert await running(app, "CPUPool") == 1
     assert await running(app, "GPUPool") == 0  # min_replicas 0: no GPU replica until work

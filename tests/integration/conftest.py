@@ -45,7 +45,7 @@ def app_args(tiny_models, tmp_path_factory) -> dict:
                                                                    "num_gpus": 0.5}},
                      "max_batch_size": GPU_BATCH,
                      "torch_threads": 1},
-        "ingress": {"deployment": {"ray_actor_options": {"num_cpus": 0.1}}},
+        "ingress": {"deployment": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}},
         "limits": {"max_texts_per_request": MAX_TEXTS, "max_chars_per_text": 20_000},
     }
 

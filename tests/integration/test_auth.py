@@ -19,7 +19,8 @@ def auth_app(serve_instance):
 
     args = {"models": [{"id": "fake", "source": "fake:8"}], "gpu": "off",
             "auth": {"api_keys": [KEY]},
-            "cpu_pool": {"deployment": TINY}, "ingress": {"deployment": TINY}}
+            "cpu_pool": {"deployment": TINY},
+            "ingress": {"deployment": {**TINY, "num_replicas": 1}}}
     serve.run(build_app(args), name="it-auth", route_prefix="/it-auth")
     yield serve_instance + "/it-auth"
     serve.delete("it-auth")

@@ -29,7 +29,8 @@ def cold_gpu_app(serve_instance, tiny_models):
     args = {"models": [{"id": "tiny-a", "source": str(tiny_models["tiny-a"])}],
             "gpu": "on", "routing": {"gpu_min_batch": 4},
             "cpu_pool": small(1), "gpu_pool": small(0, num_gpus=0.1),
-            "ingress": {"deployment": {"ray_actor_options": {"num_cpus": 0.1}}}}
+            "ingress": {"deployment": {"num_replicas": 1,
+                                       "ray_actor_options": {"num_cpus": 0.1}}}}
     serve.run(build_app(args), name=APP, route_prefix=f"/{APP}")
     yield serve_instance + f"/{APP}"
     serve.delete(APP)

@@ -38,7 +38,8 @@ def _app(models: list[dict], cpu_pool: dict) -> dict:
                          "deployment": {"ray_actor_options": {"num_cpus": 0.1},
                                         "graceful_shutdown_timeout_s": 5}},
             "ingress": {"pool_timeout_s": 30,
-                        "deployment": {"ray_actor_options": {"num_cpus": 0.1}}}}
+                        "deployment": {"num_replicas": 1,
+                                       "ray_actor_options": {"num_cpus": 0.1}}}}
 
 
 def _deploy(name: str, args: dict) -> str:

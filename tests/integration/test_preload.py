@@ -27,7 +27,7 @@ def _args(tiny_models, cache_dir) -> dict:
         "gpu": "off",
         "cpu_pool": {"deployment": {"ray_actor_options": {"num_cpus": 0.1}},
                      "torch_threads": 1, "preload": PRELOAD},
-        "ingress": {"deployment": {"ray_actor_options": {"num_cpus": 0.1}}},
+        "ingress": {"deployment": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}},
     }
 
 

@@ -21,7 +21,7 @@ from deployments.app import (
 def test_custom_resources_pin_pools_and_ingress_to_nodes_that_have_them():
     on = {"head": 0.01}
     settings = BlitzSettings.from_args({
-        "cpu_pool": {"deployment": {"ray_actor_options": {"resources": on}}},
+        "cpu_pool": {"workers": 1, "deployment": {"ray_actor_options": {"resources": on}}},
         "gpu_pool": {"deployment": {"ray_actor_options": {"resources": {"gpu_node": 1}}}},
         "ingress": {"deployment": {"ray_actor_options": {"resources": on}}},
     })
@@ -90,7 +90,8 @@ def test_deployment_blocks_pass_through_merged_over_blitz_defaults():
 def test_the_cpu_pool_claims_a_cpu_per_model_call_thread_unless_told(caplog):
     derived = BlitzSettings.from_args({"cpu_pool": {"workers": 2, "torch_threads": 3}})
     assert derived.cpu_pool.num_cpus == 6 and derived.cpu_pool.cpu_claim_problem("c") is None
-    assert BlitzSettings().cpu_pool.num_cpus == 1  # 1 worker, torch's own threads: 1
+    one = BlitzSettings.from_args({"cpu_pool": {"workers": 1}})
+    assert one.cpu_pool.num_cpus == 1  # 1 worker, torch's own threads: 1
     low = BlitzSettings.from_args({"cpu_pool": {"workers": 2, "torch_threads": 1, "deployment":
                                                 {"ray_actor_options": {"num_cpus": 1}}}})
     with caplog.at_level(logging.WARNING, logger="ray.serve"):

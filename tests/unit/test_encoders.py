@@ -296,8 +296,9 @@ def test_cuda_request_falls_back_to_cpu_without_cuda():
 
 
 def test_gpu_models_keep_cudnn_out_of_attention():
-    """cuDNN builds an attention plan per new batch shape (~0.2 s on an H200, BENCHMARKS.md
-    "GPU"): a model opened for CUDA turns it off for the process; CPU models leave it."""
+    """cuDNN builds an attention plan per new batch shape (~0.2 s on an H200,
+    docs/benchmarks-history.md "GPU pool on an NVIDIA H200"): a model opened for CUDA turns
+    it off for the process; CPU models leave it."""
     import torch
 
     from blitz.encoders.loading import _torch_dtype

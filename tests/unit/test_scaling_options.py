@@ -18,10 +18,17 @@ from deployments.pool import ModelPool
 def test_defaults_scale_the_gpu_pool_to_zero_after_five_idle_minutes():
     settings = BlitzSettings.from_args(None)
     cpu, gpu = settings.cpu_pool, settings.gpu_pool
-    cpu_auto = cpu.deployment["autoscaling_config"]
     gpu_auto = gpu.deployment["autoscaling_config"]
-    assert (cpu_auto["min_replicas"], cpu_auto["upscale_delay_s"],
-            cpu_auto["downscale_delay_s"]) == (1, 5, 300)
+    # the CPU pool: fixed replicas sized from the node (`num_replicas: auto`) unless the
+    # config asks for Serve's autoscaling, which then starts from Blitz's delays
+    assert isinstance(cpu.deployment["num_replicas"], int)
+    assert "autoscaling_config" not in cpu.deployment
+    scaled = BlitzSettings.from_args(
+        {"cpu_pool": {"deployment": {"autoscaling_config": {"max_replicas": 3}}}}).cpu_pool
+    cpu_auto = scaled.deployment["autoscaling_config"]
+    assert "num_replicas" not in scaled.deployment
+    assert (cpu_auto["min_replicas"], cpu_auto["max_replicas"], cpu_auto["upscale_delay_s"],
+            cpu_auto["downscale_delay_s"]) == (1, 3, 5, 300)
     assert gpu_auto["min_replicas"] == 0 and gpu_auto["downscale_to_zero_delay_s"] == 300
     # a pool replica may finish a whole call (call_timeout_s) before it is stopped
     assert cpu.deployment["graceful_shutdown_timeout_s"] >= cpu.call_timeout_s
@@ -78,8 +85,11 @@ def test_ingress_settings_become_serve_shutdown_and_rollout_options():
 def test_fake_source_takes_a_load_delay_and_a_batch_delay(monkeypatch):
     assert ModelSpec(id="f", source="fake:8").fake_params() == (8, 0.0, 0.0)
     assert ModelSpec(id="f", source="fake:8:1.5:0.25").fake_params() == (8, 1.5, 0.25)
-    with pytest.raises(ValidationError):
-        ModelSpec(id="f", source="fake:8:1:2:3")
+    assert ModelSpec(id="f", source="fake:8:1:2:3").fake_batches_at_once() == 3
+    assert ModelSpec(id="f", source="fake:8:1:2").fake_batches_at_once() is None
+    for bad in ("fake:8:1:2:0", "fake:8:1:2:3:4", "fake:8:1:2:1.5"):
+        with pytest.raises(ValidationError):
+            ModelSpec(id="f", source=bad)
     slept: list[float] = []
     monkeypatch.setattr(fake.time, "sleep", slept.append)
     encoder = load_encoder(ModelSpec(id="f", source="fake:8:0:0.25"), "cpu")
