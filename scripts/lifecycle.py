@@ -604,7 +604,37 @@ def run_serve_run(config: str, extra: list[str], requested: list[int],
     return 0 if requested else (child.returncode or 0)
 
 
+FAST_PATH_ENV = ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY",
+                 "RAY_SERVE_HAPROXY_BINARY_PATH")
+
+
+def default_proxy_config(config: str, directory: str) -> str:
+    """A copy of ``config`` in ``directory`` without the fast path its
+    ``controller_options`` turn on (BLITZ_FAST_PATH=0: Serve's default proxy)."""
+    import yaml
+
+    with open(config) as f:
+        data = yaml.safe_load(f) or {}
+    env = (((data.get("controller_options") or {}).get("runtime_env") or {})
+           .get("env_vars") or {})
+    for name in FAST_PATH_ENV:
+        env.pop(name, None)
+    path = os.path.join(directory, "serve_config.default-proxy.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(data, f, sort_keys=False)
+    return path
+
+
 def run(config: str, extra: list[str]) -> int:
+    if os.environ.get("BLITZ_FAST_PATH", "1") == "0":
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="blitz-default-proxy-") as directory:
+            return _run(default_proxy_config(config, directory), extra)
+    return _run(config, extra)
+
+
+def _run(config: str, extra: list[str]) -> int:
     requested: list[int] = []
     hurry = [False]
 

@@ -131,3 +131,15 @@ def test_the_cpu_pool_runs_in_replicas_of_its_own_unless_told():
     assert BlitzSettings().ingress.cpu_pool == "replicas"
     with pytest.raises(ValueError, match="cpu_pool"):
         BlitzSettings.from_args({"ingress": {"cpu_pool": "inside"}})
+
+
+def test_a_ray_without_the_fast_path_gets_one_warning_naming_the_cost_and_the_fix():
+    from deployments.app import fast_path_warning
+
+    fast = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    assert fast_path_warning(fast) is None
+    warning = fast_path_warning({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"})
+    assert warning is not None
+    assert "RAY_SERVE_ENABLE_HA_PROXY unset" in warning
+    assert "controller_options" in warning and "x the" in warning
+    assert "and" in (fast_path_warning({}) or "").split(" unset")[0]

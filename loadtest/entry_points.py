@@ -1,0 +1,110 @@
+"""``python -m loadtest entry-points DIR``: what ``loadtest/entry_points.sh`` measured.
+
+Each round folder ``DIR/rN`` holds, per entry point (LEG: ``card``, ``default-proxy``,
+``serve-sh``), ``LEG-single.json`` and ``LEG-batch32.json`` (``loadtest run`` with the
+server's CPU time) and ``oneuser-LEG.json`` (``loadtest hops``), plus
+``oneuser-floor.json`` (the HTTP floor). Every ratio is taken within one round, against
+``serve-sh`` (``scripts/serve.sh``, the path Blitz was tuned on), then the median over
+rounds and its spread are reported, as ``loadtest rounds`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from loadtest.report import markdown_table
+from loadtest.rounds import Spread, ratio_cell, spread
+
+BASE = "serve-sh"
+LEGS = {"card": "`serve run serve_config.yaml` (the card; its controller_options: fast path)",
+        "default-proxy": "`serve run`, a config without them (Serve's default proxy)",
+        "serve-sh": "`bash scripts/serve.sh` (fast path, no driver)"}
+PROFILES = ("single", "batch32")
+TARGET = 0.9  # the card's `serve run` against scripts/serve.sh, each profile
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        return orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def run_figure(path: Path) -> tuple[float, float | None] | None:
+    """(emb/s, server CPU-ms per request) of a ``loadtest run`` report with no errors."""
+    document = _load(path)
+    results = (document or {}).get("results") or []
+    if not results or results[0].get("errors"):
+        return None
+    return float(results[0]["embeddings_per_s"]), results[0].get("server_cpu_ms_per_request")
+
+
+def one_user_p50(path: Path) -> tuple[float, float] | None:
+    """(served p50, in-process p50) in ms of a ``loadtest hops`` report."""
+    summary = (_load(path) or {}).get("summary") or {}
+    served, inprocess = summary.get("served") or {}, summary.get("inprocess") or {}
+    if "p50" not in served or "p50" not in inprocess:
+        return None
+    return float(served["p50"]), float(inprocess["p50"])
+
+
+def round_dirs(directory: Path) -> list[Path]:
+    return sorted((p for p in directory.glob("r*") if p.name[1:].isdigit()),
+                  key=lambda p: int(p.name[1:]))
+
+
+def _cell(s: Spread | None, unit: str = "") -> str:
+    if s is None:
+        return "-"
+    return f"{s.median:.2f}{unit} ({s.low:.2f}-{s.high:.2f}, {s.rounds} rounds)"
+
+
+def report(directory: str | Path) -> str:
+    rounds = round_dirs(Path(directory))
+    rows = []
+    for leg, label in LEGS.items():
+        row = [label]
+        for profile in PROFILES:
+            ratios: list[float | None] = []
+            for r in rounds:
+                top, base = run_figure(r / f"{leg}-{profile}.json"), run_figure(
+                    r / f"{BASE}-{profile}.json")
+                ratios.append(top[0] / base[0] if top and base and base[0] else None)
+            row.append(ratio_cell(spread(ratios)))
+        cpu = [run_figure(r / f"{leg}-single.json") for r in rounds]
+        row.append(_cell(spread([c[1] if c else None for c in cpu])))
+        users = [one_user_p50(r / f"oneuser-{leg}.json") for r in rounds]
+        floors = [one_user_p50(r / "oneuser-floor.json") for r in rounds]
+        row.append(_cell(spread([u[0] if u else None for u in users]), " ms"))
+        row.append(_cell(spread([u[0] - f[0] if u and f else None
+                                 for u, f in zip(users, floors, strict=True)]), " ms"))
+        rows.append(row)
+    floors = [one_user_p50(r / "oneuser-floor.json") for r in rounds]
+    floor_row = ["the HTTP floor (`loadtest.floor_server`)", "-", "-", "-",
+                 _cell(spread([f[0] if f else None for f in floors]), " ms"), "0"]
+    table = markdown_table(
+        ["entry point", "single / serve.sh", "batch32 / serve.sh",
+         "server CPU-ms per single request", "one user p50", "one user p50 - the floor's"],
+        [*rows, floor_row])
+    return "\n".join([f"Entry points, {len(rounds)} interleaved rounds (median, min-max):",
+                      "", table, "", *targets(rounds)])
+
+
+def targets(rounds: Sequence[Path]) -> list[str]:
+    lines = []
+    for profile in PROFILES:
+        ratios: list[float | None] = []
+        for r in rounds:
+            top, base = run_figure(r / f"card-{profile}.json"), run_figure(
+                r / f"{BASE}-{profile}.json")
+            ratios.append(top[0] / base[0] if top and base and base[0] else None)
+        s = spread(ratios)
+        verdict = ("not measured" if s is None else
+                   "met" if s.median >= TARGET else f"**not met** ({s.median:.2f}x)")
+        lines.append(f"- the card's `serve run` >= {TARGET}x scripts/serve.sh, {profile}: "
+                     f"{verdict}")
+    return lines
