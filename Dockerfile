@@ -46,4 +46,7 @@ RUN for model in $(blitz models --config serve_config.yaml --json \
 RUN sed -i 's/^  host: 127.0.0.1$/  host: 0.0.0.0/' serve_config.yaml
 
 EXPOSE 8000
+# From WORKDIR /app: serve_config.yaml's controller_options turn on the fast request path
+# (HAProxy through scripts/haproxy-loopback, named relative to /app) and its `auto` sizes
+# follow the cores and GPUs the container's Ray sees.
 CMD ["serve", "run", "serve_config.yaml"]

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from blitz.config import BulkSettings
+from blitz.bulk_settings import BulkSettings
 from blitz.encoders.loading import backend_for, load_encoder
 from blitz.errors import InvalidValue
 from blitz.postprocess import quantize, truncate_dimensions

@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from blitz.config import BlitzSettings, BulkSettings
+from blitz.bulk_settings import BulkSettings
+from blitz.config import BlitzSettings
 from blitz.deployment_options import DEPLOYMENT_NOTES
 from blitz.registry import ModelSpec
 

@@ -40,7 +40,8 @@ from blitz.bulk import (
     output_metadata,
 )
 from blitz.bulk_read import columns_of, read_rows
-from blitz.config import BlitzSettings, BulkSettings
+from blitz.bulk_settings import BulkSettings
+from blitz.config import BlitzSettings
 from blitz.errors import InvalidValue
 from blitz.registry import ModelSpec
 from blitz.storage import filesystem_for, location_env

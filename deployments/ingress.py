@@ -24,9 +24,11 @@ from blitz.encoders.base import Encoded
 from blitz.errors import Overloaded, Unavailable
 from blitz.http_api import HttpApi
 from blitz.http_middleware import warn_if_open
+from blitz.local_hop import HopLost
 from blitz.postprocess import OutputDtype
 from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
 from blitz.service import EmbeddingService
+from deployments.local_hops import LocalHops
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.metrics import metrics
 from deployments.pool import in_process
@@ -76,6 +78,7 @@ class ServeDispatcher:
         self.pools = frozenset(handles)
         self._lanes: dict[tuple[str, str], Batcher] = {}
         self._waker = PoolWaker(handles, settings.ingress.pool_timeout_s)
+        self._hops = LocalHops(settings, handles)
         for handle in handles.values():
             watch(handle)
 
@@ -91,6 +94,19 @@ class ServeDispatcher:
         self._waker.wake(pool)
 
     async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
+        hop = self._hops.client(pool)
+        if hop is not None:  # the pool's one replica, on this node: no Serve hop
+            started = time.perf_counter()
+            try:
+                results = await hop.call(model_id, arg)
+            except HopLost as exc:  # it died or was replaced: Serve's handle, as below
+                metrics.pool_failures.inc(tags={"pool": pool, "outcome": "retried"})
+                logger.warning("%s pool call over the local hop failed (%s); retrying over "
+                               "Serve's handle", pool, exc)
+            else:
+                timing.mark(results, "ingress-queue", started)
+                timing.record(results, call=time.perf_counter() - started)
+                return results
         handle = self.handles[pool].options(multiplexed_model_id=model_id,
                                             request_serialization=SERIALIZATION,
                                             response_serialization=SERIALIZATION)

@@ -33,6 +33,7 @@ from blitz.encoders.loading import load_encoder, resolve_device
 from blitz.errors import ModelLoadFailed, Overloaded, Unavailable
 from blitz.load_failures import LoadFailures, as_load_failure
 from blitz.load_queue import LoadQueue
+from blitz.local_hop import LocalHopServer
 from blitz.pool_work import Job, run_jobs
 from blitz.registry import ModelSpec, preflight_source
 from blitz.worker_slots import WorkerSlots
@@ -81,6 +82,7 @@ class ModelPool:
         self.auto_choices: dict[str, dict[str, Any]] = {}  # cpu_backend auto: the choice
         self.evicted: deque[str] = deque(maxlen=EVICTIONS_KEPT)
         self.evictions = 0
+        self._hop: LocalHopServer | None = None  # made when an ingress first asks for it
         self._memory_reports = (  # for as long as the replica lives
             asyncio.get_running_loop().create_task(gpu_memory.report_forever(
                 metrics.gpu_memory_publisher(pool))) if self.device.startswith("cuda") else None)
@@ -219,6 +221,25 @@ class ModelPool:
         timing.record(results, pool=time.perf_counter() - entered)
         return results
 
+    async def local_hop_address(self) -> dict[str, Any]:
+        """Where an ingress on this node calls ``run_jobs_for`` without Serve's hop
+        (``blitz.local_hop``; the ingress asks when ``ingress.pool_hop`` is ``auto`` and
+        this pool runs one fixed replica)."""
+        if self._hop is None:
+            hop = LocalHopServer(self.run_jobs_for)
+            await hop.start()
+            self._hop = hop
+        return {"path": self._hop.path, "pid": os.getpid(),
+                "node_id": ray.get_runtime_context().get_node_id()}
+
+    def __del__(self) -> None:
+        """Serve calls this when the replica stops (and Python again): the local hop's
+        socket and folder go."""
+        hop = getattr(self, "_hop", None)
+        if hop is not None:
+            hop.close()
+            self._hop = None
+
     def _model_id(self) -> str:
         """The request's model id (``run_jobs_for`` checks it: a handle caller can send
         any id, and none may create a batcher or a metric label here)."""
@@ -262,6 +283,7 @@ class ModelPool:
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "rss_bytes": _rss_bytes(),
                 "batches_run": dict(self.batches_run), "texts_run": dict(self.texts_run),
+                "local_hop_calls": self._hop.calls if self._hop is not None else None,
                 "waiting_texts": {m: b.waiting for m, b in self._batchers.items()},
                 "running_batches": {m: b.in_flight for m, b in self._batchers.items()},
                 "busy_workers": self.workers.busy, "stuck_workers": self.workers.stuck,

@@ -90,7 +90,8 @@ def _bulk(spec: Any, corpus: list[str], files: int, batch: int, actors: int | No
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from blitz.config import BlitzSettings, BulkSettings
+    from blitz.bulk_settings import BulkSettings
+    from blitz.config import BlitzSettings
     from deployments.bulk import embed_dataset
 
     texts = len(corpus)

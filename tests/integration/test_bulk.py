@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from blitz.config import BlitzSettings, BulkSettings
+from blitz.bulk_settings import BulkSettings
+from blitz.config import BlitzSettings
 from blitz.errors import InvalidValue
 from deployments.bulk import embed_dataset
 from deployments.cli import main as blitz_main

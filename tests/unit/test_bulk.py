@@ -13,7 +13,7 @@ import pytest
 
 from blitz.bulk import BatchEncoder, check_options, list_inputs
 from blitz.bulk_read import ID_INT, ID_POSITION, ID_STR, ROWS, iter_lines, read_rows, refusal
-from blitz.config import BulkSettings
+from blitz.bulk_settings import BulkSettings
 from blitz.errors import InvalidValue
 from blitz.postprocess import quantize, truncate_dimensions
 from blitz.registry import ModelSpec

@@ -206,7 +206,7 @@ def test_the_job_s_task_payloads_hold_no_secret(monkeypatch):
     secret or token may be in it. Workers open storage with their own credentials."""
     import cloudpickle
 
-    from blitz.config import BulkSettings
+    from blitz.bulk_settings import BulkSettings
     from blitz.registry import ModelSpec
     from blitz.storage import filesystem_for
     from deployments.bulk import job_payloads

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from blitz.bulk import BatchEncoder
 from blitz.bulk_read import ROWS, columns_of, read_rows
-from blitz.config import BulkSettings
+from blitz.bulk_settings import BulkSettings
 from blitz.registry import ModelSpec
 from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
 

@@ -4,6 +4,7 @@ back to the CPU, so the report's accuracy and throughput rows are those of the C
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,17 @@ def test_a_reference_of_another_model_is_refused(tiny_models, tmp_path, monkeypa
     gpu.reference(str(tiny_models["tiny-b"]), tmp_path / "ref-b.npy")
     with pytest.raises(ValueError, match="reference"):  # 32 dimensions against 48
         gpu.encode(str(tiny_models["tiny-a"]), tmp_path / "ref-b.npy", tmp_path, seconds=0.05)
+
+
+def test_the_gpu_run_takes_the_fast_path_as_serve_config_does(monkeypatch):
+    import yaml
+
+    from loadtest.gpu import fast_path_env
+
+    monkeypatch.delenv("BLITZ_HAPROXY_REAL", raising=False)
+    root = Path(__file__).resolve().parents[2]
+    env = fast_path_env(root)
+    shipped = yaml.safe_load((root / "serve_config.yaml").read_text())
+    for name, value in shipped["controller_options"]["runtime_env"]["env_vars"].items():
+        assert env[name] == (str(root / value) if name.endswith("BINARY_PATH") else value)
+    assert Path(env["BLITZ_HAPROXY_REAL"]).is_file()

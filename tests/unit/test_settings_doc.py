@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from blitz import settings_doc
+from blitz.bulk_settings import BulkSettings
 from blitz.config import (
     AuthSettings,
     BlitzSettings,
-    BulkSettings,
     IngressSettings,
     Limits,
     PoolSettings,

@@ -1,0 +1,39 @@
+"""One bulk embedding job's settings (``blitz embed``, ``deployments.bulk.embed_dataset``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class BulkSettings(BaseModel):
+    """One bulk embedding job (``blitz embed``, ``deployments.bulk.embed_dataset``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, description="model id; default: the registry's default")
+    text_column: str = Field("text", description="column holding the texts")
+    id_column: str = Field("id", description="column copied to the output as the row's id; "
+                           "when the input has no such column, the row's position in its file")
+    dtype: Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"] = Field(
+        "float32", description="output dtype, as the native API's `dtype`")
+    dimensions: int | None = Field(None, ge=1, description="Matryoshka truncation, as the "
+                                   "native API's `dimensions`")
+    prompt_name: str | None = Field(None, description="one of the model's `prompts`")
+    normalize: bool | None = Field(None, description="default: the model's own")
+    errors: str | None = Field(None, description="errors file (JSONL: id, reason, file); "
+                               "default: OUTPUT/errors.jsonl")
+    batch_size: int = Field(256, ge=1, description="texts per map_batches call (each is "
+                            "length-sorted into token-budget micro-batches)")
+    actors: int | None = Field(None, ge=1, description="encoder actors; default: one per GPU "
+                               "when the cluster has GPUs, else one per CPU, at most `max_actors`")
+    max_actors: int = Field(16, ge=1, description="cap on the default number of actors")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: cuda when the cluster has GPUs, else cpu")
+    torch_threads: int = Field(1, ge=1, description="intra-op threads per CPU actor")
+    max_row_bytes: int = Field(4 << 20, ge=1, description="a JSON line, or a CSV or Parquet "
+                               "text, longer than this is refused (errors.jsonl)")
+    force: bool = Field(False, description="redo units that an earlier run wrote with other "
+                        "options or from another version of the input (they are refused "
+                        "otherwise)")

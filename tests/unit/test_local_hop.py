@@ -1,0 +1,128 @@
+"""blitz.local_hop: pool calls over a Unix socket, and what a lost peer or a caller that
+gives up leaves behind (nothing hangs, nothing stays)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+
+import pytest
+
+from blitz.errors import UnknownModel
+from blitz.local_hop import HopLost, LocalHopClient, LocalHopServer
+
+BOUND_S = 10  # a bound on each wait below, not a timing assertion
+
+
+class Pool:
+    """A pool's ``run_jobs_for`` stand-in: echoes, fails, or blocks until released."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.cancelled: list[str] = []
+
+    async def run_jobs_for(self, model_id: str, jobs: list) -> list:
+        if model_id == "unknown":
+            raise UnknownModel("no model 'unknown'")
+        if model_id == "slow":
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(model_id)
+                raise
+        if model_id == "unpicklable":
+            return [lambda: None]
+        return [(model_id, job) for job in jobs]
+
+
+async def _pair(pool: Pool) -> tuple[LocalHopServer, LocalHopClient]:
+    server = LocalHopServer(pool.run_jobs_for)
+    await server.start()
+    return server, await LocalHopClient.connect(server.path)
+
+
+async def _until(condition, what: str) -> None:
+    async with asyncio.timeout(BOUND_S):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_calls_come_back_each_with_its_own_results():
+    server, client = await _pair(Pool())
+    try:
+        answers = await asyncio.gather(*(client.call(f"m{i}", [i, i + 1]) for i in range(20)))
+        assert answers == [[(f"m{i}", i), (f"m{i}", i + 1)] for i in range(20)]
+        assert server.calls == 20
+    finally:
+        client.close()
+        await server.aclose()
+
+
+async def test_errors_cross_the_hop_as_themselves_and_fail_their_call_only():
+    server, client = await _pair(Pool())
+    try:
+        with pytest.raises(UnknownModel, match="no model 'unknown'"):
+            await client.call("unknown", [1])
+        with pytest.raises(RuntimeError, match="could not be sent"):
+            await client.call("unpicklable", [1])
+        assert await client.call("m", [1]) == [("m", 1)]  # the connection lives on
+    finally:
+        client.close()
+        await server.aclose()
+
+
+async def test_the_socket_is_the_same_users_only_and_goes_on_close():
+    server, client = await _pair(Pool())
+    folder = os.path.dirname(server.path)
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(server.path).st_mode) == 0o600
+    assert await client.call("m", [1]) == [("m", 1)]
+    client.close()
+    await server.aclose()
+    server.close()  # idempotent
+    assert not os.path.exists(folder)
+
+
+async def test_a_caller_that_gives_up_cancels_its_call_on_the_pool():
+    pool = Pool()
+    server, client = await _pair(pool)
+    try:
+        call = asyncio.ensure_future(client.call("slow", [1]))
+        await _until(lambda: server.calls == 1, "the call to reach the pool")
+        call.cancel()
+        await _until(lambda: pool.cancelled == ["slow"], "the pool's task to be cancelled")
+        assert await client.call("m", [2]) == [("m", 2)]
+    finally:
+        client.close()
+        await server.aclose()
+
+
+async def test_a_pool_that_goes_away_fails_waiting_and_later_calls_at_once():
+    pool = Pool()
+    server, client = await _pair(pool)
+    waiting = asyncio.ensure_future(client.call("slow", [1]))
+    await _until(lambda: server.calls == 1, "the call to reach the pool")
+    await server.aclose()  # as a replica that dies: its connections close
+    async with asyncio.timeout(BOUND_S):
+        with pytest.raises(HopLost):
+            await waiting
+    assert client.lost
+    with pytest.raises(HopLost):
+        await client.call("m", [1])
+    client.close()
+
+
+async def test_a_client_that_goes_away_cancels_its_calls_on_the_pool():
+    pool = Pool()
+    server, client = await _pair(pool)
+    try:
+        call = asyncio.ensure_future(client.call("slow", [1]))
+        await _until(lambda: server.calls == 1, "the call to reach the pool")
+        client.close()  # as an ingress replica that dies: its socket closes
+        with pytest.raises(HopLost):
+            await call
+        await _until(lambda: pool.cancelled == ["slow"], "the orphaned call to be cancelled")
+    finally:
+        client.close()
+        await server.aclose()
