@@ -1,7 +1,7 @@
 """``python -m loadtest entry-points DIR``: what ``loadtest/entry_points.sh`` measured.
 
-Each round folder ``DIR/rN`` holds, per entry point (LEG: ``card``, ``default-proxy``,
-``serve-sh``), ``LEG-single.json`` and ``LEG-batch32.json`` (``loadtest run`` with the
+Each round folder ``DIR/rN`` holds, per entry point (LEG: ``card``, ``serve-hop``,
+``default-proxy``, ``serve-sh``), ``LEG-single.json`` and ``LEG-batch32.json`` (``loadtest run`` with the
 server's CPU time) and ``oneuser-LEG.json`` (``loadtest hops``), plus
 ``oneuser-floor.json`` (the HTTP floor). Every ratio is taken within one round, against
 ``serve-sh`` (``scripts/serve.sh``, the path Blitz was tuned on), then the median over
@@ -21,6 +21,7 @@ from loadtest.rounds import Spread, ratio_cell, spread
 
 BASE = "serve-sh"
 LEGS = {"card": "`serve run serve_config.yaml` (the card; its controller_options: fast path)",
+        "serve-hop": "the card with `ingress.pool_hop: serve` (Serve's handle to the CPU pool)",
         "default-proxy": "`serve run`, a config without them (Serve's default proxy)",
         "serve-sh": "`bash scripts/serve.sh` (fast path, no driver)"}
 PROFILES = ("single", "batch32")

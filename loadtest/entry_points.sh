@@ -2,7 +2,9 @@
 # Blitz through each entry point that runs on one machine, in interleaved rounds:
 #   card          `serve run serve_config.yaml` from the venv, nothing exported (the card's
 #                 command; serve_config.yaml's controller_options turn on the fast path)
-#   default-proxy the same with those controller_options taken out: Serve's default Python
+#   serve-hop     the card with `ingress.pool_hop: serve`: the CPU pool called over Serve's
+#                 handle, as before the local hop
+#   default-proxy the card with its controller_options taken out: Serve's default Python
 #                 proxy, what `serve run` of a config without them gets (the app warns)
 #   serve-sh      `bash scripts/serve.sh` (lifecycle.py, no driver, the fast path)
 # Each round starts each entry point in turn, warms `minilm-int8`, runs the single and
@@ -12,13 +14,13 @@
 # (`loadtest.floor_server`, nothing else running). `python -m loadtest entry-points OUT`
 # reports the per-round ratios to serve-sh, their median and spread.
 # Usage: bash loadtest/entry_points.sh [OUT_DIR]   (after `bash scripts/install.sh dev`)
-# Environment: ROUNDS (3), DUR/WARM (15/5), ONE_USER_N (300), LEGS ("card default-proxy
-# serve-sh"). Stops any Ray/Serve/HAProxy of this machine first (STOP_RAY=0: don't).
+# Environment: ROUNDS (3), DUR/WARM (15/5), ONE_USER_N (300), LEGS ("card serve-hop
+# default-proxy serve-sh"). Stops any Ray/Serve/HAProxy of this machine first (STOP_RAY=0: don't).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-results/entry-points-$(date +%Y%m%d-%H%M%S)}"
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-15}"; WARM="${WARM:-5}"; ONE_USER_N="${ONE_USER_N:-300}"
-LEGS="${LEGS:-card default-proxy serve-sh}"
+LEGS="${LEGS:-card serve-hop default-proxy serve-sh}"
 PY=.venv/bin/python
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -46,14 +48,22 @@ import sys
 sys.path.insert(0, "scripts")
 import os, shutil, tempfile
 from lifecycle import default_proxy_config
+import yaml
 with tempfile.TemporaryDirectory() as d:
     shutil.copy(default_proxy_config(sys.argv[1], d), sys.argv[2])
+with open(sys.argv[1]) as f:
+    config = yaml.safe_load(f)
+for app in config["applications"]:
+    app["args"].setdefault("ingress", {})["pool_hop"] = "serve"
+with open(sys.argv[2].replace("default-proxy", "serve-hop"), "w") as f:
+    yaml.safe_dump(config, f, sort_keys=False)
 EOF
 
 start() {  # start LEG LOG: the leg's server in a process group of its own
   case "$1" in
     card) setsid .venv/bin/serve run serve_config.yaml > "$2" 2>&1 & ;;
     default-proxy) setsid .venv/bin/serve run "$OUT/default-proxy-config.yaml" > "$2" 2>&1 & ;;
+    serve-hop) setsid .venv/bin/serve run "$OUT/serve-hop-config.yaml" > "$2" 2>&1 & ;;
     serve-sh) BLITZ_SKIP_INSTALL=1 setsid bash scripts/serve.sh > "$2" 2>&1 & ;;
   esac
   SERVER=$!
