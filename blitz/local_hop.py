@@ -83,11 +83,8 @@ class LocalHopServer:
         self.calls = 0  # calls answered or failed, for stats
 
     async def start(self) -> None:
-        old = os.umask(0o177)  # the socket is made mode 600
-        try:
-            self._server = await asyncio.start_unix_server(self._serve, path=self.path)
-        finally:
-            os.umask(old)
+        self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+        os.chmod(self.path, 0o600)  # its folder (mode 700) already keeps others out
 
     def close(self) -> None:
         """Stop listening, end every connection (its client's calls fail with ``HopLost``)

@@ -126,3 +126,21 @@ async def test_a_client_that_goes_away_cancels_its_calls_on_the_pool():
     finally:
         client.close()
         await server.aclose()
+
+
+@pytest.mark.parametrize("cpu_pool, pool_hop, expected", [
+    ({"deployment": {"num_replicas": 1}}, "auto", True),
+    ({"deployment": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 1}}}, "auto",
+     True),
+    ({"deployment": {"num_replicas": 2}}, "auto", False),  # Serve routes among them
+    ({"deployment": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 3}}}, "auto",
+     False),  # Serve's autoscaler counts its requests
+    ({"deployment": {"num_replicas": 1}}, "serve", False),
+])
+def test_only_a_pool_of_exactly_one_replica_takes_the_local_hop(cpu_pool, pool_hop, expected):
+    from blitz.config import BlitzSettings
+    from deployments.local_hops import qualifies
+
+    settings = BlitzSettings.from_args({"cpu_pool": cpu_pool, "ingress": {"pool_hop": pool_hop}})
+    assert qualifies(settings, "cpu") is expected
+    assert not qualifies(settings, "gpu")  # scales from zero by default
