@@ -30,7 +30,7 @@ FAST_PATH_WARNING = (
     "scripts/fast-path.env.sh` before `ray start`), then start Serve anew")
 # What the default proxy cost against the fast path in the entry-point rounds
 # (BENCHMARKS.md, "Entry points"), named in the WARNING above.
-DEFAULT_PROXY_COST = {"single": "0.39x", "batch32": "0.85x", "cpu_ms": "~8"}
+DEFAULT_PROXY_COST = {"single": "0.49x", "batch32": "1.01x", "cpu_ms": "~14"}
 
 
 def cluster_has_gpus() -> bool:

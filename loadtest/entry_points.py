@@ -58,6 +58,16 @@ def round_dirs(directory: Path) -> list[Path]:
                   key=lambda p: int(p.name[1:]))
 
 
+def _ratios(rounds: Sequence[Path], leg: str, profile: str) -> list[float | None]:
+    """Per round: ``leg``'s emb/s over serve-sh's, None where either is missing."""
+    ratios: list[float | None] = []
+    for r in rounds:
+        top, base = run_figure(r / f"{leg}-{profile}.json"), run_figure(
+            r / f"{BASE}-{profile}.json")
+        ratios.append(top[0] / base[0] if top and base and base[0] else None)
+    return ratios
+
+
 def _cell(s: Spread | None, unit: str = "") -> str:
     if s is None:
         return "-"
@@ -68,14 +78,7 @@ def report(directory: str | Path) -> str:
     rounds = round_dirs(Path(directory))
     rows = []
     for leg, label in LEGS.items():
-        row = [label]
-        for profile in PROFILES:
-            ratios: list[float | None] = []
-            for r in rounds:
-                top, base = run_figure(r / f"{leg}-{profile}.json"), run_figure(
-                    r / f"{BASE}-{profile}.json")
-                ratios.append(top[0] / base[0] if top and base and base[0] else None)
-            row.append(ratio_cell(spread(ratios)))
+        row = [label, *(ratio_cell(spread(_ratios(rounds, leg, p))) for p in PROFILES)]
         cpu = [run_figure(r / f"{leg}-single.json") for r in rounds]
         row.append(_cell(spread([c[1] if c else None for c in cpu])))
         users = [one_user_p50(r / f"oneuser-{leg}.json") for r in rounds]
@@ -98,12 +101,7 @@ def report(directory: str | Path) -> str:
 def targets(rounds: Sequence[Path]) -> list[str]:
     lines = []
     for profile in PROFILES:
-        ratios: list[float | None] = []
-        for r in rounds:
-            top, base = run_figure(r / f"card-{profile}.json"), run_figure(
-                r / f"{BASE}-{profile}.json")
-            ratios.append(top[0] / base[0] if top and base and base[0] else None)
-        s = spread(ratios)
+        s = spread(_ratios(rounds, "card", profile))
         verdict = ("not measured" if s is None else
                    "met" if s.median >= TARGET else f"**not met** ({s.median:.2f}x)")
         lines.append(f"- the card's `serve run` >= {TARGET}x scripts/serve.sh, {profile}: "

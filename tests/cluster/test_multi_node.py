@@ -57,9 +57,11 @@ def cluster_app(model_dir: Path) -> dict:
         "models": [{"id": "tiny", "source": str(model_dir)}],
         "gpu": "auto",
         "routing": {"gpu_min_batch": 10},
-        "cpu_pool": {"torch_threads": 1, "max_batch_size": 16,
+        # the model is resident before `ready`: a first request that loads it (torch
+        # imported then) can outlast POOL_TIMEOUT_S on a 2-core machine after a long suite
+        "cpu_pool": {"torch_threads": 1, "max_batch_size": 16, "preload": ["tiny"],
                      "deployment": deployment(resources=on_head)},
-        "gpu_pool": {"torch_threads": 1, "max_batch_size": 64,
+        "gpu_pool": {"torch_threads": 1, "max_batch_size": 64, "preload": ["tiny"],
                      "deployment": deployment(num_gpus=1)},
         "ingress": {"pool_timeout_s": POOL_TIMEOUT_S, "deployment": {
             "num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1, "resources": on_head}}},
