@@ -25,6 +25,8 @@ from blitz.local_hop import LocalHopClient
 
 logger = logging.getLogger("ray.serve")
 RETRY_S = 2.0  # after a failed find or a broken socket, Serve's handle this long
+ELSEWHERE_RETRY_S = 60.0  # a replica on another node: ask again this much later
+FIND_TIMEOUT_S = 10.0  # a pool that does not say where its socket is: Serve's handle
 
 
 def qualifies(settings: BlitzSettings, pool: str) -> bool:
@@ -57,16 +59,20 @@ class LocalHops:
         return None
 
     async def _find(self, pool: str) -> None:
+        retry_s = RETRY_S
         try:
-            address = await self._handles[pool].local_hop_address.remote()
-            if (address and address["node_id"] == ray.get_runtime_context().get_node_id()
-                    and os.path.exists(address["path"])):
+            async with asyncio.timeout(FIND_TIMEOUT_S):
+                address = await self._handles[pool].local_hop_address.remote()
+                if (address["node_id"] != ray.get_runtime_context().get_node_id()
+                        or not os.path.exists(address["path"])):
+                    retry_s = ELSEWHERE_RETRY_S
+                    return
                 self._clients[pool] = await LocalHopClient.connect(address["path"])
-                logger.info("the %s pool's replica (pid %s) is called over the local hop %s",
-                            pool, address["pid"], address["path"])
-        except Exception as exc:  # noqa: BLE001 - Serve's handle serves meanwhile
+            logger.info("the %s pool's replica (pid %s) is called over the local hop %s",
+                        pool, address["pid"], address["path"])
+        except Exception as exc:  # noqa: BLE001 - a timeout included: Serve's handle serves
             logger.info("no local hop to the %s pool yet (%s); Serve's handle serves", pool,
                         type(exc).__name__)
         finally:
-            self._next_try[pool] = time.monotonic() + RETRY_S
+            self._next_try[pool] = time.monotonic() + retry_s
             self._finding.pop(pool, None)
