@@ -4,7 +4,11 @@
 # nothing (`fake:384`), so every CPU-ms the server's processes spend per request (HAProxy,
 # the ingress, the hop, the pool's queue and worker hand-off, Ray's own) is the path's.
 # Interleaved rounds of the two pool hops: `auto` (the local hop) and `serve` (Serve's
-# handle, as before it), the single profile (1 text, 32 in flight) and one user each.
+# handle, as before it), the single profile (1 text, 32 in flight) and one user each;
+# and in the same rounds the two floors under them, serving the same free model: the Serve
+# floor (`loadtest.serve_floor`: the HTTP floor's raw ASGI app as one Serve ingress behind
+# the same fast path: what any Serve app pays) and the HTTP floor (`loadtest.floor_server`:
+# one uvicorn process: what any HTTP server pays here).
 # Usage: bash loadtest/serving_path.sh [OUT_DIR]; ROUNDS (3), DUR/WARM (15/5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,11 +47,26 @@ with open(sys.argv[2], "w") as f:
     yaml.safe_dump(config, f, sort_keys=False)
 EOF
 done
+"$PY" - serve_config.yaml "$OUT/config-servefloor.yaml" <<'EOF'
+import sys, yaml
+with open(sys.argv[1]) as f:
+    config = yaml.safe_load(f)
+config["applications"] = [{"name": "floor", "route_prefix": "/",
+                           "import_path": "loadtest.serve_floor:build_app",
+                           "args": {"model": "free", "source": "fake:384", "backend": "torch"}}]
+with open(sys.argv[2], "w") as f:
+    yaml.safe_dump(config, f, sort_keys=False)
+EOF
 stop_ray
 for r in $(seq 1 "$ROUNDS"); do
-  for hop in auto serve; do
-    echo "== round $r: pool_hop $hop"
-    setsid .venv/bin/serve run "$OUT/config-$hop.yaml" > "$OUT/r$r-$hop.log" 2>&1 &
+  for hop in auto serve servefloor floor; do
+    echo "== round $r: $hop"
+    if [ "$hop" = floor ]; then
+      setsid "$PY" -m loadtest.floor_server --port 8000 --model free --source fake:384 \
+        --backend torch > "$OUT/r$r-$hop.log" 2>&1 &
+    else
+      setsid .venv/bin/serve run "$OUT/config-$hop.yaml" > "$OUT/r$r-$hop.log" 2>&1 &
+    fi
     SERVER=$!
     wait_for http://127.0.0.1:8000/health
     "$PY" -m loadtest run --no-progress --duration "$DUR" --warmup "$WARM" --model free \
@@ -60,17 +79,28 @@ done
 "$PY" - "$OUT" "$ROUNDS" <<'EOF' | tee "$OUT/report.md"
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
-def get(r, hop):
-    run = json.load(open(f"{out}/r{r}-{hop}-single.json"))["results"][0]
-    user = json.load(open(f"{out}/r{r}-{hop}-oneuser.json"))["summary"]["served"]["p50"]
+legs = {"auto": "Blitz, the local hop (shipped)", "serve": "Blitz, Serve's handle to the pool",
+        "servefloor": "the Serve floor (`loadtest.serve_floor`)",
+        "floor": "the HTTP floor (`loadtest.floor_server`)"}
+def get(r, leg):
+    run = json.load(open(f"{out}/r{r}-{leg}-single.json"))["results"][0]
+    user = json.load(open(f"{out}/r{r}-{leg}-oneuser.json"))["summary"]["served"]["p50"]
     return run["server_cpu_ms_per_request"], run["requests_per_s"], user, run["errors"]
-rows = [(get(r, "auto"), get(r, "serve")) for r in range(1, rounds + 1)]
-print("| round | CPU-ms/request auto / serve | ratio | req/s auto / serve | one user p50 ms auto / serve | errors |")
+rows = {leg: [get(r, leg) for r in range(1, rounds + 1)] for leg in legs}
+def med(values):
+    values = sorted(values)
+    return f"{statistics.median(values):.2f} ({values[0]:.2f}-{values[-1]:.2f})"
+print("| what | server CPU-ms per request | requests/s | one user p50 ms | "
+      "one user p50 - the HTTP floor's | errors |")
 print("|---|---|---|---|---|---|")
-for r, (a, s) in enumerate(rows, 1):
-    print(f"| {r} | {a[0]:.2f} / {s[0]:.2f} | {a[0] / s[0]:.2f}x | {a[1]:.0f} / {s[1]:.0f} | "
-          f"{a[2]:.2f} / {s[2]:.2f} | {a[3]} / {s[3]} |")
-print(f"\nmedian CPU-ms ratio (local hop / Serve's handle): "
-      f"{statistics.median(a[0] / s[0] for a, s in rows):.2f}x; one user p50 ratio: "
-      f"{statistics.median(a[2] / s[2] for a, s in rows):.2f}x")
+for leg, name in legs.items():
+    over = [row[2] - floor[2] for row, floor in zip(rows[leg], rows["floor"])]
+    print(f"| {name} | {med(r[0] for r in rows[leg])} | {med(r[1] for r in rows[leg])} | "
+          f"{med(r[2] for r in rows[leg])} | {med(over)} | {sum(r[3] for r in rows[leg])} |")
+def ratio(a, b, i):
+    return med(x[i] / y[i] for x, y in zip(rows[a], rows[b]))
+print(f"\nper round, then the median (min-max): CPU-ms per request, local hop / Serve's handle "
+      f"{ratio('auto', 'serve', 0)}; the Serve floor / Serve's handle {ratio('servefloor', 'serve', 0)}"
+      f"; the Serve floor / the local hop {ratio('servefloor', 'auto', 0)}; one user p50, local "
+      f"hop / Serve's handle {ratio('auto', 'serve', 2)}")
 EOF
