@@ -20,6 +20,7 @@ imports the Ray glue.
 
 from __future__ import annotations
 
+import os
 import posixpath
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from blitz.bulk_settings import BulkSettings
+from blitz.bulk_units import is_local
 from blitz.encoders.loading import backend_for, load_encoder
 from blitz.errors import InvalidValue
 from blitz.postprocess import quantize, truncate_dimensions
@@ -53,15 +55,16 @@ def format_of(path: str) -> str | None:
 def list_inputs(fs: Any, path: str) -> tuple[str, list[str]]:
     """(base, input files) for a file, a directory or a glob on the fsspec ``fs``.
 
-    A directory is searched recursively; files of unknown formats and names starting
-    with ``_`` or ``.`` are left out. ``base`` is what unit names are relative to.
+    A directory is searched recursively, through links to folders too; files of unknown
+    formats and names starting with ``_`` or ``.`` are left out. ``base`` is what unit
+    names are relative to.
     """
     path = path.rstrip("/")
     if any(c in path for c in GLOB_CHARS):
         base = path[: min(path.find(c) for c in GLOB_CHARS if c in path)].rpartition("/")[0]
         found = fs.glob(path)
     elif fs.isdir(path):
-        base, found = path, fs.find(path)
+        base, found = path, (local_tree(path) if is_local(fs) else fs.find(path))
     elif fs.exists(path):
         base, found = posixpath.dirname(path), [path]
     else:
@@ -70,6 +73,27 @@ def list_inputs(fs: Any, path: str) -> tuple[str, list[str]]:
     if not files:
         raise InvalidValue(f"no Parquet, JSONL or CSV files under {path}", param="input")
     return base, files
+
+
+def local_tree(root: str) -> list[str]:
+    """Every file under the local folder ``root``, links to folders followed (their files
+    named by the link's path); a link to a folder above it is refused (it would loop)."""
+    found: list[str] = []
+    above = {root: {os.path.realpath(root)}}  # each folder: the real folders it lies in
+    for directory, subdirs, names in os.walk(root, followlinks=True):
+        chain = above.pop(directory)
+        subdirs[:] = [d for d in subdirs if not d.startswith(("_", "."))]
+        for name in subdirs:
+            path = os.path.join(directory, name)
+            real = os.path.realpath(path)
+            if real in chain:
+                raise InvalidValue(
+                    f"{path} links to {real}, a folder that holds it: reading INPUT would "
+                    "never end; remove the link, or name a folder without it as INPUT",
+                    param="input")
+            above[path] = chain | {real}
+        found.extend(os.path.join(directory, name) for name in names)
+    return found
 
 
 def _hidden(file: str, base: str) -> bool:

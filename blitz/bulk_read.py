@@ -22,6 +22,7 @@ are refused without being held whole.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -29,12 +30,21 @@ from typing import Any
 
 import pyarrow as pa
 
+from blitz.csv_split import (
+    CHUNK,
+    LongRow,
+    RowSplitter,
+    Segment,
+    csv_columns,
+    header_names,
+    parse_rows,
+)
+
 ID_POSITION, ID_INT, ID_STR = 0, 1, 2
 ROWS = pa.schema([("_unit", pa.int32()), ("_row", pa.int64()), ("_line", pa.int64()),
                   ("_id_int", pa.int64()), ("_id_str", pa.string()), ("_id_kind", pa.int8()),
                   ("_text", pa.string()), ("_refused", pa.string()), ("_offset", pa.int64())])
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-CHUNK = 1 << 20
 
 
 def refusal(value: Any) -> str | None:
@@ -305,70 +315,53 @@ def _add_cells(rows: Rows, table: pa.Table, first: int, text_column: str,
 
 def _csv_rows(f: Any, rows: Rows, text_column: str, id_column: str,
               max_row_bytes: int) -> Iterator[None]:
-    import pyarrow.csv as pa_csv
-
-    names = csv_columns(f)
-    f.seek(0)
-    if names is None:  # an empty file
+    splitter = RowSplitter(f, max_row_bytes)
+    pieces = iter(splitter)
+    first = next(pieces, None)
+    if splitter.header is None:  # an empty file, or only blank lines
         return
+    names = header_names(splitter.header)
     wanted = [c for c in (text_column, id_column) if c in names]
-    malformed: list[tuple[int, str]] = []
-
-    def invalid(row: Any) -> str:
-        malformed.append((row.number if row.number is not None else -1,
-                          f"row has {row.actual_columns} cells, the header "
-                          f"{row.expected_columns}"))
-        return "skip"
-
-    reader = pa_csv.open_csv(
-        f, read_options=pa_csv.ReadOptions(block_size=CHUNK, use_threads=False),
-        parse_options=pa_csv.ParseOptions(newlines_in_values=True, invalid_row_handler=invalid),
-        convert_options=pa_csv.ConvertOptions(
-            include_columns=wanted, column_types={c: pa.large_binary() for c in wanted},
-            strings_can_be_null=False, quoted_strings_can_be_null=False))
     position, kind = 0, None
-    while True:
-        try:
-            batch = reader.read_next_batch()
-        except StopIteration:
-            break
-        except pa.ArrowInvalid as exc:  # the rest cannot be parsed: one refusal for it
-            malformed.append((-1, f"the file is not CSV from row {position} on ({exc})"))
-            break
-        rows.offset = f.tell()
-        for start in range(0, batch.num_rows, rows.batch_rows):
-            part = pa.Table.from_batches([batch.slice(start, rows.batch_rows)])
-            kind = _add_cells(rows, part, position, text_column, id_column, kind,
-                              max_row_bytes)
-            position += part.num_rows
-            if rows.full():
-                yield None
-        _add_malformed(rows, malformed)
-    _add_malformed(rows, malformed)
+    for piece in itertools.chain([first] if first is not None else [], pieces):
+        rows.offset = piece.offset
+        if isinstance(piece, LongRow):
+            rows.add(position, piece.number, ID_POSITION, position, None,
+                     f"row longer than {max_row_bytes} bytes")
+            position += 1
+        else:
+            for table in _segment_tables(piece, names, wanted, rows.batch_rows, rows):
+                kind = _add_cells(rows, table, position, text_column, id_column, kind,
+                                  max_row_bytes)
+                position += table.num_rows
+                if rows.full():
+                    yield None
+        if rows.full():
+            yield None
 
 
-def _add_malformed(rows: Rows, malformed: list[tuple[int, str]]) -> None:
-    for line, reason in malformed:
-        rows.add(-1, line, ID_POSITION, None, None, reason)
-    malformed.clear()
-
-
-def csv_columns(f: Any) -> list[str] | None:
-    """The header of a CSV file (None when the file is empty); raises ``ValueError``
-    when it is not one (not UTF-8, not CSV)."""
-    import pyarrow.csv as pa_csv
+def _segment_tables(segment: Segment, names: list[str], wanted: list[str], batch_rows: int,
+                    rows: Rows) -> Iterator[pa.Table]:
+    """The cells of a segment's rows in tables of ``batch_rows``; a row with another
+    number of cells, or one pyarrow cannot parse, is added to ``rows`` as refused."""
+    def refuse(number: int, reason: str) -> None:
+        rows.add(-1, number, ID_POSITION, None, None, reason)
 
     try:
-        reader = pa_csv.open_csv(f, read_options=pa_csv.ReadOptions(block_size=CHUNK,
-                                                                    use_threads=False),
-                                 parse_options=pa_csv.ParseOptions(
-                                     newlines_in_values=True,
-                                     invalid_row_handler=lambda row: "skip"))
-    except pa.ArrowInvalid as exc:
-        if "Empty CSV file" in str(exc):
-            return None
-        raise ValueError(f"not a CSV header: {exc}") from exc
-    return list(reader.schema.names)
+        table = parse_rows(segment.data, names, wanted, segment.first, refuse)
+    except pa.ArrowInvalid:  # one row spoils the segment: parse each alone
+        tables, at = [], 0
+        for number, length in enumerate(segment.rows, segment.first):
+            row = segment.data[at:at + length]
+            at += length
+            try:
+                tables.append(parse_rows(row, names, wanted, number, refuse))
+            except pa.ArrowInvalid as exc:
+                refuse(number, f"row is not CSV ({exc})")
+        table = pa.concat_tables(tables) if tables else None
+    if table is not None:
+        for start in range(0, table.num_rows, batch_rows):
+            yield table.slice(start, batch_rows)
 
 
 def _parquet_rows(f: Any, rows: Rows, text_column: str, id_column: str,

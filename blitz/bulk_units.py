@@ -136,21 +136,23 @@ def claim_output(fs: Any, out_path: str) -> None:
 
 
 def check_errors_target(fs: Any, path: str) -> None:
-    """An errors file outside OUTPUT is only overwritten when it is one we wrote."""
+    """An errors file outside OUTPUT is only overwritten when it is one we wrote: empty,
+    or a first line that is one of our rows."""
     if not fs.exists(path):
         return
     if fs.isdir(path):
         raise InvalidValue(f"errors file {path} is a directory", param="errors")
     with fs.open(path, "rb") as f:
         first = f.readline(65536)
-    if first.strip():
-        try:
-            row = json.loads(first)
-        except ValueError:
-            row = None
-        if not (isinstance(row, dict) and {"id", "reason", "file"} <= set(row)):
-            raise InvalidValue(f"errors file {path} exists and is not one blitz embed wrote; "
-                               "choose another path", param="errors")
+    if not first:  # empty: what a run without refusals writes, and nothing to lose
+        return
+    try:
+        row = json.loads(first)
+    except ValueError:  # a blank line too: blitz embed writes none
+        row = None
+    if not (isinstance(row, dict) and {"id", "reason", "file"} <= set(row)):
+        raise InvalidValue(f"errors file {path} exists and is not one blitz embed wrote; "
+                           "choose another path", param="errors")
 
 
 def new_attempt(fs: Any, out_path: str) -> str:

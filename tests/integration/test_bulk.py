@@ -296,3 +296,26 @@ def test_blitz_embed_command(serve_instance, settings, tmp_path, capsys, monkeyp
         blitz_main(argv[:4] + ["tiny-a", "--actors", "1", "--device", "cpu"])
     assert usage.value.code == 2
     assert "--force" in capsys.readouterr().err
+
+
+def test_a_long_csv_cell_costs_no_other_row_and_linked_folders_are_read(
+        serve_instance, settings, tmp_path):
+    """Issue #33: an 11-row CSV whose row 5 held 2 MiB (under --max-row-bytes) lost rows
+    6-10 to pyarrow's 1 MiB blocks; a row over the limit costs only itself; a link to a
+    folder inside INPUT was skipped without a word."""
+    root, elsewhere = tmp_path / "in", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    rows = [f"{i},text {i}\n" for i in range(1, 11)]
+    rows[4] = "5," + "long text " * 210_000 + "\n"  # 2.1 MB
+    rows[7] = '8,"' + "x" * (5 << 20) + '"\n'  # over the 4 MiB default
+    (root / "long.csv").write_text("id,text\n" + "".join(rows))
+    (elsewhere / "linked.csv").write_text("id,text\n1,one\n2,two\n")
+    (root / "link").symlink_to(elsewhere, target_is_directory=True)
+    out = tmp_path / "out"
+    report = embed_dataset(str(root), str(out), settings=settings, options=options())
+    assert (report.files, report.rows_written, report.refused) == (2, 11, 1)
+    assert read_unit(out, "long.csv").column("id").to_pylist() == [1, 2, 3, 4, 5, 6, 7, 9, 10]
+    assert read_unit(out, "link__linked.csv").column("id").to_pylist() == [1, 2]
+    [refused] = errors(out)
+    assert (refused["reason"], refused["line"]) == (f"row longer than {4 << 20} bytes", 9)

@@ -218,3 +218,21 @@ def test_inputs_are_listed_with_hidden_and_unknown_files_left_out(tmp_path):
     assert [f[len(base) + 1:] for f in files] == ["a.parquet", "b.jsonl", "sub/c.csv"]
     with pytest.raises(InvalidValue, match="does not exist"):
         list_inputs(fs, str(tmp_path / "missing"))
+
+
+def test_links_to_folders_inside_input_are_followed_and_loops_refused(tmp_path):
+    import fsspec
+
+    fs = fsspec.filesystem("file")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "b.csv").write_text("x")
+    root = tmp_path / "in"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.csv").write_text("x")
+    (root / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (root / "c.csv").symlink_to(tmp_path / "elsewhere" / "b.csv")
+    base, files = list_inputs(fs, str(root))
+    assert [f[len(base) + 1:] for f in files] == ["a.csv", "c.csv", "linked/b.csv"]
+    (root / "sub" / "back").symlink_to(root, target_is_directory=True)
+    with pytest.raises(InvalidValue, match="a folder that holds it"):
+        list_inputs(fs, str(root))

@@ -86,6 +86,12 @@ def test_an_errors_file_is_only_overwritten_when_it_is_ours(tmp_path, fs):
     (tmp_path / "errors.jsonl").write_text('{"id": 1, "reason": "null text", "file": "a"}\n')
     check_errors_target(fs, str(tmp_path / "errors.jsonl"))
     check_errors_target(fs, str(tmp_path / "new.jsonl"))
+    (tmp_path / "empty.jsonl").write_text("")  # a run without refusals writes this
+    check_errors_target(fs, str(tmp_path / "empty.jsonl"))
+    for first in ("\n", "  \r\n", "\n\n"):  # issue #33: a blank first line was taken as ours
+        (tmp_path / "blank.jsonl").write_text(first + '{"id": 1, "reason": "x", "file": "a"}\n')
+        with pytest.raises(InvalidValue, match="not one blitz embed wrote"):
+            check_errors_target(fs, str(tmp_path / "blank.jsonl"))
 
 
 def unit(tmp_path, name="a.csv", size=10) -> Unit:
