@@ -20,12 +20,13 @@ One ``Batcher`` per hop and model (the ingress's pool calls, a pool's model call
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 from collections import deque
 from collections.abc import Awaitable, Callable, Sized
 from typing import Generic, TypeVar
 
-from blitz.errors import Overloaded, TimedOut
+from blitz.errors import Overloaded, TimedOut, Unavailable
 
 T = TypeVar("T", bound=Sized)  # an item: len(item) units unless `size` says otherwise
 R = TypeVar("R")
@@ -140,7 +141,11 @@ class Batcher(Generic[T, R]):
             for e in entries:
                 e.batch = batch
             self._running.add(batch)
-            batch.task = asyncio.ensure_future(self._run_batch(batch))
+            # a context of its own: the batch serves many callers, so nothing tied to the
+            # caller that happened to start it (Serve's request context, whose cancellation
+            # Serve passes on to every call made under it) may end it for the others
+            batch.task = asyncio.get_running_loop().create_task(
+                self._run_batch(batch), context=contextvars.Context())
             # here, not in the task: a task cancelled before its first step never runs a line
             batch.task.add_done_callback(functools.partial(self._finished, batch))
 
@@ -187,7 +192,12 @@ class Batcher(Generic[T, R]):
             results = [TimedOut(f"{self.name}: no answer within {self.timeout_s:g} s; "
                                 "retry shortly")] * len(live)
         except asyncio.CancelledError:
-            return  # every caller has gone
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                return  # abandoned: every caller has gone
+            # the call was cancelled under it (not by us): its callers still wait
+            results = [Unavailable(f"{self.name}: the call was cancelled before it answered; "
+                                   "retry shortly")] * len(live)
         except Exception as exc:  # every waiter gets the failure, none hangs
             results = [exc] * len(live)
         for entry, result in zip(live, results, strict=True):

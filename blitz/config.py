@@ -206,6 +206,12 @@ class IngressSettings(_Settings):
         "scales as one with it, and a model that crashes takes the ingress down with it. "
         "The CPU pool's settings apply either way; its `deployment` options only to "
         "`replicas`")
+    replica_wait_s: float = Field(
+        10.0, gt=0, description="a pool that keeps replicas but has none running (being "
+        "replaced or restarting): its calls wait this long for one, then 503 + Retry-After")
+    unplaced_after_s: float = Field(
+        30.0, gt=0, description="a pool replica Ray has not placed for this long is reported: "
+        "a WARNING naming its claim and what is free, /ready, /models, blitz_pool_unplaced")
     pool_hop: Literal["auto", "serve"] = Field(
         "auto", description="how the ingress calls a pool replica. `auto`: a pool of one "
         "fixed replica on the ingress's node over a local socket (mode 600; ~3 ms less for "
@@ -231,7 +237,8 @@ class IngressSettings(_Settings):
 
 
 class Limits(_Settings):
-    """Request limits; breaking one answers 413 (422 for a bad value) naming the limit."""
+    """Request limits; breaking one answers 413 (422 for a bad value, 408 for a body too
+    slow) naming the limit."""
 
     max_texts_per_request: int = Field(2048, ge=1, description="texts (rerank documents) "
                                        "in one request")
@@ -244,6 +251,8 @@ class Limits(_Settings):
         256 * 1024 * 1024, ge=1024, description="request bodies one ingress replica holds "
         "while reading them, all together; past it: 503 (a body is read whole, then decoded)")
     max_top_n: int = Field(1000, ge=1, description="a rerank request's `top_n`")
+    body_timeout_s: float = Field(30.0, gt=0, description="a request's body must arrive "
+                                  "within this long of its headers; past it: 408")
 
 
 class AuthSettings(_Settings):

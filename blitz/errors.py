@@ -13,6 +13,7 @@ be shown (``expose``, stated on every class): a ``ClientError`` is the request's
      │    ├── NotFound              404 not_found_error / not_found
      │    │    └── UnknownModel     404 not_found_error / model_not_found
      │    ├── MethodNotAllowed      405 invalid_request_error / method_not_allowed (+ Allow)
+     │    ├── RequestTimeout        408 invalid_request_error / request_timeout (+ close)
      │    ├── PayloadTooLarge       413 invalid_request_error / payload_too_large
      │    │    └── InputTooLong     413 invalid_request_error / input_too_long
      │    └── InvalidValue          422 invalid_request_error / invalid_value
@@ -41,6 +42,7 @@ class BlitzError(Exception):
     code: str = "internal_error"
     expose: bool = False  # whether ``message`` may be sent to the client
     retry_after_s: int | None = None  # sent as ``Retry-After`` when set (RetryLater only)
+    close_connection: bool = False  # reply with ``connection: close``
 
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
@@ -93,6 +95,15 @@ class MethodNotAllowed(ClientError):
 
     status, type, code = 405, "invalid_request_error", "method_not_allowed"
     expose = True
+
+
+class RequestTimeout(ClientError):
+    """The request's body did not arrive in time; the connection is closed after the reply
+    (the rest of the body may still be on its way)."""
+
+    status, type, code = 408, "invalid_request_error", "request_timeout"
+    expose = True
+    close_connection = True
 
 
 class PayloadTooLarge(ClientError):

@@ -8,6 +8,7 @@ ids, API keys, error replies, timing headers and metrics are ``RequestMiddleware
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
@@ -16,7 +17,7 @@ from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
 from blitz import codecs
-from blitz.errors import Overloaded, PayloadTooLarge
+from blitz.errors import Overloaded, PayloadTooLarge, RequestTimeout
 from blitz.http_middleware import RECORD, RequestMiddleware
 from blitz.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
 from blitz.schemas import EmbedRequest, OpenAIEmbeddingRequest, RerankRequest
@@ -69,16 +70,22 @@ class HttpApi:
         chunks: list[bytes] = []
         held = 0  # bytes of this body counted in self._buffered
         try:
-            async for chunk in request.stream():
-                held += len(chunk)
-                self._buffered += len(chunk)
-                if held > limit:
-                    raise PayloadTooLarge(f"body is over {limit} bytes; the limit "
-                                          f"max_body_bytes is {limit}")
-                if self._buffered > limits.max_buffered_bytes:
-                    raise Overloaded("this server is reading too many large bodies at once; "
-                                     "retry shortly")
-                chunks.append(chunk)
+            try:
+                async with asyncio.timeout(limits.body_timeout_s):  # the client cannot lift it
+                    async for chunk in request.stream():
+                        held += len(chunk)
+                        self._buffered += len(chunk)
+                        if held > limit:
+                            raise PayloadTooLarge(f"body is over {limit} bytes; the limit "
+                                                  f"max_body_bytes is {limit}")
+                        if self._buffered > limits.max_buffered_bytes:
+                            raise Overloaded("this server is reading too many large bodies "
+                                             "at once; retry shortly")
+                        chunks.append(chunk)
+            except TimeoutError as exc:
+                raise RequestTimeout(f"the body did not arrive within "
+                                     f"{limits.body_timeout_s:g} s (limits.body_timeout_s); "
+                                     "send it whole, faster", param="body") from exc
             return codecs.decode_body(b"".join(chunks), request.headers.get("content-type"),
                                       limit, self._max_containers)
         finally:

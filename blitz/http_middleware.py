@@ -134,6 +134,8 @@ class RequestMiddleware:
             logger.error("request %s failed", request_id, exc_info=exc)
         if error.retry_after_s is not None:
             headers["retry-after"] = str(error.retry_after_s)
+        if error.close_connection:
+            headers["connection"] = "close"
         return error, JSONBytesResponse(error.to_payload(request_id),
                                         status_code=error.status, headers=headers)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -89,6 +89,10 @@ class Dispatcher(Protocol):
 
     def wake(self, pool: str) -> None:
         """Make ``pool`` start a replica if it has none (returns at once)."""
+        ...
+
+    def unplaced_pools(self) -> Mapping[str, str]:
+        """Pools with a replica the cluster cannot place, and why (``blitz.placement``)."""
         ...
 
     async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded: ...
@@ -336,14 +340,18 @@ class EmbeddingService:
           clears it).
 
         The cause of a failure goes to the log; the client reads only that the default
-        model is not ready.
+        model is not ready, unless the cause is the operator's to fix: a CPU pool replica
+        the cluster cannot place (``unplaced``, also listed when ready for other pools).
         """
         default = self.settings.default_model
         cpu = self.settings.cpu_pool
         running = self.dispatcher.running_pools()
         problem = None
+        unplaced = self.dispatcher.unplaced_pools()
         if "cpu" not in running and cpu.min_replicas > 0:
             problem = "the CPU pool has no running replica yet"
+            if "cpu" in unplaced:  # the operator's to fix: the probe says so
+                raise NotReady(f"default model {default!r} is not ready: {unplaced['cpu']}")
         elif (self._default_failed_at is not None
               and time.monotonic() - self._default_failed_at < cpu.load_failure_ttl_s):
             problem = f"the default model {default!r} failed to load"
@@ -353,19 +361,23 @@ class EmbeddingService:
             self._not_ready_logged = problem
             raise NotReady(f"default model {default!r} is not ready; retry shortly")
         self._not_ready_logged = None
-        return {"status": "ready", "default_model": default, "pools": sorted(running)}
+        return {"status": "ready", "default_model": default, "pools": sorted(running),
+                **({"unplaced": dict(unplaced)} if unplaced else {})}
 
     # ---- models ----------------------------------------------------------------------
 
     def describe_models(self, sources: bool = False) -> list[dict]:
         """The registry as ``GET /models`` shows it; each model's ``source`` (bucket URIs,
-        paths: for operators) only when ``sources``."""
+        paths: for operators) only when ``sources``; ``unplaced``: pools whose replica the
+        cluster cannot place, and why."""
+        unplaced = self.dispatcher.unplaced_pools()
         return [
             {"id": s.id, "kind": s.kind, "dimension": read_dimension(s),
              "max_seq_length": s.max_seq_length,
              **({"source": s.source} if sources else {}),
              "cpu_backend": s.cpu_backend, "gpu_dtype": s.gpu_dtype,
              "default": s.id == self.settings.default_model,
-             "pools": sorted(self.dispatcher.pools)}
+             "pools": sorted(self.dispatcher.pools),
+             **({"unplaced": dict(unplaced)} if unplaced else {})}
             for s in self.registry
         ]

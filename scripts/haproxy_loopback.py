@@ -12,6 +12,15 @@ given with -f this rewrites, in place:
 - the admin socket's mode to 600 (`level admin` stays: Ray's reloads pass listening
   sockets with `-x`, which needs `expose-fd listeners`, which needs `level admin`).
 
+And it adds two lines that bound what a client can hold (issue #33):
+
+- ``timeout http-request`` (``HTTP_REQUEST_TIMEOUT_S``, 10 s) in ``defaults`` when Ray
+  wrote none: a request's headers must arrive within it (408), so connections that
+  trickle headers in cannot hold HAProxy's ``maxconn`` slots;
+- ``http-request del-header x-request-timeout-seconds`` first in each serving frontend:
+  Serve reads that header as the request's own timeout, ``0`` for none, so a client
+  could lift the server's ``request_timeout_s``.
+
 Every other line, the serving frontend's bind included, stays exactly as Ray wrote
 it. The result is checked; if it is not right the wrapper exits 2 with a message and
 HAProxy is not started. Then it execs the real binary (BLITZ_HAPROXY_REAL, else the one
@@ -36,6 +45,9 @@ ADMIN_MARKERS = ("stats enable", "stats uri", "prometheus-exporter")
 TCP_PREFIXES = {"", "ipv4", "ipv6", "tcp", "tcp4", "tcp6"}
 LOCAL_PREFIXES = {"unix", "abns", "abnsz"}
 SAFE_MODE = "600"
+HTTP_REQUEST_TIMEOUT_S = 10
+ADDED_TIMEOUT = f"    timeout http-request {HTTP_REQUEST_TIMEOUT_S}s\n"
+ADDED_DEL_HEADER = "    http-request del-header x-request-timeout-seconds\n"
 GUARD = "BLITZ_HAPROXY_LOOPBACK_ACTIVE"
 BIND = re.compile(r"^(\s*bind\s+)(\S+)(.*)$", re.DOTALL)
 MODE = re.compile(r"(\smode\s+)([0-7]+)")
@@ -107,8 +119,29 @@ def _to_loopback(addr: str) -> str:
     return addr if parts is None else f"127.0.0.1:{parts[2]}"
 
 
+def _additions(lines: list[str]) -> dict[int, str]:
+    """Lines to add: index -> the line to insert after it."""
+    added: dict[int, str] = {}
+    for kind, idx in _sections(lines):
+        if not idx:
+            continue
+        words = [_words(lines[i]) for i in idx]
+        if kind == "defaults" and not any(w[:2] == ["timeout", "http-request"]
+                                           for w in words):
+            added[idx[0]] = ADDED_TIMEOUT
+        serving = kind in ("frontend", "listen") and any(
+            w[:1] == ["bind"] for w in words) and ["mode", "tcp"] not in words and not any(
+            marker in " ".join(w) for w in words for marker in ADMIN_MARKERS)
+        if serving and not any(line == ADDED_DEL_HEADER for line in
+                               (lines[i] for i in idx)):
+            added[idx[0]] = ADDED_DEL_HEADER
+    return added
+
+
 def rewrite(text: str) -> str:
     lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
     for i in _admin_binds(lines):
         m = BIND.match(lines[i])
         if m:
@@ -119,13 +152,20 @@ def rewrite(text: str) -> str:
             lines[i] = MODE.sub(lambda m: m.group(1) + SAFE_MODE, lines[i], count=1)
         else:
             lines[i] = SOCKET.sub(lambda m: f"{m.group(1)} mode {SAFE_MODE}", lines[i])
-    return "".join(lines)
+    added = _additions(lines)
+    return "".join(line + added.get(i, "") for i, line in enumerate(lines))
 
 
 def verify(before: str, after: str) -> None:
-    old, new = before.splitlines(), after.splitlines()
+    old = before.splitlines()
+    new = [line for line in after.splitlines()
+           if line + "\n" not in (ADDED_TIMEOUT, ADDED_DEL_HEADER)
+           or line + "\n" in (o + "\n" for o in old)]
     if len(old) != len(new):
         raise Refused("the rewrite changed the number of lines")
+    added = _additions(after.splitlines(keepends=True))
+    if added:  # each section that needs one of the two lines has it
+        raise Refused(f"a line is missing after {after.splitlines()[min(added)]!r}")
     binds, sockets = set(_admin_binds(new)), set(_socket_lines(new))
     for i in sorted(binds):
         m = BIND.match(new[i])

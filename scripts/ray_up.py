@@ -23,9 +23,13 @@ out") in a session of its own and waits for it:
    once, with Ray's own PrometheusServiceDiscoveryWriter (the dashboard's Report module
    rewrites it every 5 s; with one node its content never changes).
 4. Wait until every application of CONFIG is RUNNING (exit 0) or one is DEPLOY_FAILED
-   (print Serve's message, which holds the error, and exit 1).
+   (print Serve's message, which holds the error, and exit 1), with deadlines: a replica
+   that Ray has not placed for ``ingress.unplaced_after_s`` (30 s) while its claim does
+   not fit what is free (one node: nothing else will free it) ends the wait naming both;
+   any application not RUNNING after BLITZ_DEPLOY_TIMEOUT_S (900 s) ends it with each
+   deployment's state (exit 4 for both).
 
-Exit codes: 0 deployed, 1 the deploy failed, 3 Ray did not start.
+Exit codes: 0 deployed, 1 the deploy failed, 3 Ray did not start, 4 not running in time.
 Token authentication is on unless RAY_AUTH_MODE says otherwise, with a token generated
 when there is none, as `ray.init()` does for a new local cluster in Ray 2.60.
 """
@@ -39,6 +43,8 @@ import time
 import yaml
 
 POLL_S = 1.0
+DEPLOY_TIMEOUT_S = float(os.environ.get("BLITZ_DEPLOY_TIMEOUT_S", "900"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def log(msg: str) -> None:
@@ -46,13 +52,35 @@ def log(msg: str) -> None:
 
 
 def ensure_auth_token() -> None:
-    """Token auth on by default, a token generated if missing: what ray.init() does."""
+    """Token auth on by default, a token generated if missing: what ray.init() does, but
+    the token file created readable by this user alone (Ray writes it 0644: any local
+    user could read it and run code as this one). A token file that exists is left as it
+    is, with a warning when others may read it."""
     from ray._private.authentication.authentication_token_setup import (
+        _get_default_token_path,
         enable_token_auth_by_default,
         ensure_token_if_auth_enabled,
+        generate_new_authentication_token,
     )
 
     enable_token_auth_by_default()  # sets RAY_AUTH_MODE=token unless it is set
+    path = _get_default_token_path()
+    if (os.environ.get("RAY_AUTH_MODE") == "token" and not os.environ.get("RAY_AUTH_TOKEN")
+            and not os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        if not path.exists():
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:  # another start made it meanwhile: theirs
+                pass
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write(generate_new_authentication_token())
+                log(f"generated Ray's token in {path} (mode 600)")
+        elif path.stat().st_mode & 0o077:
+            log(f"WARNING: {path} is readable by other users (mode "
+                f"{path.stat().st_mode & 0o777:o}): any of them can run code as you on "
+                f"this Ray; chmod 600 {path}")
     ensure_token_if_auth_enabled(None, create_token_if_missing=True)
 
 
@@ -104,11 +132,37 @@ def failure_report(name: str, app) -> str:
     return "\n".join(lines)
 
 
-def wait_running(names: list[str]) -> bool:
-    """Until every app in ``names`` is RUNNING (True) or one is DEPLOY_FAILED (False)."""
+def unplaced(names: list[str], since: dict[tuple[str, str], float], now: float,
+             after_s: float) -> str | None:
+    """Why a replica of ``names`` cannot start: Ray has left it unplaced for ``after_s``
+    and its claim does not fit what is free; ``since`` keeps when each began to wait."""
+    sys.path.insert(0, ROOT)  # blitz/ and deployments/ from this checkout
+    from blitz.placement import SECTIONS, short_of, unplaced_message
+    from deployments.placement import free_resources, pending_replicas
+
+    pending = {key: claim for key, claim in pending_replicas().items() if key[0] in names}
+    for key in list(since):
+        if key not in pending:
+            del since[key]
+    for (app, deployment), claim in pending.items():
+        waited = now - since.setdefault((app, deployment), now)
+        free = free_resources()
+        if waited >= after_s and short_of(claim, free):  # on one node, nothing frees it
+            section = SECTIONS.get(deployment, deployment)
+            return f"application {app!r}: " + unplaced_message(
+                section, deployment, claim, free, waited)
+    return None
+
+
+def wait_running(names: list[str], after_s: float,
+                 timeout_s: float = DEPLOY_TIMEOUT_S) -> int:
+    """Until every app in ``names`` is RUNNING (0), one is DEPLOY_FAILED (1), a replica
+    cannot be placed or the deadline passes (4)."""
     from ray import serve
 
     seen: dict[str, str] = {}
+    waiting: dict[tuple[str, str], float] = {}
+    deadline = time.monotonic() + timeout_s
     while True:
         apps = serve.status().applications
         for name in names:
@@ -119,16 +173,35 @@ def wait_running(names: list[str]) -> bool:
                 log(f"application {name!r}: {status}")
             if status == "DEPLOY_FAILED":
                 log(failure_report(name, app))
-                return False
+                return 1
         if all(s == "RUNNING" for s in seen.values()):
-            return True
+            return 0
+        now = time.monotonic()
+        reason = unplaced(names, waiting, now, after_s)
+        if reason is None and now >= deadline:
+            reason = f"not running after {timeout_s:.0f} s (BLITZ_DEPLOY_TIMEOUT_S):\n" + "\n".join(
+                failure_report(name, apps[name]) for name in names
+                if name in apps and seen[name] != "RUNNING")
+        if reason is not None:
+            log(f"the deploy cannot finish: {reason}")
+            return 4
         time.sleep(POLL_S)
 
 
-def app_names(config: str) -> list[str]:
+def read_apps(config: str) -> list[dict]:
     with open(config) as f:
-        apps = (yaml.safe_load(f) or {}).get("applications") or []
-    return [app.get("name", "default") for app in apps]
+        return (yaml.safe_load(f) or {}).get("applications") or []
+
+
+def unplaced_after_s(apps: list[dict]) -> float:
+    """The longest ``ingress.unplaced_after_s`` of the apps (the setting's default where
+    an app names none)."""
+    sys.path.insert(0, ROOT)
+    from blitz.config import IngressSettings
+
+    default = IngressSettings.model_fields["unplaced_after_s"].default
+    return max((float(((app.get("args") or {}).get("ingress") or {}).get(
+        "unplaced_after_s", default)) for app in apps), default=default)
 
 
 def main(argv: list[str]) -> int:
@@ -151,7 +224,8 @@ def main(argv: list[str]) -> int:
         f"{write_discovery_file(gcs_address)}")
     if not deploy(config, gcs_address):
         return 1
-    return 0 if wait_running(app_names(config)) else 1
+    apps = read_apps(config)
+    return wait_running([app.get("name", "default") for app in apps], unplaced_after_s(apps))
 
 
 if __name__ == "__main__":

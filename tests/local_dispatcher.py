@@ -33,6 +33,9 @@ class LocalDispatcher:
     def wake(self, pool: str) -> None:
         pass
 
+    def unplaced_pools(self) -> dict[str, str]:
+        return {}
+
     async def _run(self, model_id: str, job: Job) -> Encoded:
         """``job`` on this process's encoder for ``model_id``, as a pool batch runs it."""
         loop = asyncio.get_running_loop()

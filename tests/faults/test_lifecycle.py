@@ -395,3 +395,26 @@ def test_failed_deploy_ends_the_run(ports, tmp_path):
         assert all(port_free(p) for p in ports.values())
     finally:
         run.kill()
+
+
+def test_a_pool_that_cannot_be_placed_ends_the_run_with_the_reason(ports, tmp_path):
+    """Issue #33: a CPU pool claiming more CPUs than the machine has left serve.sh neither
+    serving nor exiting; now the wait for RUNNING ends once Ray has left the replica
+    unplaced for ``ingress.unplaced_after_s``, naming its claim and what is free."""
+    def too_big(args):
+        args["cpu_pool"]["deployment"] = {"ray_actor_options": {"num_cpus": 64}}
+        args.setdefault("ingress", {})["unplaced_after_s"] = 5
+
+    env = run_env(tmp_path, ports, too_big)
+    run = Run("unplaced", env, ports["http"], tmp_path)
+    try:
+        code = run.proc.wait(timeout=READY_S)
+        out = run.log.read_text(errors="replace")
+        assert code != 0, out
+        assert "CPUPool (cpu_pool) has a replica Ray has not placed" in out, out
+        assert "it claims CPU 64" in out and "(short of CPU)" in out, out
+        assert "the deploy failed" in out
+        assert not descendants(run.proc.pid)
+        assert all(port_free(p) for p in ports.values())
+    finally:
+        run.kill()

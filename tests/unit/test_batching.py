@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from blitz.batching import Batcher
-from blitz.errors import Overloaded, TimedOut
+from blitz.errors import Overloaded, TimedOut, Unavailable
 
 
 async def test_items_waiting_behind_a_running_call_are_merged():
@@ -232,3 +232,35 @@ async def test_a_cancelled_group_releases_all_its_queued_items():
     assert await first == "first"
     await asyncio.sleep(0)
     assert calls == [["first"]]  # none of the group was computed
+
+
+async def test_a_call_cancelled_under_the_batch_fails_its_callers_instead_of_leaving_them():
+    """Issue #33: Serve cancels calls made under a request when that request is cancelled;
+    a merged pool call cancelled that way used to be taken for "every caller has gone",
+    and the other callers were never answered."""
+    async def run(items):
+        raise asyncio.CancelledError  # from the call, not from the batch's own cancel
+
+    lane = Batcher(run, max_batch=10, max_waiting=10, size=lambda item: 1)
+    results = await asyncio.wait_for(asyncio.gather(lane.submit(1), lane.submit(2),
+                                                    return_exceptions=True), 5)
+    assert all(isinstance(r, Unavailable) for r in results)
+    assert lane.in_flight == 0
+
+
+async def test_a_batch_runs_in_a_context_of_its_own():
+    """Nothing tied to the caller that starts a batch (Serve's request context) reaches the
+    call made for every caller of the batch."""
+    import contextvars
+
+    request = contextvars.ContextVar("request", default=None)
+    seen = []
+
+    async def run(items):
+        seen.append(request.get())
+        return items
+
+    lane = Batcher(run, max_batch=10, max_waiting=10, size=lambda item: 1)
+    request.set("the first caller's request")
+    assert await lane.submit(1) == 1
+    assert seen == [None]

@@ -72,9 +72,45 @@ def section_binds(text: str) -> dict[str, list[str]]:
     return out
 
 
+ADDED = ("    timeout http-request 10s", "    http-request del-header x-request-timeout-seconds")
+
+
 def changed_lines(before: str, after: str) -> list[tuple[str, str]]:
-    return [(a, b) for a, b in zip(before.splitlines(), after.splitlines(), strict=True)
-            if a != b]
+    """Lines the rewrite changed, the two lines it adds left out."""
+    kept = [line for line in after.splitlines() if line not in ADDED]
+    return [(a, b) for a, b in zip(before.splitlines(), kept, strict=True) if a != b]
+
+
+def section_lines(text: str) -> dict[str, list[str]]:
+    """Each section's lines (stripped, without its header), by header."""
+    out: dict[str, list[str]] = {}
+    current = ""
+    for line in text.splitlines():
+        if re.match(r"^(global|defaults|frontend|backend|listen)\b", line):
+            current = line.strip()
+            out[current] = []
+        elif current and line.strip():
+            out[current].append(line.strip())
+    return out
+
+
+def test_what_a_client_can_hold_is_bounded(cfg, fake):
+    """Issue #33: headers must arrive within 10 s, and a client cannot lift Serve's
+    request timeout with `x-request-timeout-seconds: 0`."""
+    before = ray_config(cfg, "0.0.0.0", grpc=True)
+    assert "timeout http-request" not in before
+    assert run(["-db", "-f", str(cfg)], fake).returncode == 0
+    sections = section_lines(cfg.read_text())
+    assert sections["defaults"][0] == "timeout http-request 10s"
+    assert sections["frontend http_frontend"][0] == (
+        "http-request del-header x-request-timeout-seconds")
+    assert "http-request del-header x-request-timeout-seconds" not in (
+        sections["frontend prometheus"] + sections["listen stats"])
+    ours = ray_config(cfg).replace("defaults\n", "defaults\n    timeout http-request 3s\n")
+    cfg.write_text(ours)  # an operator's own value stays
+    assert run(["-db", "-f", str(cfg)], fake).returncode == 0
+    assert section_lines(cfg.read_text())["defaults"].count("timeout http-request 3s") == 1
+    assert "timeout http-request 10s" not in cfg.read_text()
 
 
 @pytest.mark.parametrize("host, serving_bind", [

@@ -277,3 +277,26 @@ async def test_bodies_read_at_once_share_one_bound_and_give_it_back():
         assert api._buffered == 0
         assert (await client.post("/embed", json={"texts": ["b" * 50_000]})).status_code == 200
     assert dispatcher.calls == 1
+
+
+async def test_a_body_that_stops_arriving_is_answered_408_and_gives_its_bytes_back():
+    """Issue #33: the ingress read a body with no deadline of its own; now one that does
+    not arrive within ``limits.body_timeout_s`` is a 408 closing the connection."""
+    client, _, dispatcher = build({"limits": {"body_timeout_s": 0.2}})
+    api = client._transport.app  # type: ignore[attr-defined]
+    stalled = asyncio.Event()
+
+    async def stalled_body():
+        yield b'{"texts": ["' + b"a" * 1000
+        await stalled.wait()  # never set: the client sends nothing more
+        yield b'"]}'
+
+    async with client:
+        r = await asyncio.wait_for(client.post("/embed", content=stalled_body(),
+                                               headers={"content-type": JSON}), 10)
+        assert r.status_code == 408 and r.headers["connection"] == "close"
+        assert r.json()["error"]["code"] == "request_timeout"
+        assert "limits.body_timeout_s" in r.json()["error"]["message"]
+        assert api._buffered == 0
+        assert (await client.post("/embed", json={"texts": ["fine"]})).status_code == 200
+    assert dispatcher.calls == 1
