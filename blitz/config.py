@@ -207,7 +207,7 @@ class IngressSettings(_Settings):
         "The CPU pool's settings apply either way; its `deployment` options only to "
         "`replicas`")
     replica_wait_s: float = Field(
-        10.0, gt=0, description="a pool that keeps replicas but has none running (being "
+        30.0, gt=0, description="a pool that keeps replicas but has none running (being "
         "replaced or restarting): its calls wait this long for one, then 503 + Retry-After")
     unplaced_after_s: float = Field(
         30.0, gt=0, description="a pool replica Ray has not placed for this long is reported: "

@@ -170,10 +170,16 @@ class LocalHopClient:
         if self._lost is not None:
             raise self._lost
         call_id = next(self._ids)
+        frame = _frame(("call", call_id, model_id, jobs))
         future = asyncio.get_running_loop().create_future()
         self._waiting[call_id] = future
         try:
-            self._writer.write(_frame(("call", call_id, model_id, jobs)))
+            try:
+                self._writer.write(frame)
+            except Exception as exc:  # closed under us before the reader saw it: lost too
+                del self._waiting[call_id]  # this call fails here, not through its future
+                self._fail(HopLost(f"the local hop to the pool broke ({type(exc).__name__})"))
+                raise self._lost from exc  # type: ignore[misc]
             result = await future
         except asyncio.CancelledError:
             if self._lost is None:

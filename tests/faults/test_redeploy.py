@@ -18,7 +18,7 @@ import time
 from tests.faults.conftest import small_app
 from tests.faults.load import LoadRecord, run_clients
 
-APP = "fault-redeploy"
+APP = "fault-redeploy-gap"
 CLIENTS = 8
 CLIENT_TIMEOUT_S = 20.0
 AFTER_S = 5.0  # requests keep coming this long after the new version is RUNNING

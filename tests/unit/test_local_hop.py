@@ -113,6 +113,33 @@ async def test_a_pool_that_goes_away_fails_waiting_and_later_calls_at_once():
     client.close()
 
 
+class ClosedWriter:
+    """A stream writer whose transport closed before the reader saw the end (uvloop then
+    raises RuntimeError from ``write``)."""
+
+    def write(self, data: bytes) -> None:
+        raise RuntimeError("unable to perform operation on <UnixTransport closed=True>")
+
+    def close(self) -> None:
+        pass
+
+
+async def test_a_socket_closed_before_the_reader_saw_it_is_a_lost_hop_not_a_500():
+    """Issue #33's run: a redeploy closed the pool's socket; the next call's write raised
+    RuntimeError, which reached the client as a 500 instead of a retry over the handle."""
+    pool = Pool()
+    server, client = await _pair(pool)
+    real, client._writer = client._writer, ClosedWriter()  # type: ignore[assignment]
+    with pytest.raises(HopLost):
+        await client.call("m", [1])
+    assert client.lost
+    client.close()
+    real.close()
+    await real.wait_closed()
+    await _until(lambda: not server._connections, "the pool to see the socket close")
+    await server.aclose()
+
+
 async def test_a_client_that_goes_away_cancels_its_calls_on_the_pool():
     pool = Pool()
     server, client = await _pair(pool)
