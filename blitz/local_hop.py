@@ -178,8 +178,9 @@ class LocalHopClient:
                 self._writer.write(frame)
             except Exception as exc:  # closed under us before the reader saw it: lost too
                 del self._waiting[call_id]  # this call fails here, not through its future
-                self._fail(HopLost(f"the local hop to the pool broke ({type(exc).__name__})"))
-                raise self._lost from exc  # type: ignore[misc]
+                lost = HopLost(f"the local hop to the pool broke ({type(exc).__name__})")
+                self._fail(lost)
+                raise lost from exc
             result = await future
         except asyncio.CancelledError:
             if self._lost is None:

@@ -132,11 +132,17 @@ def failure_report(name: str, app) -> str:
     return "\n".join(lines)
 
 
+def _on_path() -> None:
+    """blitz/ and deployments/ importable from this checkout (once)."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+
+
 def unplaced(names: list[str], since: dict[tuple[str, str], float], now: float,
              after_s: float) -> str | None:
     """Why a replica of ``names`` cannot start: Ray has left it unplaced for ``after_s``
     and its claim does not fit what is free; ``since`` keeps when each began to wait."""
-    sys.path.insert(0, ROOT)  # blitz/ and deployments/ from this checkout
+    _on_path()
     from blitz.placement import SECTIONS, short_of, unplaced_message
     from deployments.placement import free_resources, pending_replicas
 
@@ -196,7 +202,7 @@ def read_apps(config: str) -> list[dict]:
 def unplaced_after_s(apps: list[dict]) -> float:
     """The longest ``ingress.unplaced_after_s`` of the apps (the setting's default where
     an app names none)."""
-    sys.path.insert(0, ROOT)
+    _on_path()
     from blitz.config import IngressSettings
 
     default = IngressSettings.model_fields["unplaced_after_s"].default

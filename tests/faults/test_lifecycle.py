@@ -382,17 +382,23 @@ def test_failed_deploy_ends_the_run(ports, tmp_path):
         args["models"] = [{"id": "minilm", "source": str(tmp_path / "no-such-model"),
                            "cpu_backend": "torch"}]
 
-    env = run_env(tmp_path, ports, unloadable)
-    run = Run("failed", env, ports["http"], tmp_path)
+    out = failed_start(Run("failed", run_env(tmp_path, ports, unloadable), ports["http"],
+                           tmp_path), ports)
+    assert "DEPLOY_FAILED" in out and "no-such-model" in out, out
+
+
+def failed_start(run: Run, ports: dict[str, int]) -> str:
+    """Wait for a start that must fail: nonzero status, lifecycle's message, nothing of
+    the run left and its ports free; the run's console."""
     try:
         code = run.proc.wait(timeout=READY_S)
         out = run.log.read_text(errors="replace")
         assert code != 0, out
-        assert "DEPLOY_FAILED" in out and "no-such-model" in out, out
-        assert "the deploy failed" in out
+        assert "the deploy failed" in out, out
         assert not descendants(run.proc.pid)
         assert run.sid is None or not session(run.sid)
         assert all(port_free(p) for p in ports.values())
+        return out
     finally:
         run.kill()
 
@@ -405,16 +411,7 @@ def test_a_pool_that_cannot_be_placed_ends_the_run_with_the_reason(ports, tmp_pa
         args["cpu_pool"]["deployment"] = {"ray_actor_options": {"num_cpus": 64}}
         args.setdefault("ingress", {})["unplaced_after_s"] = 5
 
-    env = run_env(tmp_path, ports, too_big)
-    run = Run("unplaced", env, ports["http"], tmp_path)
-    try:
-        code = run.proc.wait(timeout=READY_S)
-        out = run.log.read_text(errors="replace")
-        assert code != 0, out
-        assert "CPUPool (cpu_pool) has a replica Ray has not placed" in out, out
-        assert "it claims CPU 64" in out and "(short of CPU)" in out, out
-        assert "the deploy failed" in out
-        assert not descendants(run.proc.pid)
-        assert all(port_free(p) for p in ports.values())
-    finally:
-        run.kill()
+    out = failed_start(Run("unplaced", run_env(tmp_path, ports, too_big), ports["http"],
+                           tmp_path), ports)
+    assert "CPUPool (cpu_pool) has a replica Ray has not placed" in out, out
+    assert "it claims CPU 64" in out and "(short of CPU)" in out, out
