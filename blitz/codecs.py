@@ -169,44 +169,57 @@ def _json_default(obj: Any) -> Any:
 
 
 # JSON's string delimiter, escape and container openers, as byte values
-_QUOTE, _BACKSLASH, _OPENERS = ord('"'), ord("\\"), (ord("["), ord("{"))
+_QUOTE, _BACKSLASH, _OPENERS, _COMMA = ord('"'), ord("\\"), (ord("["), ord("{")), ord(",")
 # bytes per vectorized pass: its temporary arrays stay small (under glibc's threshold for
 # mapping memory afresh on each allocation) and in the CPU's caches
 _SCAN_CHUNK = 16 * 1024
 
 
-def _json_containers_over(data: bytes, limit: int) -> bool:
-    """Whether ``data`` opens more than ``limit`` lists and objects: ``[`` and ``{``
-    outside strings.
+def _json_over(data: bytes, max_containers: int, max_values: int) -> str | None:
+    """Which bound ``data`` crosses, if any: more than ``max_containers`` lists and
+    objects (``[`` and ``{`` outside strings), more than ``max_values`` values (commas
+    outside strings, plus the containers) or more than ``2 * max_containers + 64``
+    strings. Each decoded value costs tens of bytes for a few on the wire (a 3-byte
+    string is a 50-byte ``str``), so these bounds keep a decode within a small multiple
+    of the body (issue #33: orjson peaked at 13-17x a body of tiny strings).
 
-    Counting every bracket settles it when that count is within ``limit``. Otherwise one
-    pass over fixed-size chunks finds the strings (a quote opens or closes one unless it
-    follows an odd run of backslashes), vectorized, and stops once the limit is crossed:
-    linear in the size of ``data`` whatever its bytes, with no regex to backtrack. Between
-    chunks it carries only whether a string is open and whether the next byte is escaped.
+    Counting every bracket, comma and quote settles it when each count is within its
+    bound (a quote inside a string only adds). Otherwise one pass over fixed-size chunks
+    finds the strings (a quote opens or closes one unless it follows an odd run of
+    backslashes), vectorized, and stops once a bound is crossed: linear in the size of
+    ``data`` whatever its bytes, with no regex to backtrack. Between chunks it carries
+    only whether a string is open and whether the next byte is escaped.
     """
-    if data.count(b"[") + data.count(b"{") <= limit:
-        return False
-    count, inside, escaped = 0, False, False
+    max_strings = 2 * max_containers + 64
+    containers, commas = data.count(b"[") + data.count(b"{"), data.count(b",")
+    if (containers <= max_containers and containers + commas <= max_values
+            and data.count(b'"') <= 2 * max_strings):
+        return None
+    counts, inside, escaped = [0, 0, 0], False, False  # containers, commas, quotes
     for start in range(0, len(data), _SCAN_CHUNK):
         end = min(start + _SCAN_CHUNK, len(data))
         if not escaped and data.find(b'"', start, end) < 0 and not data.endswith(
                 b"\\", start, end):  # no string starts or ends here
             if not inside:
-                count += data.count(b"[", start, end) + data.count(b"{", start, end)
+                counts[0] += data.count(b"[", start, end) + data.count(b"{", start, end)
+                counts[1] += data.count(b",", start, end)
         else:
-            count, inside, escaped = _count_chunk(
-                np.frombuffer(data, np.uint8, end - start, start), count, inside, escaped)
-        if count > limit:
-            return True
-    return False
+            inside, escaped = _count_chunk(
+                np.frombuffer(data, np.uint8, end - start, start), counts, inside, escaped)
+        if counts[0] > max_containers:
+            return f"more than {max_containers} lists and objects"
+        if counts[0] + counts[1] > max_values:
+            return f"more than {max_values} values"
+        if counts[2] > 2 * max_strings:
+            return f"more than {max_strings} strings"
+    return None
 
 
-def _count_chunk(chunk: np.ndarray, count: int, inside: bool,
-                 escaped: bool) -> tuple[int, bool, bool]:
-    """``count`` plus the brackets outside strings in ``chunk``, whether a string is open
-    after it and whether the byte after it is escaped; ``inside`` and ``escaped`` say the
-    same of its start."""
+def _count_chunk(chunk: np.ndarray, counts: list[int], inside: bool,
+                 escaped: bool) -> tuple[bool, bool]:
+    """Add the brackets and commas outside strings in ``chunk`` and its quotes that
+    delimit strings to ``counts``; whether a string is open after it and whether the
+    byte after it is escaped. ``inside`` and ``escaped`` say the same of its start."""
     quotes = chunk == _QUOTE
     backslashes = chunk == _BACKSLASH
     if escaped:  # its first byte is an escaped quote or backslash: neither counts
@@ -221,14 +234,23 @@ def _count_chunk(chunk: np.ndarray, count: int, inside: bool,
         quotes[after_odd] = False
     in_string = np.bitwise_xor.accumulate(quotes.view(np.uint8)) != inside
     openers = (chunk == _OPENERS[0]) | (chunk == _OPENERS[1])
-    return (count + int(np.count_nonzero(openers & ~in_string)), bool(in_string[-1]),
-            escapes_next)
+    counts[0] += int(np.count_nonzero(openers & ~in_string))
+    counts[1] += int(np.count_nonzero((chunk == _COMMA) & ~in_string))
+    counts[2] += int(np.count_nonzero(quotes))
+    return bool(in_string[-1]), escapes_next
 
 
-def loads_json(data: bytes, max_containers: int | None = None) -> Any:
-    """Parse JSON from an untrusted peer; ``max_containers`` as in ``unpack``."""
-    if max_containers is not None and _json_containers_over(data, max_containers):
-        raise _too_many_containers(max_containers)
+def loads_json(data: bytes, max_containers: int | None = None,
+               max_values: int | None = None) -> Any:
+    """Parse JSON from an untrusted peer; ``max_containers`` as in ``unpack``, and at
+    most ``max_values`` values (``_json_over``; None: no bound)."""
+    if max_containers is not None:
+        crossed = _json_over(data, max_containers,
+                             len(data) + 1 if max_values is None else max_values)
+        if crossed is not None:
+            raise PayloadTooLarge(f"body has {crossed}; max_texts_per_request and "
+                                  "max_token_ids_per_request bound them (a text needs about "
+                                  "one list or object and a string, a token id one value)")
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -256,10 +278,11 @@ def is_msgpack(content_type: str | None) -> bool:
 
 
 def decode_body(body: bytes, content_type: str | None, max_bytes: int,
-                max_containers: int | None = None) -> Any:
+                max_containers: int | None = None, max_values: int | None = None) -> Any:
     """The request body as Python objects, from msgpack or JSON by its content type.
 
     A missing content type is sniffed: JSON starts with ``{`` or ``[``, msgpack otherwise.
+    ``max_containers`` and ``max_values`` bound what a body may build (``loads_json``).
     """
     if not body:
         raise BadRequest("request body is empty")
@@ -267,10 +290,10 @@ def decode_body(body: bytes, content_type: str | None, max_bytes: int,
     if base in MSGPACK_TYPES:
         return unpack(body, max_bytes, max_containers)
     if base in (JSON_TYPE, "text/json") or base.endswith("+json"):
-        return loads_json(body, max_containers)
+        return loads_json(body, max_containers, max_values)
     if base in ("", RAW_TYPE, "application/x-www-form-urlencoded", "text/plain"):
         if body.lstrip()[:1] in (b"{", b"["):
-            return loads_json(body, max_containers)
+            return loads_json(body, max_containers, max_values)
         return unpack(body, max_bytes, max_containers)
     raise BadRequest(f"unsupported content type {echo(base)!r}; send application/msgpack or "
                      "application/json")

@@ -34,6 +34,9 @@ class HttpApi:
         # documents, numpy arrays): more than this is refused before it is built
         limits = self.settings.limits
         self._max_containers = 2 * limits.max_texts_per_request + 64
+        # and about one value per token id (codecs.loads_json: a decode stays a small
+        # multiple of the body)
+        self._max_values = limits.max_token_ids_per_request + 2 * self._max_containers + 64
         self._buffered = 0  # bytes of request bodies being read now (max_buffered_bytes)
         self.routes = [  # the hot routes first: the router tries them in order
             Route("/embed", self.embed, methods=["POST"]),
@@ -87,7 +90,7 @@ class HttpApi:
                                      f"{limits.body_timeout_s:g} s (limits.body_timeout_s); "
                                      "send it whole, faster", param="body") from exc
             return codecs.decode_body(b"".join(chunks), request.headers.get("content-type"),
-                                      limit, self._max_containers)
+                                      limit, self._max_containers, self._max_values)
         finally:
             self._buffered -= held
 

@@ -23,7 +23,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from blitz import timing
+from blitz import http_disconnect, timing
 from blitz.config import AuthSettings
 from blitz.errors import (
     BlitzError,
@@ -96,7 +96,10 @@ class RequestMiddleware:
         try:
             if self._key_digests and path in self._keyed_paths:
                 self._authorize(headers)
-            await self.app(scope, receive, send_with_headers)
+            if http_disconnect.unwatched(scope):
+                await http_disconnect.run_watching(self.app, scope, receive, send_with_headers)
+            else:
+                await self.app(scope, receive, send_with_headers)
         except Exception as exc:  # the one place errors become replies
             if status:  # the reply has begun; nothing more can be said
                 raise

@@ -30,6 +30,7 @@ from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
 from blitz.service import EmbeddingService
 from deployments.local_hops import LocalHops
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
+from deployments.loopback import keep_replica_grpc_on_node_ip
 from deployments.metrics import metrics
 from deployments.placement import PlacementWatch
 from deployments.pool import in_process
@@ -281,6 +282,7 @@ class Ingress(_IngressMethods):
     def __init__(self, settings: dict[str, Any], cpu_pool: DeploymentHandle,
                  gpu_pool: DeploymentHandle | None = None):
         route_library_logs_to_serve()
+        keep_replica_grpc_on_node_ip()
         self.settings = BlitzSettings.from_args(settings)
         handles = {"cpu": cpu_pool} | ({"gpu": gpu_pool} if gpu_pool is not None else {})
         self._serve(ServeDispatcher(self.settings, handles))
@@ -299,6 +301,7 @@ class IngressWithCpuPool(_IngressMethods):
     async def __init__(self, settings: dict[str, Any],  # type: ignore[misc]
                        gpu_pool: DeploymentHandle | None = None):
         route_library_logs_to_serve()
+        keep_replica_grpc_on_node_ip()
         self.settings = BlitzSettings.from_args(settings)
         self.cpu_pool = await in_process(settings, "cpu")
         handles = {"gpu": gpu_pool} if gpu_pool is not None else {}

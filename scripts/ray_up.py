@@ -6,7 +6,9 @@ scripts/lifecycle.py runs this (README "Start and stop", "What scripts/serve.sh 
 out") in a session of its own and waits for it:
 
 1. Start Ray's head node as `ray.init()` does for a new local cluster (worker.py `init`:
-   a ray._private.node.Node), with three differences. The log monitor and the
+   a ray._private.node.Node), on 127.0.0.1 (BLITZ_NODE_IP names another address): GCS,
+   raylet, workers, the agents and the metrics export then listen on loopback only
+   (deployments/loopback.py does it for the replicas' gRPC servers). Three more differences. The log monitor and the
    autoscaler monitor stay off (RayParams include_log_monitor, no_monitor, read by
    `Node.start_ray_processes` / `Node.start_head_processes`; `ray.init()` never sets
    them): with no driver the log monitor has no one to forward logs to, and one node
@@ -44,11 +46,22 @@ import yaml
 
 POLL_S = 1.0
 DEPLOY_TIMEOUT_S = float(os.environ.get("BLITZ_DEPLOY_TIMEOUT_S", "900"))
+NODE_IP = os.environ.get("BLITZ_NODE_IP", "127.0.0.1")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def log(msg: str) -> None:
     print(f"ray_up: {msg}", file=sys.stderr, flush=True)
+
+
+def loopback_driver(node_ip: str) -> None:
+    """Keep this process's Ray driver on loopback when the node is: `ray.init(address=
+    "127.0.0.1:…")` otherwise swaps loopback for the machine's routable address
+    (services.py `resolve_ip_for_localhost`), where nothing listens. Before Ray is imported:
+    ray_constants reads it at import. Children inherit it; a worker takes its address
+    from its raylet, so it changes nothing there."""
+    if node_ip in ("127.0.0.1", "localhost", "::1"):
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
 
 def ensure_auth_token() -> None:
@@ -94,7 +107,8 @@ def start_head() -> str:
     from ray._private.parameter import RayParams
 
     usage_lib.set_usage_stats_enabled_via_env_var(False)  # as ray.init() does
-    params = RayParams(include_dashboard=False, include_log_monitor=False, no_monitor=True)
+    params = RayParams(include_dashboard=False, include_log_monitor=False, no_monitor=True,
+                       node_ip_address=NODE_IP)
     node = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=False,
                 ray_init_cluster=True)
     return node.address
@@ -215,6 +229,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     config = argv[0]
+    loopback_driver(NODE_IP)
     ensure_auth_token()
     try:
         gcs_address = start_head()

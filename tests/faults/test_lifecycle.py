@@ -38,7 +38,8 @@ from tests.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 READY_S = 120
 STOP_S = 30
-HAPROXY_DIR = Path("/tmp/haproxy-serve")  # Ray 2.60's default (serve_env drops RAY_*)
+# scripts/fast-path.env.sh's default (serve_env drops BLITZ_* and RAY_*)
+HAPROXY_DIR = Path(os.environ.get("TMPDIR") or "/tmp") / f"blitz-haproxy-{os.getuid()}"
 
 
 def pids() -> list[int]:
@@ -312,7 +313,8 @@ def test_stale_haproxy_is_reaped(ports, tmp_path):
     `serve run` killed outright has left) is stopped by `lifecycle.py reap`, which
     serve.sh runs before it starts."""
     node_dir = HAPROXY_DIR / f"stale-test-{os.getpid()}"
-    node_dir.mkdir(parents=True, exist_ok=True)
+    HAPROXY_DIR.mkdir(mode=0o700, exist_ok=True)
+    node_dir.mkdir(exist_ok=True)
     cfg = node_dir / "haproxy.cfg"
     cfg.write_text(
         f"global\n  stats socket {node_dir}/stale-test.sock mode 600 level admin\n"

@@ -112,6 +112,37 @@ def test_the_json_container_limit_skips_brackets_in_strings_and_escapes():
         codecs.loads_json(tricky, max_containers=4)
 
 
+def _peak(decode) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        decode()
+    except PayloadTooLarge:
+        pass
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
+def test_a_decode_stays_a_small_multiple_of_the_body():
+    """Issue #33: orjson built 13-17x a body of tiny strings before any check. With the
+    bounds an ingress uses (2048 texts, 1M token ids) such a body is refused before it is
+    decoded. Numbers stay the dear case (about 84 bytes each once decoded, ~20x a body of
+    3-digit token ids): their count is bounded by the token-id limit instead."""
+    max_containers, max_values = 2 * 2048 + 64, 1_048_576 + 2 * (2 * 2048 + 64) + 64
+    tiny = b'{"texts":[' + b'"ab",' * 1_000_000 + b'"ab"]}'
+    assert _peak(lambda: codecs.loads_json(tiny, max_containers, max_values)) < len(tiny)
+    with pytest.raises(PayloadTooLarge, match="strings"):
+        codecs.loads_json(tiny, max_containers, max_values)
+    ids = b'{"input":[[' + b"257," * 1_000_000 + b"257]]}"
+    assert len(codecs.loads_json(ids, max_containers, max_values)["input"][0]) == 1_000_001
+    assert _peak(lambda: codecs.loads_json(ids, max_containers, max_values)) < 100 * max_values
+    more = b'{"input":[[' + b"257," * 1_100_000 + b"257]]}"
+    with pytest.raises(PayloadTooLarge, match="values"):
+        codecs.loads_json(more, max_containers, max_values)
+
+
 def test_an_unterminated_string_full_of_escaped_quotes_is_refused_at_once():
     body = b"[" * 5000 + b'"' + b'\\"' * 200_000  # quadratic for a backtracking pre-scan
     with pytest.raises(PayloadTooLarge):

