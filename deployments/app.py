@@ -10,8 +10,8 @@ from typing import Any
 import ray
 from ray.serve import Application
 
-from blitz.config import BlitzSettings, IngressSettings, PoolSettings
-from blitz.sizing import NodeShape
+from blitz.settings.config import BlitzSettings, IngressSettings, PoolSettings
+from blitz.settings.sizing import NodeShape
 from deployments.ingress import Ingress, IngressWithCpuPool
 from deployments.pool import ModelPool
 from deployments.serve_options import deployment_options

@@ -1,10 +1,10 @@
-"""Bulk embedding on Ray Data: the Ray glue around ``blitz.bulk``.
+"""Bulk embedding on Ray Data: the Ray glue around ``blitz.bulk.job``.
 
 One job is one Ray Data pipeline over every input file not done yet, so the encoder
 actors start and load the model once:
 
     from_items(pending files)                       one block per file
-      -> map_batches(read_file)                     each file's rows (blitz.bulk_read),
+      -> map_batches(read_file)                     each file's rows (blitz.bulk.read),
                                                     opened on the worker from its URI
       -> repartition(batch_size rows per block)     so every actor gets work
       -> map_batches(EmbedBatches, actor pool)      one encoder per actor
@@ -12,10 +12,10 @@ actors start and load the model once:
                                                     published as soon as the stream
                                                     moves past it
 
-Which units run, and what OUTPUT may hold, is ``blitz.bulk_units``' decision, made
+Which units run, and what OUTPUT may hold, is ``blitz.bulk.units``' decision, made
 before anything is read or deleted. Nothing secret is in a task: workers open storage
-from the URI with their own credentials (``blitz.storage.filesystem_for``); the driver
-passes only where the store is (``blitz.storage.location_env``).
+from the URI with their own credentials (``blitz.sources.storage.filesystem_for``); the driver
+passes only where the store is (``blitz.sources.storage.location_env``).
 
 The actor pool has one actor per GPU when the cluster has GPUs, else one per CPU
 (``BulkSettings.actors`` overrides it); CPU actors leave one logical CPU to the reads
@@ -30,8 +30,9 @@ from typing import Any, TextIO
 
 import ray
 
-from blitz import bulk_units, bulk_write, model_threads
-from blitz.bulk import (
+from blitz.bulk import units as bulk_units
+from blitz.bulk import write as bulk_write
+from blitz.bulk.job import (
     BatchEncoder,
     backend_label,
     check_options,
@@ -39,12 +40,13 @@ from blitz.bulk import (
     list_inputs,
     output_metadata,
 )
-from blitz.bulk_read import columns_of, read_rows
-from blitz.bulk_settings import BulkSettings
-from blitz.config import BlitzSettings
+from blitz.bulk.read import columns_of, read_rows
 from blitz.errors import InvalidValue
-from blitz.registry import ModelSpec
-from blitz.storage import filesystem_for, location_env
+from blitz.runtime import model_threads
+from blitz.settings.bulk import BulkSettings
+from blitz.settings.config import BlitzSettings
+from blitz.settings.registry import ModelSpec
+from blitz.sources.storage import filesystem_for, location_env
 from deployments.bulk_extra import require_ray_data
 
 

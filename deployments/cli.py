@@ -13,7 +13,7 @@ import sys
 from typing import Any, TextIO
 
 from blitz import cli
-from blitz.bulk_settings import BulkSettings
+from blitz.settings.bulk import BulkSettings
 from deployments.bulk_extra import require_ray_data
 
 EXIT_CODES = """exit status: 0 every row is in OUTPUT; 3 done, but some rows were refused (see

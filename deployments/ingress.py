@@ -18,16 +18,16 @@ from ray.serve.exceptions import (
 from ray.serve.handle import DeploymentHandle
 
 from blitz import timing
-from blitz.batching import Batcher
-from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded
+from blitz.encoders.postprocess import OutputDtype
 from blitz.errors import Overloaded, Unavailable
-from blitz.http_api import HttpApi
-from blitz.http_middleware import warn_if_open
-from blitz.local_hop import HopLost
-from blitz.postprocess import OutputDtype
+from blitz.http.api import HttpApi
+from blitz.http.middleware import warn_if_open
+from blitz.ingress.service import EmbeddingService
+from blitz.pool.batching import Batcher
+from blitz.pool.local_hop import HopLost
 from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
-from blitz.service import EmbeddingService
+from blitz.settings.config import BlitzSettings
 from deployments.local_hops import LocalHops
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.loopback import keep_replica_grpc_on_node_ip

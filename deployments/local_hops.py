@@ -1,4 +1,4 @@
-"""Which pools an ingress calls over the local hop (``blitz.local_hop``), found through
+"""Which pools an ingress calls over the local hop (``blitz.pool.local_hop``), found through
 Serve's handle.
 
 A pool qualifies (``ingress.pool_hop: auto``) when it runs exactly one replica
@@ -20,8 +20,8 @@ import time
 import ray
 from ray.serve.handle import DeploymentHandle
 
-from blitz.config import BlitzSettings
-from blitz.local_hop import LocalHopClient
+from blitz.pool.local_hop import LocalHopClient
+from blitz.settings.config import BlitzSettings
 
 logger = logging.getLogger("ray.serve")
 RETRY_S = 2.0  # after a failed find or a broken socket, Serve's handle this long

@@ -15,8 +15,8 @@ from functools import cached_property
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
-from blitz.metric_buffer import MetricBuffer
-from blitz.service import RequestRecord
+from blitz.ingress.service import RequestRecord
+from blitz.runtime.metric_buffer import MetricBuffer
 
 SERVE_METRICS_CHARTED = (
     "serve_num_multiplexed_models",  # models resident per pool replica
@@ -41,7 +41,7 @@ class BlitzMetrics:
     """Created lazily so that importing this module never touches Ray. What is recorded
     for every request, model call or queue change (requests, their seconds, texts, tokens,
     503 replies, routing decisions, queue depths, batch sizes) goes through ``buffer``
-    (``blitz.metric_buffer``: gathered, recorded by a background thread once a second);
+    (``blitz.runtime.metric_buffer``: gathered, recorded by a background thread once a second);
     rarer events (loads, evictions, refusals, failures) are recorded at once."""
 
     def __init__(self) -> None:
@@ -97,7 +97,7 @@ class BlitzMetrics:
     @cached_property
     def route_decisions(self) -> Counter:
         return Counter("blitz_route_decisions",
-                       description="routing decisions by pool and reason (blitz.routing: "
+                       description="routing decisions by pool and reason (blitz.ingress.routing: "
                        "no_gpu, small, size, kind, cold_gpu)",
                        tag_keys=_tag_keys("pool", "reason"))
 
@@ -152,11 +152,11 @@ class BlitzMetrics:
         return Gauge("blitz_gpu_memory_bytes",
                      description="CUDA memory of a GPU pool replica per device: kind "
                      "allocated (handed out by torch's caching allocator) or reserved "
-                     "(held from the driver); blitz.gpu_memory",
+                     "(held from the driver); blitz.runtime.gpu_memory",
                      tag_keys=_tag_keys("pool", "device", "kind"))
 
     def gpu_memory_publisher(self, pool: str) -> Callable[[str, str, int], None]:
-        """``blitz.gpu_memory.report_forever``'s ``publish`` for one pool's replica."""
+        """``blitz.runtime.gpu_memory.report_forever``'s ``publish`` for one pool's replica."""
         return lambda device, kind, value: self.gpu_memory.set(
             value, tags={"pool": pool, "device": device, "kind": kind})
 

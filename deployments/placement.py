@@ -5,7 +5,7 @@ pool whose 0.5 CPU had nowhere to go stayed silent for as long as anyone watched
 ``CHECK_EVERY_S`` the ingress asks Ray's GCS which replica actors of its pools are still
 ``PENDING_CREATION``; one that has waited ``ingress.unplaced_after_s`` (30 s: longer
 than a worker process takes to start) is *unplaced*: one WARNING naming the claim and what is free
-(``blitz.placement``; the claim as Ray holds it for the actor), the reason in ``/ready`` and ``/models``, and the gauge
+(``blitz.ingress.placement``; the claim as Ray holds it for the actor), the reason in ``/ready`` and ``/models``, and the gauge
 ``blitz_pool_unplaced`` at 1 until Ray places it.
 """
 
@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Mapping
 
-from blitz.placement import unplaced_message
+from blitz.ingress.placement import unplaced_message
 from deployments.metrics import metrics
 
 logger = logging.getLogger("ray.serve")

@@ -2,10 +2,10 @@
 
 Each replica holds up to three models (``@serve.multiplexed``, LRU) and batches
 concurrent jobs of every kind (texts, token ids, reranks) per model with one
-``blitz.batching.Batcher``, the replica's one queue per model; it serves only the
-registry's ids. Model work runs on ``workers`` worker threads (``blitz.worker_slots``:
+``blitz.pool.batching.Batcher``, the replica's one queue per model; it serves only the
+registry's ids. Model work runs on ``workers`` worker threads (``blitz.pool.worker_slots``:
 that many model calls at once, each with ``torch_threads`` intra-op threads) and each
-model load on a thread of its own (``blitz.load_queue``: one load at a time, shared by
+model load on a thread of its own (``blitz.pool.load_queue``: one load at a time, shared by
 its callers, within ``load_timeout_s``), never on the replica's event loop, so a long
 load (an ONNX export, say) does not stall the models already resident. Work holds a
 lease on its model, so an eviction never frees a model mid-batch. A load or all workers
@@ -24,19 +24,20 @@ from typing import Any
 import ray
 from ray import serve
 
-from blitz import child_process, gpu_memory, lean_imports, model_threads, timing
-from blitz.batching import Batcher
-from blitz.config import MAX_MODELS_PER_REPLICA, BlitzSettings
+from blitz import timing
 from blitz.encoders.base import Encoded, Encoder
-from blitz.encoders.holder import ModelFreed, ModelHolder
-from blitz.encoders.loading import load_encoder, resolve_device
 from blitz.errors import ModelLoadFailed, Overloaded, Unavailable
-from blitz.load_failures import LoadFailures, as_load_failure
-from blitz.load_queue import LoadQueue
-from blitz.local_hop import LocalHopServer
-from blitz.pool_work import Job, run_jobs
-from blitz.registry import ModelSpec, preflight_source
-from blitz.worker_slots import WorkerSlots
+from blitz.loading.failures import LoadFailures, as_load_failure
+from blitz.loading.load import load_encoder, resolve_device
+from blitz.pool.batching import Batcher
+from blitz.pool.holder import ModelFreed, ModelHolder
+from blitz.pool.load_queue import LoadQueue
+from blitz.pool.local_hop import LocalHopServer
+from blitz.pool.work import Job, run_jobs
+from blitz.pool.worker_slots import WorkerSlots
+from blitz.runtime import child_process, gpu_memory, lean_imports, model_threads
+from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
+from blitz.settings.registry import ModelSpec, preflight_source
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.loopback import keep_replica_grpc_on_node_ip
 from deployments.metrics import metrics
@@ -71,7 +72,7 @@ class ModelPool:
         self.loads: LoadQueue[Encoder] = LoadQueue(
             deadline_s=self.pool_settings.load_timeout_s, name=f"blitz-{pool}-load",
             on_failure=lambda model_id, exc: self._load_failed(self.registry.get(model_id), exc))
-        # torch itself is imported only if a model needs it (blitz.model_threads)
+        # torch itself is imported only if a model needs it (blitz.runtime.model_threads)
         model_threads.configure(self.pool_settings.torch_threads)
         route_library_logs_to_serve()
         keep_replica_grpc_on_node_ip()
@@ -225,7 +226,7 @@ class ModelPool:
 
     async def local_hop_address(self) -> dict[str, Any]:
         """Where an ingress on this node calls ``run_jobs_for`` without Serve's hop
-        (``blitz.local_hop``; the ingress asks when ``ingress.pool_hop`` is ``auto`` and
+        (``blitz.pool.local_hop``; the ingress asks when ``ingress.pool_hop`` is ``auto`` and
         this pool runs one fixed replica)."""
         if self._hop is None:
             hop = LocalHopServer(self.run_jobs_for)

@@ -2,7 +2,7 @@
 
     python -m loadtest.backends [--batches 1,32,128] [--threads 2] [--json out.json]
 
-Every backend is loaded through ``blitz.encoders.loading.load_encoder`` from ModelSpecs that
+Every backend is loaded through ``blitz.loading.load.load_encoder`` from ModelSpecs that
 differ only in ``cpu_backend``, so the numbers are those of the code the server runs
 (tokenization, length-sorted micro-batches and all). Throughput is texts per second at
 each batch size, the best of several interleaved rounds (other work on the machine
@@ -71,12 +71,12 @@ def corpus(n: int) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from blitz import model_threads
-    from blitz.cpu_features import cpu_supports_bf16, quantization_target
-    from blitz.encoders.loading import load_encoder
-    from blitz.model_cache import library_versions
-    from blitz.registry import ModelSpec
-    from blitz.throughput import compare_throughput
+    from blitz.loading.load import load_encoder
+    from blitz.loading.throughput import compare_throughput
+    from blitz.runtime import model_threads
+    from blitz.runtime.cpu_features import cpu_supports_bf16, quantization_target
+    from blitz.settings.registry import ModelSpec
+    from blitz.sources.model_cache import library_versions
 
     model_threads.configure(args.threads)  # torch and ONNX sessions alike
     backends = (args.backends.split(",") if args.backends else

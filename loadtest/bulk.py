@@ -42,7 +42,7 @@ def measure(*, texts: int, files: list[int], model: str, source: str, backends: 
     on the corpus's first texts only (a 200,000-row run need not encode it twice)."""
     import ray
 
-    from blitz.registry import ModelSpec
+    from blitz.settings.registry import ModelSpec
 
     corpus = sentences(texts)
     runs: list[dict[str, Any]] = []
@@ -71,7 +71,7 @@ def measure(*, texts: int, files: list[int], model: str, source: str, backends: 
 
 def _ceiling(spec: Any, corpus: list[str], batch: int,
              progress: Callable[[str], None]) -> tuple[float, np.ndarray]:
-    from blitz.encoders.loading import load_encoder
+    from blitz.loading.load import load_encoder
 
     progress(f"in-process ceiling ({spec.cpu_backend}): {len(corpus)} texts in {batch}-text "
              "calls")
@@ -90,8 +90,8 @@ def _bulk(spec: Any, corpus: list[str], files: int, batch: int, actors: int | No
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from blitz.bulk_settings import BulkSettings
-    from blitz.config import BlitzSettings
+    from blitz.settings.bulk import BulkSettings
+    from blitz.settings.config import BlitzSettings
     from deployments.bulk import embed_dataset
 
     texts = len(corpus)

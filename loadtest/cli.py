@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     inproc = sub.add_parser("inprocess", help="the encode ceiling, with no server",
                             description="Embeds the corpus in this process through "
-                            "blitz.encoders.loading.load_encoder and through plain "
+                            "blitz.loading.load.load_encoder and through plain "
                             "SentenceTransformer.encode, for each call size.")
     inproc.add_argument("--backend", choices=["torch", "torch-bf16", "onnx", "onnx-int8", "auto"],
                         default="torch", help="the ModelSpec cpu_backend (default: %(default)s)")
@@ -355,7 +355,7 @@ def cmd_inprocess(args: argparse.Namespace, progress: Progress) -> int:
     from loadtest import inprocess, report
 
     if args.threads:
-        from blitz import model_threads
+        from blitz.runtime import model_threads
 
         model_threads.configure(args.threads)
     rows = inprocess.run_inprocess(

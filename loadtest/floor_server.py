@@ -86,7 +86,7 @@ def create_app(embed: EmbedFn, workers: int = 1) -> Callable[..., Awaitable[None
 
 def blitz_encoder(model_id: str, source: str, backend: str, threads: int) -> EmbedFn:
     """Blitz's encoder for ``source`` on ``backend``, ``threads`` intra-op threads a call."""
-    from blitz import model_threads
+    from blitz.runtime import model_threads
     from loadtest.inprocess import blitz_embed
 
     model_threads.configure(threads)

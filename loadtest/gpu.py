@@ -7,7 +7,7 @@ is how it is tested here.
     python -m loadtest.gpu encode --source DIR --reference ref.npy --out OUT
     python -m loadtest.gpu serve --source DIR --out OUT [--fast-path] [--ingress-replicas N]
 
-``encode`` needs no Ray: ``blitz.encoders.loading.load_encoder(spec, "cuda")``, what a GPU
+``encode`` needs no Ray: ``blitz.loading.load.load_encoder(spec, "cuda")``, what a GPU
 pool replica runs, in float16 and float32, against the reference computed by the torch
 fp32 CPU backend from the original weights. ``serve`` starts Ray and Serve with the GPU
 pool scaled to zero and times, over HTTP: the first large request (served by the CPU pool
@@ -41,7 +41,7 @@ METRICS_PORT = 8085
 
 
 def _spec(source: str, dtype: str = "float16") -> Any:
-    from blitz.registry import ModelSpec
+    from blitz.settings.registry import ModelSpec
 
     return ModelSpec(id="minilm", source=source, gpu_dtype=dtype)
 
@@ -58,7 +58,7 @@ def _device() -> dict[str, Any]:
 
 def reference(source: str, out: Path) -> None:
     """fp32 vectors of the first REFERENCE_TEXTS corpus sentences, torch on the CPU."""
-    from blitz.encoders.loading import load_encoder
+    from blitz.loading.load import load_encoder
 
     encoder = load_encoder(_spec(source), "cpu")
     values = encoder.embed(sentences(REFERENCE_TEXTS), normalize=True).values
@@ -79,8 +79,8 @@ def encode(source: str, ref_path: Path, out: Path, seconds: float,
            dtypes: tuple[str, ...] = ("float16", "float32"),
            cudnn_check: bool = False) -> dict[str, Any]:
     """Accuracy and texts/s per call size of the GPU pool's encoder, no server."""
-    from blitz import gpu_memory
-    from blitz.encoders.loading import load_encoder, resolve_device
+    from blitz.loading.load import load_encoder, resolve_device
+    from blitz.runtime import gpu_memory
     from loadtest.inprocess import measure
 
     device = resolve_device("cuda")

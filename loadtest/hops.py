@@ -162,7 +162,7 @@ def render(report: HopsReport) -> str:
 
 
 def _threads() -> int:
-    from blitz import model_threads
+    from blitz.runtime import model_threads
 
     return model_threads.count()
 
@@ -172,7 +172,7 @@ def run(args) -> int:
 
     embed = None
     if args.inprocess:
-        from blitz import model_threads
+        from blitz.runtime import model_threads
         from loadtest.inprocess import blitz_embed
 
         if args.threads:

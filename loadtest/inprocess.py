@@ -2,7 +2,7 @@
 
 Two engines on the same texts and call sizes:
 
-- ``blitz``: ``blitz.encoders.loading.load_encoder(spec).embed(texts, normalize=True)``, the code
+- ``blitz``: ``blitz.loading.load.load_encoder(spec).embed(texts, normalize=True)``, the code
   a pool replica runs (token-budget micro-batches, the spec's CPU backend);
 - ``sentence-transformers``: plain ``SentenceTransformer.encode`` in float32 with its
   default ``batch_size=32``, what a naive server calls.
@@ -86,8 +86,8 @@ def measure(embed: EmbedFn, texts: list[str], texts_per_call: int, seconds: floa
 
 
 def blitz_embed(model_id: str, source: str, backend: str) -> EmbedFn:
-    from blitz.encoders.loading import load_encoder
-    from blitz.registry import ModelSpec
+    from blitz.loading.load import load_encoder
+    from blitz.settings.registry import ModelSpec
 
     encoder = load_encoder(ModelSpec(id=model_id, source=source, cpu_backend=backend))
     return lambda texts: encoder.embed(texts, normalize=True)
@@ -96,7 +96,7 @@ def blitz_embed(model_id: str, source: str, backend: str) -> EmbedFn:
 def sentence_transformers_embed(model_id: str, source: str) -> EmbedFn:
     from sentence_transformers import SentenceTransformer
 
-    from blitz.registry import ModelSpec, resolve_source
+    from blitz.settings.registry import ModelSpec, resolve_source
 
     path = resolve_source(ModelSpec(id=model_id, source=source))
     model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
@@ -129,8 +129,8 @@ def run_inprocess(*, model_id: str, source: str, backend: str, sizes: Sequence[i
 
 
 def torch_threads() -> int | None:
-    """Intra-op threads of one model call (``blitz.model_threads``), torch or ONNX."""
-    from blitz import model_threads
+    """Intra-op threads of one model call (``blitz.runtime.model_threads``), torch or ONNX."""
+    from blitz.runtime import model_threads
 
     return model_threads.count()
 

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from blitz.config import MAX_MODELS_PER_REPLICA
+from blitz.settings.config import MAX_MODELS_PER_REPLICA
 from loadtest.report import fmt, markdown_table
 
 APP = "blitz-switch"

@@ -23,7 +23,7 @@ And it adds lines that bound what a client can hold (issue #33):
 - after it, ``x-request-disconnect-disabled: ?1`` set on a request whose body is over
   ``LARGE_BODY_BYTES`` or chunked (a client's own value dropped): Serve then leaves the
   body in the socket until Blitz reads it under ``limits.max_buffered_bytes``, instead of
-  draining it into a queue while the request waits for a slot (blitz/http_disconnect.py
+  draining it into a queue while the request waits for a slot (blitz/http/disconnect.py
   watches such a request's client instead).
 
 A config that routes nothing yet (no ``use_backend``: a new HAProxyManager's first,
@@ -65,7 +65,7 @@ ADDED_TIMEOUT = f"    timeout http-request {HTTP_REQUEST_TIMEOUT_S}s\n"
 ADDED_DEL_HEADER = "    http-request del-header x-request-timeout-seconds\n"
 # Serve drains a request's whole body into a queue of its own before the request waits
 # for a slot, unless the request says it does not want its disconnects watched: a large or
-# chunked body is marked so (blitz/http_disconnect.py watches instead), a client's own
+# chunked body is marked so (blitz/http/disconnect.py watches instead), a client's own
 # mark is dropped
 LARGE_BODY_BYTES = 65536
 ADDED_DISCONNECT = (

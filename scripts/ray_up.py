@@ -157,7 +157,7 @@ def unplaced(names: list[str], since: dict[tuple[str, str], float], now: float,
     """Why a replica of ``names`` cannot start: Ray has left it unplaced for ``after_s``
     and its claim does not fit what is free; ``since`` keeps when each began to wait."""
     _on_path()
-    from blitz.placement import SECTIONS, short_of, unplaced_message
+    from blitz.ingress.placement import SECTIONS, short_of, unplaced_message
     from deployments.placement import free_resources, pending_replicas
 
     pending = {key: claim for key, claim in pending_replicas().items() if key[0] in names}
@@ -217,7 +217,7 @@ def unplaced_after_s(apps: list[dict]) -> float:
     """The longest ``ingress.unplaced_after_s`` of the apps (the setting's default where
     an app names none)."""
     _on_path()
-    from blitz.config import IngressSettings
+    from blitz.settings.config import IngressSettings
 
     default = IngressSettings.model_fields["unplaced_after_s"].default
     return max((float(((app.get("args") or {}).get("ingress") or {}).get(

@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded, Encoder
-from blitz.encoders.loading import load_encoder
-from blitz.pool_work import Job, run_jobs
+from blitz.loading.load import load_encoder
+from blitz.pool.work import Job, run_jobs
 from blitz.schemas import EmbedJob, RerankJob
+from blitz.settings.config import BlitzSettings
 
 
 class LocalDispatcher:

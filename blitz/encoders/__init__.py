@@ -1,10 +1,9 @@
-"""Encoders: one contract (``base.Encoder``) and one backend per module.
+"""Encoders: one contract (``base.Encoder``) and one backend per module, plus what every
+backend's vectors may go through (``postprocess``: ``dimensions`` and ``dtype``) and the
+fixed texts backends are checked with (``probes``).
 
-``loading.load_encoder`` turns a ``ModelSpec`` into an encoder; ``models`` opens and
-wraps sentence-transformers models; ``holder`` owns a loaded one inside a pool. This
-package module imports only the contract, so any module here can be imported alone.
+Nothing here loads a registered model: ``blitz.loading`` turns a ``ModelSpec`` into an
+encoder, with ``models`` opening and wrapping sentence-transformers models for it. May
+import ``blitz.settings``, ``blitz.sources``, ``blitz.runtime`` and the top-level leaf
+modules; this package module imports nothing, so any module here can be imported alone.
 """
-
-from blitz.encoders.base import Encoded, Encoder
-
-__all__ = ["Encoded", "Encoder"]

@@ -33,7 +33,7 @@ class Encoder(ABC):
     kind: str = "embedding"
     device: str = "cpu"
     backend: str = "torch"  # what serves it: a cpu_backend, "fake", or "auto(<winner>)"
-    # cpu_backend auto: the winner, its rates, "cached" or "measured", when (auto.py)
+    # cpu_backend auto: the winner, its rates, "cached" or "measured", when (blitz/loading/auto.py)
     auto_choice: dict[str, Any] | None = None
 
     def __init__(self, model_id: str, max_seq_length: int):

@@ -1,12 +1,12 @@
 """sentence-transformers models, opened and wrapped: what the loader table
-(``blitz.encoders.loading``) and the ONNX build (``blitz.onnx_export``) share.
+(``blitz.loading.load``) and the ONNX build (``blitz.loading.onnx_export``) share.
 
 ``open_*`` return the library's own model (torch, or onnxruntime through its ONNX
 backend), or for an ONNX build verified for it, a ``NativeOnnxModel`` (onnxruntime and
 ``tokenizers`` alone, ``blitz.encoders.onnx_native``); ``wrap`` makes any of them an
 ``Encoder`` sized for the device it runs on.
 Each passes ``spec.trust_remote_code`` on; the folder was checked before
-(``blitz.model_trust``), as sentence-transformers trusts any local folder's modules.
+(``blitz.loading.model_trust``), as sentence-transformers trusts any local folder's modules.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blitz import model_threads
 from blitz.encoders.base import Encoder
 from blitz.encoders.cross_encoder import CrossEncoderEncoder
 from blitz.encoders.onnx_native import NativeOnnxModel, OnnxEncoder, open_native
 from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
-from blitz.registry import ModelSpec
+from blitz.runtime import model_threads
+from blitz.settings.registry import ModelSpec
 
 if TYPE_CHECKING:
     from sentence_transformers import CrossEncoder, SentenceTransformer
@@ -91,7 +91,7 @@ def transformer_trust(spec: ModelSpec, model_kwargs: dict[str, Any] | None = Non
 
 
 def onnx_model_kwargs(file_name: str | None = None) -> dict[str, Any]:
-    """onnxruntime session settings: CPU provider, ``blitz.model_threads`` intra-op threads.
+    """onnxruntime session settings: CPU provider, ``blitz.runtime.model_threads`` intra-op threads.
 
     A pool sets the thread count per replica before it loads models; torch and ONNX
     models both follow it, so both backends use the same cores. Threads do not spin while idle: a

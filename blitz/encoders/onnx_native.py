@@ -7,7 +7,7 @@ transformer, a pooling and an optional normalization needs none of them: the gra
 the token embeddings, pooling and normalization are a few numpy lines, and the folder's
 ``tokenizer.json`` gives the ids.
 
-Which builds run here is decided when the build is made (``blitz.onnx_export``), where
+Which builds run here is decided when the build is made (``blitz.loading.onnx_export``), where
 torch is at hand anyway: ``verify`` opens the build both ways and requires the same ids,
 special tokens, limits and vectors; the verdict is recorded in the build's cache entry.
 A build that fails it (another layout, a tokenizer the ``tokenizers`` library cannot run
@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from blitz import model_threads
 from blitz.encoders.base import l2_normalize
 from blitz.encoders.bi_encoder import BiEncoder
 from blitz.encoders.sentence_transformer import padded
 from blitz.encoders.token_ids import FastTokenIds, UnsupportedTokenizer
+from blitz.runtime import model_threads
 
 # sentence-transformers' pooling modes this module computes, and their keys in folders
 # saved before sentence-transformers 5.7 (one boolean per mode)
@@ -187,7 +187,7 @@ def verify(reference: BiEncoder, folder: Path, file_name: str) -> str | None:
     ``reference`` (the same build through sentence-transformers) and the native encoder
     must agree on limits, vocabulary, special tokens, every id of the probe texts and
     some harder ones (truncated or not), and every vector of them."""
-    from blitz.probes import PROBE_TEXTS
+    from blitz.encoders.probes import PROBE_TEXTS
 
     try:
         native = OnnxEncoder(reference.model_id, open_native(folder, file_name),

@@ -3,7 +3,7 @@
 
 The model runs whole (its own modules: transformer, pooling, normalization...) on ids
 that ``BiEncoder`` tokenized and micro-batched (``blitz.encoders.bi_encoder``). torch is
-imported only when such a model is opened (``blitz.model_threads``).
+imported only when such a model is opened (``blitz.runtime.model_threads``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from blitz import model_threads
 from blitz.encoders.bi_encoder import BiEncoder
 from blitz.encoders.token_ids import HfTokenIds
+from blitz.runtime import model_threads
 
 
 class SentenceTransformerEncoder(BiEncoder):

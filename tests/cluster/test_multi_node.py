@@ -212,7 +212,7 @@ class SmallRequests:
 
 def test_gpu_pool_runs_on_the_gpu_node_and_the_cpu_pool_survives_its_loss(
         cluster, reference, tiny_models):
-    from blitz.encoders.loading import resolve_device
+    from blitz.loading.load import resolve_device
 
     ready = cluster.ready
     assert ready["cluster_gpus"] == 1

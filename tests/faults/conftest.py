@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from blitz.deployment_options import merge_options
+from blitz.settings.deployment_options import merge_options
 from tests.tiny_models import build_tiny_bi_encoder
 
 

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from blitz.bulk_settings import BulkSettings
-from blitz.config import BlitzSettings
-from blitz.encoders.loading import load_encoder
-from blitz.registry import ModelSpec
+from blitz.loading.load import load_encoder
+from blitz.settings.bulk import BulkSettings
+from blitz.settings.config import BlitzSettings
+from blitz.settings.registry import ModelSpec
 from deployments.bulk import embed_dataset
 from tests.waiting import wait_until
 

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from blitz.bulk_settings import BulkSettings
-from blitz.config import BlitzSettings
 from blitz.errors import InvalidValue
+from blitz.settings.bulk import BulkSettings
+from blitz.settings.config import BlitzSettings
 from deployments.bulk import embed_dataset
 from deployments.cli import main as blitz_main
 from tests.ports import free_port

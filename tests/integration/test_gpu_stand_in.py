@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from blitz import codecs
-from blitz.encoders.loading import load_encoder
-from blitz.registry import ModelSpec
+from blitz.loading.load import load_encoder
+from blitz.settings.registry import ModelSpec
 
 APP = "it-gpu-stand-in"
 BATCH_S = 0.08  # each batch on the fake device, whatever its size up to BATCH

@@ -11,7 +11,7 @@ import threading
 
 import httpx
 
-from blitz.routing import REASONS
+from blitz.ingress.routing import REASONS
 from tests.integration.conftest import APP
 from tests.metrics_scrape import (
     SERVE_LABELS,

@@ -3,7 +3,7 @@ a handle caller naming a model nobody registered.
 
 Each fault gets an app of its own on the session's shared Ray + Serve instance (a replica
 stuck on purpose is replaced by Serve, so it must not be the main app's). Fake models
-(``fake:<dim>[:<load s>[:<batch s>]]``, blitz/registry.py) hang: an hour's load or an
+(``fake:<dim>[:<load s>[:<batch s>]]``, blitz/settings/registry.py) hang: an hour's load or an
 hour's batch. Every request gets its answer in bounded time: 424 for the hung load, 503
 with Retry-After while the replica cannot serve, 200 once Serve has replaced it.
 """

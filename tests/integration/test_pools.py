@@ -37,7 +37,7 @@ def test_cross_encoder_rerank_goes_to_gpu(http):
 async def test_pools_run_on_their_devices(blitz_app):
     from ray import serve
 
-    from blitz.encoders.loading import resolve_device
+    from blitz.loading.load import resolve_device
 
     cpu = await serve.get_deployment_handle("CPUPool", APP).stats.remote()
     gpu = await serve.get_deployment_handle("GPUPool", APP).stats.remote()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blitz import accuracy
-from blitz.encoders.loading import load_encoder
 from blitz.errors import ModelLoadFailed
-from blitz.registry import ModelSpec
+from blitz.loading import accuracy
+from blitz.loading.load import load_encoder
+from blitz.settings.registry import ModelSpec
 from tests.tiny_models import build_tiny_cross_encoder
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "hello", "Where is the station?"]

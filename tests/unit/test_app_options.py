@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from blitz.config import BlitzSettings
+from blitz.settings.config import BlitzSettings
 from deployments.app import (
     _ingress_options,
     _pool_options,

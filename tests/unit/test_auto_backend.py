@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from blitz import load_children
-from blitz.encoders import auto
-from blitz.encoders.auto import AutoChoice
-from blitz.encoders.loading import load_encoder
 from blitz.errors import ModelLoadFailed
-from blitz.registry import ModelSpec
+from blitz.loading import auto
+from blitz.loading import children as load_children
+from blitz.loading.auto import AutoChoice
+from blitz.loading.load import load_encoder
+from blitz.settings.registry import ModelSpec
 
 SHORT = ["hello", "ok then", "Where is the station?"]
 LONG = [f"sentence number {i} says a little more about the weather in town" for i in range(40)]

@@ -1,4 +1,4 @@
-"""``cpu_backend: auto``'s choice, measured once and cached (``blitz.auto_cache``): a
+"""``cpu_backend: auto``'s choice, measured once and cached (``blitz.loading.auto_cache``): a
 start with a matching record times nothing and opens only the winner; a changed key,
 or a corrupt or partial record, measures again and rewrites it."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from blitz import auto_cache, model_cache
-from blitz.encoders import auto, loading
-from blitz.encoders.auto import AutoChoice
-from blitz.encoders.loading import load_encoder
-from blitz.registry import ModelSpec
+from blitz.loading import auto, auto_cache, load
+from blitz.loading.auto import AutoChoice
+from blitz.loading.load import load_encoder
+from blitz.settings.registry import ModelSpec
+from blitz.sources import model_cache
 
 pytestmark = pytest.mark.usefixtures("no_home_cache")
 
@@ -45,7 +45,7 @@ def measured(monkeypatch) -> Measurements:
     """The loader's measurement (the child process) replaced by a counting fake; measuring
     in process instead fails the test."""
     measurements = Measurements()
-    monkeypatch.setattr(loading, "choose_in_child", measurements)
+    monkeypatch.setattr(load, "choose_in_child", measurements)
     monkeypatch.setattr(auto, "measure_choice", _never)
     return measurements
 
@@ -74,13 +74,13 @@ def test_the_first_start_measures_and_records_the_second_reuses_it(tiny_dir, tmp
     assert f"chose torch for every call; recorded in {record.parent}" in caplog.text
 
     opened: list[str] = []
-    original = loading.load_encoder
+    original = load.load_encoder
 
     def spy(spec: ModelSpec, *args, **kwargs):
         opened.append(spec.cpu_backend)
         return original(spec, *args, **kwargs)
 
-    monkeypatch.setattr(loading, "load_encoder", spy)
+    monkeypatch.setattr(load, "load_encoder", spy)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="blitz.encoders"):
         second = original(_spec(tiny_dir), cache_dir=tmp_path)

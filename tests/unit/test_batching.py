@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from blitz.batching import Batcher
 from blitz.errors import Overloaded, TimedOut, Unavailable
+from blitz.pool.batching import Batcher
 
 
 async def test_items_waiting_behind_a_running_call_are_merged():

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blitz.batching import Batcher
 from blitz.errors import Overloaded
+from blitz.pool.batching import Batcher
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The Ray-free half of the bulk job: the batch step (blitz/bulk.py) and the readers
-(blitz/bulk_read.py), each line or row embedded or refused with its reason."""
+"""The Ray-free half of the bulk job: the batch step (blitz/bulk/job.py) and the readers
+(blitz/bulk/read.py), each line or row embedded or refused with its reason."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from blitz.bulk import BatchEncoder, check_options, list_inputs
-from blitz.bulk_read import ID_INT, ID_POSITION, ID_STR, ROWS, iter_lines, read_rows, refusal
-from blitz.bulk_settings import BulkSettings
+from blitz.bulk.job import BatchEncoder, check_options, list_inputs
+from blitz.bulk.read import ID_INT, ID_POSITION, ID_STR, ROWS, iter_lines, read_rows, refusal
+from blitz.encoders.postprocess import quantize, truncate_dimensions
 from blitz.errors import InvalidValue
-from blitz.postprocess import quantize, truncate_dimensions
-from blitz.registry import ModelSpec
+from blitz.settings.bulk import BulkSettings
+from blitz.settings.registry import ModelSpec
 from tests.tiny_models import build_tiny_bi_encoder
 
 

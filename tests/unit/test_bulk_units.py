@@ -1,4 +1,4 @@
-"""What a bulk job may skip, redo, delete or must refuse (blitz/bulk_units.py): overlap
+"""What a bulk job may skip, redo, delete or must refuse (blitz/bulk/units.py): overlap
 with INPUT, OUTPUT that another program wrote, unit names that cannot collide, records
 that keep one OUTPUT to one model, units published whole, and no secret in a task."""
 
@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from blitz import bulk_units
-from blitz.bulk_read import ID_INT
-from blitz.bulk_units import (
+from blitz.bulk import units as bulk_units
+from blitz.bulk.read import ID_INT
+from blitz.bulk.units import (
     DONE,
     PUBLISHING,
     Unit,
@@ -25,7 +25,7 @@ from blitz.bulk_units import (
     plan_units,
     unit_name,
 )
-from blitz.bulk_write import UnitWriter, merge_errors
+from blitz.bulk.write import UnitWriter, merge_errors
 from blitz.errors import InvalidValue
 
 JOB = {"model": "m", "backend": "torch", "dtype": "float32", "dimensions": None}
@@ -212,9 +212,9 @@ def test_the_job_s_task_payloads_hold_no_secret(monkeypatch):
     secret or token may be in it. Workers open storage with their own credentials."""
     import cloudpickle
 
-    from blitz.bulk_settings import BulkSettings
-    from blitz.registry import ModelSpec
-    from blitz.storage import filesystem_for
+    from blitz.settings.bulk import BulkSettings
+    from blitz.settings.registry import ModelSpec
+    from blitz.sources.storage import filesystem_for
     from deployments.bulk import job_payloads
 
     secrets = {"AWS_ACCESS_KEY_ID": "AKIDSECRETKEY123", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value",

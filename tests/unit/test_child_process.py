@@ -1,4 +1,4 @@
-"""Child processes of a model load (blitz.child_process): killed with their process group
+"""Child processes of a model load (blitz.runtime.child_process): killed with their process group
 past their deadline, and killed when their parent dies; the ONNX build and the auto
 backend's measurement both start theirs this way."""
 
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from blitz import child_process, load_children
-from blitz.child_process import ChildTimedOut, deadline, run_child
-from blitz.registry import ModelSpec
+from blitz.loading import children as load_children
+from blitz.runtime import child_process
+from blitz.runtime.child_process import ChildTimedOut, deadline, run_child
+from blitz.settings.registry import ModelSpec
 from tests.waiting import wait_until
 
 WAIT_S = 10.0  # bound on every wait; a healthy run needs a small part of it
@@ -34,7 +35,7 @@ time.sleep(60)
 # a replica stand-in: starts a child through run_child and waits for it
 _PARENT = """
 import sys
-from blitz.child_process import run_child
+from blitz.runtime.child_process import run_child
 run_child([sys.executable, "-c", sys.argv[1], sys.argv[2]], timeout_s=60)
 """
 
@@ -112,7 +113,7 @@ def test_the_load_deadline_kills_the_onnx_build_child(tmp_path, hanging_python, 
     spec = ModelSpec(id="m", source=str(model), cpu_backend="onnx")
     monkeypatch.setattr(load_children, "sys", hanging_python)
     started = time.monotonic()
-    with deadline(0.5), pytest.raises(ChildTimedOut, match="blitz.load_child"):
+    with deadline(0.5), pytest.raises(ChildTimedOut, match="blitz.loading.child"):
         load_children.build_in_child(spec, model, tmp_path / "cache")
     assert time.monotonic() - started < 5
 
@@ -121,6 +122,6 @@ def test_the_load_deadline_kills_the_auto_backend_child(tmp_path, hanging_python
     spec = ModelSpec(id="m", source=str(tmp_path), cpu_backend="auto")
     monkeypatch.setattr(load_children, "sys", hanging_python)
     started = time.monotonic()
-    with deadline(0.5), pytest.raises(ChildTimedOut, match="blitz.load_child"):
+    with deadline(0.5), pytest.raises(ChildTimedOut, match="blitz.loading.child"):
         load_children.choose_in_child(spec, tmp_path / "cache", threads=1)
     assert time.monotonic() - started < 5

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from blitz.client import AsyncClient, BlitzHTTPError, Client
-from blitz.config import BlitzSettings
-from blitz.http_api import HttpApi
-from blitz.service import EmbeddingService
+from blitz.http.api import HttpApi
+from blitz.ingress.service import EmbeddingService
+from blitz.settings.config import BlitzSettings
 from tests.local_dispatcher import LocalDispatcher
 
 KEY = "sk-client-test"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blitz import cpu_features
+from blitz.runtime import cpu_features
 
 
 @pytest.mark.parametrize(("flags", "machine", "expected"), [

@@ -1,4 +1,4 @@
-"""CSV files cut into whole rows (blitz/csv_split.py) before pyarrow parses them: a row of
+"""CSV files cut into whole rows (blitz/bulk/csv_split.py) before pyarrow parses them: a row of
 any length up to ``max_row_bytes`` is read, a longer one is refused alone, and whatever
 the cut, the rows and cells are those pyarrow reads from the whole file in one block."""
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blitz import csv_split
-from blitz.bulk_read import ROWS, read_rows
-from blitz.csv_split import LongRow, RowSplitter, Segment
+from blitz.bulk import csv_split
+from blitz.bulk.csv_split import LongRow, RowSplitter, Segment
+from blitz.bulk.read import ROWS, read_rows
 from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
 
 MIB = 1 << 20
@@ -81,7 +81,7 @@ def test_rows_are_cut_at_line_ends_outside_quotes_only():
 
 
 def test_a_header_longer_than_a_chunk_is_not_a_header():
-    from blitz.bulk_read import columns_of
+    from blitz.bulk.read import columns_of
 
     with pytest.raises(ValueError, match="longer than"):
         columns_of(io.BytesIO(b"text" * MIB + b"\na\n"), "csv")

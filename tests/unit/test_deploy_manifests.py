@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from blitz.config import BlitzSettings
+from blitz.settings.config import BlitzSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from ray.exceptions import ActorDiedError, RayTaskError
 
-from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded
 from blitz.errors import (
     InputTooLong,
@@ -23,6 +22,7 @@ from blitz.errors import (
     as_blitz_error,
 )
 from blitz.schemas import EmbedJob, RerankJob
+from blitz.settings.config import BlitzSettings
 from deployments.ingress import ServeDispatcher
 from deployments.replicas import PoolWaker, running_replicas
 

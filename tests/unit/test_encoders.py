@@ -14,9 +14,9 @@ from blitz.encoders.bi_encoder import (
     call_cost_tokens,
     length_batches,
 )
-from blitz.encoders.loading import OPENERS, load_encoder, resolve_device
 from blitz.errors import InputTooLong, InvalidValue, ModelLoadFailed
-from blitz.registry import ModelSpec
+from blitz.loading.load import OPENERS, load_encoder, resolve_device
+from blitz.settings.registry import ModelSpec
 from tests.tiny_models import build_tiny_bi_encoder, build_tiny_cross_encoder
 
 
@@ -301,7 +301,7 @@ def test_gpu_models_keep_cudnn_out_of_attention():
     it off for the process; CPU models leave it."""
     import torch
 
-    from blitz.encoders.loading import _torch_dtype
+    from blitz.loading.load import _torch_dtype
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:
@@ -317,9 +317,9 @@ def test_gpu_models_keep_cudnn_out_of_attention():
 def test_every_kind_and_cpu_backend_has_one_opener():
     from typing import get_args
 
-    from blitz.registry import CpuBackend, Kind
+    from blitz.settings.registry import CpuBackend, Kind
 
-    # auto opens the others (blitz.encoders.auto)
+    # auto opens the others (blitz.loading.auto)
     assert set(OPENERS) == {(kind, backend) for kind in get_args(Kind)
                             for backend in get_args(CpuBackend) if backend != "auto"}
 

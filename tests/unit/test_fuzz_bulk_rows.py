@@ -1,4 +1,4 @@
-"""Property-based tests of the bulk job's readers (blitz/bulk_read.py) on arbitrary files.
+"""Property-based tests of the bulk job's readers (blitz/bulk/read.py) on arbitrary files.
 
 Every line or row of a JSONL, CSV or Parquet file ends as a row to embed or as a refused
 row with a reason (errors.jsonl), and the batch step takes whatever the readers give: no
@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blitz.bulk import BatchEncoder
-from blitz.bulk_read import ROWS, columns_of, read_rows
-from blitz.bulk_settings import BulkSettings
-from blitz.registry import ModelSpec
+from blitz.bulk.job import BatchEncoder
+from blitz.bulk.read import ROWS, columns_of, read_rows
+from blitz.settings.bulk import BulkSettings
+from blitz.settings.registry import ModelSpec
 from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
 
 FAKE = ModelSpec(id="fake", source="fake:4")

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from blitz import codecs
 from blitz.errors import BlitzError, PayloadTooLarge
 
-MAX_BYTES = 32 * 1024 * 1024  # the server's defaults (blitz/config.py Limits, http_api.py)
+MAX_BYTES = 32 * 1024 * 1024  # the server's defaults (blitz/settings/config.py Limits, http/api.py)
 MAX_CONTAINERS = 2 * 2048 + 64
 MAX_RATIO = 2.5
 

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blitz.config import Limits
 from blitz.errors import BlitzError
 from blitz.schemas import EmbedRequest, OpenAIEmbeddingRequest, RerankRequest
+from blitz.settings.config import Limits
 from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
 
 LIMITS = Limits(max_texts_per_request=8, max_token_ids_per_request=20)

@@ -1,4 +1,4 @@
-"""The GPU replica's memory metric (``blitz.gpu_memory``), on a fake ``torch.cuda``."""
+"""The GPU replica's memory metric (``blitz.runtime.gpu_memory``), on a fake ``torch.cuda``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from blitz import gpu_memory
+from blitz.runtime import gpu_memory
 
 
 class FakeCuda:

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from blitz.encoders.fake import FakeEncoder
-from blitz.encoders.holder import ModelFreed, ModelHolder
+from blitz.pool.holder import ModelFreed, ModelHolder
 
 
 class _TrackedEncoder(FakeEncoder):

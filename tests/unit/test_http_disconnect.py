@@ -1,4 +1,4 @@
-"""blitz/http_disconnect.py: a request Serve does not watch (a large or chunked body,
+"""blitz/http/disconnect.py: a request Serve does not watch (a large or chunked body,
 marked by HAProxy) is cancelled when its client leaves after sending the body, and only
 then (issue #33, item 4)."""
 
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from blitz import http_disconnect
+from blitz.http import disconnect as http_disconnect
 
 MARKED = {"type": "http", "headers": [(b"x-request-disconnect-disabled", b"?1")]}
 

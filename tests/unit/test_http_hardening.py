@@ -11,12 +11,12 @@ import orjson
 import pytest
 
 from blitz import codecs
-from blitz.config import AuthSettings, BlitzSettings
 from blitz.encoders.base import Encoded
 from blitz.errors import ModelLoadFailed
-from blitz.http_api import HttpApi
-from blitz.http_middleware import warn_if_open
-from blitz.service import EmbeddingService, RequestRecord
+from blitz.http.api import HttpApi
+from blitz.http.middleware import warn_if_open
+from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.settings.config import AuthSettings, BlitzSettings
 from tests.local_dispatcher import LocalDispatcher
 
 MSGPACK = {"content-type": "application/msgpack"}

@@ -99,8 +99,8 @@ def test_the_cycle_finder_reports_the_path():
 def test_imports_inside_functions_and_type_checking_count():
     text = ("from typing import TYPE_CHECKING\n"
             "if TYPE_CHECKING:\n    from blitz import errors\n"
-            "def f():\n    from .base import Encoder\n    import ray.serve\n")
-    found = imports_in(text, "blitz.encoders.loading", is_package=False)
+            "def f():\n    from ..encoders.base import Encoder\n    import ray.serve\n")
+    found = imports_in(text, "blitz.loading.load", is_package=False)
     assert {"blitz.errors", "blitz.encoders.base", "ray.serve"} <= found
 
 

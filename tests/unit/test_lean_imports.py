@@ -1,4 +1,4 @@
-"""sentence-transformers without scikit-learn and SciPy resident (blitz/lean_imports.py).
+"""sentence-transformers without scikit-learn and SciPy resident (blitz/runtime/lean_imports.py).
 
 Each test runs in a fresh interpreter: the point is what a new replica process imports."""
 
@@ -19,7 +19,7 @@ def _run(code: str) -> str:
 def test_sentence_transformers_loads_without_sklearn_and_answers_the_same():
     out = _run("""
         import sys
-        from blitz.lean_imports import defer_sklearn_metrics, is_deferred
+        from blitz.runtime.lean_imports import defer_sklearn_metrics, is_deferred
         assert defer_sklearn_metrics()
         import sentence_transformers
         from sentence_transformers.util import similarity
@@ -40,14 +40,14 @@ def test_sentence_transformers_loads_without_sklearn_and_answers_the_same():
 def test_nothing_is_deferred_once_sklearn_is_imported():
     assert _run("""
         import sklearn.metrics
-        from blitz.lean_imports import defer_sklearn_metrics
+        from blitz.runtime.lean_imports import defer_sklearn_metrics
         print(defer_sklearn_metrics(), type(sklearn.metrics).__name__)
     """) == "False module"
 
 
 def test_importing_by_name_later_gets_the_real_module():
     assert _run("""
-        from blitz.lean_imports import defer_sklearn_metrics, real_module
+        from blitz.runtime.lean_imports import defer_sklearn_metrics, real_module
         defer_sklearn_metrics()
         module = real_module()
         import sklearn.metrics

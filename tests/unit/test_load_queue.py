@@ -1,4 +1,4 @@
-"""Model loads (blitz.load_queue): one at a time, each on a thread that ends with it, shared
+"""Model loads (blitz.pool.load_queue): one at a time, each on a thread that ends with it, shared
 by their callers, never run for nobody, and bounded by a deadline that a stuck load turns
 into an unhealthy replica."""
 
@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from blitz.errors import ModelLoadFailed, Unavailable
-from blitz.load_queue import LoadQueue, LoadTimedOut
+from blitz.pool.load_queue import LoadQueue, LoadTimedOut
 from tests.waiting import wait_until_async
 
 NAME = "test-load"

@@ -98,7 +98,7 @@ def test_report_command_prints_the_tables(tmp_path: Path, capsys: pytest.Capture
 def test_bench_config_is_serve_config_plus_the_model_on_each_cpu_backend(tmp_path):
     import yaml
 
-    from blitz.config import BlitzSettings
+    from blitz.settings.config import BlitzSettings
     from loadtest.models import bench_config
 
     base = yaml.safe_load(Path("serve_config.yaml").read_text())

@@ -19,9 +19,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from blitz import codecs
-from blitz.config import BlitzSettings
-from blitz.http_api import HttpApi
-from blitz.service import EmbeddingService
+from blitz.http.api import HttpApi
+from blitz.ingress.service import EmbeddingService
+from blitz.settings.config import BlitzSettings
 from loadtest.apis import API_NAMES
 from loadtest.http_client import HTTP_CLIENTS
 from loadtest.runner import ConfigError, LoadConfig, run_load, run_sweep

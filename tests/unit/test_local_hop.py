@@ -1,4 +1,4 @@
-"""blitz.local_hop: pool calls over a Unix socket, and what a lost peer or a caller that
+"""blitz.pool.local_hop: pool calls over a Unix socket, and what a lost peer or a caller that
 gives up leaves behind (nothing hangs, nothing stays)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import stat
 import pytest
 
 from blitz.errors import UnknownModel
-from blitz.local_hop import HopLost, LocalHopClient, LocalHopServer
+from blitz.pool.local_hop import HopLost, LocalHopClient, LocalHopServer
 
 BOUND_S = 10  # a bound on each wait below, not a timing assertion
 
@@ -165,7 +165,7 @@ async def test_a_client_that_goes_away_cancels_its_calls_on_the_pool():
     ({"deployment": {"num_replicas": 1}}, "serve", False),
 ])
 def test_only_a_pool_of_exactly_one_replica_takes_the_local_hop(cpu_pool, pool_hop, expected):
-    from blitz.config import BlitzSettings
+    from blitz.settings.config import BlitzSettings
     from deployments.local_hops import qualifies
 
     settings = BlitzSettings.from_args({"cpu_pool": cpu_pool, "ingress": {"pool_hop": pool_hop}})

@@ -1,4 +1,4 @@
-"""blitz.metric_buffer: counter sums, last gauge values and every histogram value, gathered
+"""blitz.runtime.metric_buffer: counter sums, last gauge values and every histogram value, gathered
 from any thread and recorded by one background thread; bounded; a refusing metric costs
 the others nothing; a pickled buffer starts empty."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from blitz.metric_buffer import MetricBuffer
+from blitz.runtime.metric_buffer import MetricBuffer
 
 
 class Recorder:

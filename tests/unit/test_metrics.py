@@ -48,7 +48,7 @@ def recorded(metrics: BlitzMetrics, calls: list) -> list:
 
 
 def test_a_served_request_is_counted_timed_and_its_tokens_added():
-    from blitz.service import RequestRecord
+    from blitz.ingress.service import RequestRecord
 
     metrics, calls = fake_metrics()
     metrics.observe_request(RequestRecord("/embed", "minilm", "gpu", texts=12, tokens=96),
@@ -60,7 +60,7 @@ def test_a_served_request_is_counted_timed_and_its_tokens_added():
 
 
 def test_requests_are_summed_per_label_set_and_every_latency_kept():
-    from blitz.service import RequestRecord
+    from blitz.ingress.service import RequestRecord
 
     metrics, calls = fake_metrics()
     for seconds in (0.1, 0.2, 0.3):
@@ -87,7 +87,7 @@ def test_a_routing_decision_is_counted_with_its_reason():
 
 
 def test_503s_are_counted_by_reason_from_a_closed_set():
-    from blitz.service import RequestRecord
+    from blitz.ingress.service import RequestRecord
 
     metrics, calls = fake_metrics()
     for code in ("overloaded", "timeout", "not_ready", "something_new"):

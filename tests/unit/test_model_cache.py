@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from blitz import model_cache, onnx_export
-from blitz.accuracy import AccuracyReport
 from blitz.errors import ModelLoadFailed
-from blitz.registry import ModelSpec
+from blitz.loading import onnx_export
+from blitz.loading.accuracy import AccuracyReport
+from blitz.settings.registry import ModelSpec
+from blitz.sources import model_cache
 
 AREA, KEY = "fake-area", "fake-key"
 PAYLOAD = b"weights " * 512

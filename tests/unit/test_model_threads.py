@@ -1,4 +1,4 @@
-"""blitz.model_threads: one intra-op thread count for torch and onnxruntime, torch told only
+"""blitz.runtime.model_threads: one intra-op thread count for torch and onnxruntime, torch told only
 when it is used."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 _CHILD = """
 import sys
-from blitz import model_threads
+from blitz.runtime import model_threads
 model_threads.configure(3)
 assert model_threads.count() == 3
 assert "torch" not in sys.modules  # configuring does not import torch

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from blitz import model_cache, onnx_export
-from blitz.accuracy import AccuracyReport
-from blitz.encoders.loading import load_encoder
 from blitz.errors import ModelLoadFailed
-from blitz.model_trust import code_references
-from blitz.registry import ModelSpec
+from blitz.loading import onnx_export
+from blitz.loading.accuracy import AccuracyReport
+from blitz.loading.load import load_encoder
+from blitz.loading.model_trust import code_references
+from blitz.settings.registry import ModelSpec
+from blitz.sources import model_cache
 from tests.tiny_models import CODE_CARRYING_TYPE, build_code_carrying_model, minilm_dir
 
 EVIL_TYPE = CODE_CARRYING_TYPE

@@ -1,4 +1,4 @@
-"""ONNX builds in a child process (blitz.load_children): the loading process only opens the
+"""ONNX builds in a child process (blitz.loading.children): the loading process only opens the
 cached build, so it does not keep the export's memory."""
 
 from __future__ import annotations
@@ -8,11 +8,10 @@ import logging
 import numpy as np
 import pytest
 
-from blitz import onnx_export
-from blitz.encoders import loading
-from blitz.encoders.loading import load_encoder
-from blitz.load_children import build_in_child, is_cached
-from blitz.registry import ModelSpec
+from blitz.loading import load, onnx_export
+from blitz.loading.children import build_in_child, is_cached
+from blitz.loading.load import load_encoder
+from blitz.settings.registry import ModelSpec
 
 pytestmark = pytest.mark.usefixtures("no_home_cache")
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "hello"]
@@ -25,7 +24,7 @@ def _no_export_here(*_args, **_kwargs):
 @pytest.mark.slow  # an ONNX build in a child: ~12 s on a 2-core machine
 def test_load_builds_in_a_child_and_opens_the_cached_build(tiny_dir, tmp_path, monkeypatch):
     spec = ModelSpec(id="tiny", source=str(tiny_dir), cpu_backend="onnx")
-    monkeypatch.setattr(loading, "BUILD_IN_CHILD", True)
+    monkeypatch.setattr(load, "BUILD_IN_CHILD", True)
     monkeypatch.setattr(onnx_export, "_export_onnx", _no_export_here)  # this process only
     assert not is_cached(spec, tiny_dir, tmp_path)
 

@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from blitz import cpu_features, model_cache, onnx_export
-from blitz.encoders import loading
-from blitz.encoders.loading import load_encoder
 from blitz.errors import ModelLoadFailed
-from blitz.registry import ModelSpec
+from blitz.loading import load, onnx_export
+from blitz.loading.load import load_encoder
+from blitz.runtime import cpu_features
+from blitz.settings.registry import ModelSpec
+from blitz.sources import model_cache
 from tests.tiny_models import build_tiny_bi_encoder, build_tiny_cross_encoder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,8 +32,8 @@ pytestmark = pytest.mark.usefixtures("no_home_cache")
 @pytest.fixture(autouse=True)
 def build_in_process(monkeypatch):
     """These tests count and break exports in this process; the child build
-    (blitz.load_children) has its own tests."""
-    monkeypatch.setattr(loading, "BUILD_IN_CHILD", False)
+    (blitz.loading.children) has its own tests."""
+    monkeypatch.setattr(load, "BUILD_IN_CHILD", False)
 
 
 @pytest.fixture(scope="module")
@@ -192,8 +193,8 @@ def test_a_build_that_cannot_be_loaded_twice_is_an_error(tiny_dir, tmp_path, mon
 _CHILD = """
 import json, sys
 from pathlib import Path
-from blitz.onnx_export import prepare_onnx
-from blitz.registry import ModelSpec
+from blitz.loading.onnx_export import prepare_onnx
+from blitz.settings.registry import ModelSpec
 spec = ModelSpec(id="tiny", source=sys.argv[1], cpu_backend="onnx-int8", accuracy_threshold=0)
 print("ready", flush=True)
 prepared = prepare_onnx(spec, Path(sys.argv[1]), sys.argv[2])

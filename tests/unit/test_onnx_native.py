@@ -13,9 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from blitz import model_cache, onnx_export
-from blitz.encoders import loading
-from blitz.encoders.loading import load_encoder
 from blitz.encoders.models import open_onnx_file, wrap
 from blitz.encoders.onnx_native import (
     OnnxEncoder,
@@ -24,10 +21,13 @@ from blitz.encoders.onnx_native import (
     pooling_mode,
     read_layout,
 )
+from blitz.encoders.probes import PROBE_TEXTS
 from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
 from blitz.encoders.token_ids import FastTokenIds, HfTokenIds, UnsupportedTokenizer
-from blitz.probes import PROBE_TEXTS
-from blitz.registry import ModelSpec
+from blitz.loading import load, onnx_export
+from blitz.loading.load import load_encoder
+from blitz.settings.registry import ModelSpec
+from blitz.sources import model_cache
 from tests.tiny_models import minilm_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.usefixtures("no_home_cache")
 
 @pytest.fixture(autouse=True)
 def build_in_process(monkeypatch):
-    monkeypatch.setattr(loading, "BUILD_IN_CHILD", False)
+    monkeypatch.setattr(load, "BUILD_IN_CHILD", False)
 
 
 def _entry(cache: Path) -> tuple[Path, dict]:
@@ -159,7 +159,7 @@ def test_a_build_it_cannot_run_keeps_sentence_transformers(tiny_dir, tmp_path, m
     _, meta = _entry(tmp_path)
     assert meta["native"] is False and "Dense" in meta["native_note"]
     monkeypatch.undo()
-    monkeypatch.setattr(loading, "BUILD_IN_CHILD", False)
+    monkeypatch.setattr(load, "BUILD_IN_CHILD", False)
     # the recorded verdict stands: the cached build keeps running through sentence-transformers
     assert isinstance(load_encoder(spec, cache_dir=tmp_path), SentenceTransformerEncoder)
 
@@ -177,9 +177,9 @@ def test_a_build_whose_vectors_differ_is_not_run_natively(tiny_dir, tmp_path, mo
 
 _NO_TORCH = """
 import sys
-from blitz import model_threads
-from blitz.encoders.loading import load_encoder
-from blitz.registry import ModelSpec
+from blitz.runtime import model_threads
+from blitz.loading.load import load_encoder
+from blitz.settings.registry import ModelSpec
 model_threads.configure(1)
 spec = ModelSpec(id="tiny", source=sys.argv[1], cpu_backend=sys.argv[3])
 encoder = load_encoder(spec, "cpu", sys.argv[2])

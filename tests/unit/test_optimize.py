@@ -10,10 +10,10 @@ import re
 import numpy as np
 import pytest
 
-from blitz import onnx_export
 from blitz.cli import main
-from blitz.encoders.loading import load_encoder
-from blitz.registry import ModelSpec
+from blitz.loading import onnx_export
+from blitz.loading.load import load_encoder
+from blitz.settings.registry import ModelSpec
 
 
 def _no_export(*_args, **_kwargs):

@@ -1,11 +1,11 @@
 """A pool replica Ray cannot place: the claim, what is free, and when it is reported
-(blitz/placement.py, deployments/placement.py's ``PlacementWatch.update``)."""
+(blitz/ingress/placement.py, deployments/placement.py's ``PlacementWatch.update``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from blitz.placement import short_of, unplaced_message
+from blitz.ingress.placement import short_of, unplaced_message
 
 
 def test_the_message_names_the_claim_what_is_free_and_what_is_short():

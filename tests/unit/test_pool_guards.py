@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
-from blitz.config import PoolSettings
 from blitz.errors import TimedOut, UnknownModel
-from blitz.load_queue import LoadQueue
-from blitz.registry import ModelSpec, Registry
+from blitz.pool.load_queue import LoadQueue
+from blitz.pool.worker_slots import WorkerSlots
 from blitz.schemas import EmbedJob, RerankJob
-from blitz.worker_slots import WorkerSlots
+from blitz.settings.config import PoolSettings
+from blitz.settings.registry import ModelSpec, Registry
 from deployments import pool as pool_module
 from tests.waiting import wait_until_async
 

@@ -1,4 +1,4 @@
-"""One pool batch of mixed job kinds (blitz/pool_work.run_jobs): each job gets what it
+"""One pool batch of mixed job kinds (blitz/pool/work.run_jobs): each job gets what it
 would get alone, in order, and a bad job fails alone."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 
 from blitz.encoders.fake import FakeEncoder
 from blitz.errors import InputTooLong
-from blitz.pool_work import run_jobs
+from blitz.pool.work import run_jobs
 from blitz.schemas import EmbedJob, RerankJob
 
 

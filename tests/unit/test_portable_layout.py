@@ -21,9 +21,9 @@ import pytest
 import uvicorn
 
 from blitz import codecs
-from blitz.config import BlitzSettings
-from blitz.http_api import HttpApi
-from blitz.service import EmbeddingService
+from blitz.http.api import HttpApi
+from blitz.ingress.service import EmbeddingService
+from blitz.settings.config import BlitzSettings
 from tests.local_dispatcher import LocalDispatcher
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from blitz.encoders.postprocess import quantize, truncate_dimensions
 from blitz.errors import InvalidValue
-from blitz.postprocess import quantize, truncate_dimensions
 
 
 def unit_rows(n=4, d=16, seed=0):

@@ -9,9 +9,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from blitz.config import MAX_MODELS_PER_REPLICA, BlitzSettings
-from blitz.http_api import HttpApi
-from blitz.service import EmbeddingService
+from blitz.http.api import HttpApi
+from blitz.ingress.service import EmbeddingService
+from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from tests.local_dispatcher import LocalDispatcher
 from tests.waiting import wait_until_async
 

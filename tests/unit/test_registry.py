@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from blitz.config import BlitzSettings
 from blitz.errors import ModelLoadFailed, UnknownModel
-from blitz.registry import ModelSpec, Registry, hub_repo, read_dimension, resolve_source
+from blitz.settings.config import BlitzSettings
+from blitz.settings.registry import ModelSpec, Registry, hub_repo, read_dimension, resolve_source
 
 
 def test_package_source_resolves_the_embedded_model():
@@ -50,7 +50,7 @@ def test_the_revision_is_what_is_downloaded(monkeypatch, tmp_path):
 
 
 def test_the_revision_is_part_of_the_onnx_cache_key(tmp_path):
-    from blitz.onnx_export import onnx_cache_key
+    from blitz.loading.onnx_export import onnx_cache_key
 
     keys = {onnx_cache_key(ModelSpec(id="m", source=source, cpu_backend="onnx"), tmp_path)[0]
             for source in ("hf:org/name", "hf:org/name@v1", "hf:org/name@v2")}

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from blitz.config import RoutingSettings
-from blitz.routing import REASONS, Route, choose_pool
+from blitz.ingress.routing import REASONS, Route, choose_pool
+from blitz.settings.config import RoutingSettings
 
 BOTH, CPU_ONLY, NONE = {"cpu", "gpu"}, {"cpu"}, set()
 DEFAULT = RoutingSettings()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blitz.encoders.loading import load_encoder
-from blitz.registry import ModelSpec
+from blitz.loading.load import load_encoder
+from blitz.settings.registry import ModelSpec
 from tests.same_vector import OTHERS, TEXTS, min_cosine
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from blitz.config import BlitzSettings
 from blitz.encoders import fake
-from blitz.encoders.loading import load_encoder
-from blitz.registry import ModelSpec
+from blitz.loading.load import load_encoder
+from blitz.settings.config import BlitzSettings
+from blitz.settings.registry import ModelSpec
 from deployments.app import _ingress_options, _pool_options, build_app
 from deployments.ingress import Ingress
 from deployments.pool import ModelPool

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from ray.exceptions import RayTaskError
 
-from blitz.config import BlitzSettings
 from blitz.errors import InputTooLong, Overloaded, UnknownModel
-from blitz.service import EmbeddingService, RequestRecord
+from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.settings.config import BlitzSettings
 from deployments.ingress import Ingress
 from tests.local_dispatcher import LocalDispatcher
 

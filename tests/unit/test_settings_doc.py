@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from blitz import settings_doc
-from blitz.bulk_settings import BulkSettings
-from blitz.config import (
+from blitz.settings import doc as settings_doc
+from blitz.settings.bulk import BulkSettings
+from blitz.settings.config import (
     AuthSettings,
     BlitzSettings,
     IngressSettings,
@@ -12,13 +12,13 @@ from blitz.config import (
     PoolSettings,
     RoutingSettings,
 )
-from blitz.registry import ModelSpec
+from blitz.settings.registry import ModelSpec
 
 
 def test_readme_settings_tables_are_generated_from_the_fields():
     readme = settings_doc.README.read_text(encoding="utf-8")
     assert settings_doc.updated(readme) == readme, (
-        f"README.md's settings tables differ from blitz/config.py: run "
+        f"README.md's settings tables differ from blitz/settings/config.py: run "
         f"`{settings_doc.COMMAND}` and commit README.md")
 
 

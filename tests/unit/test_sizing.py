@@ -1,12 +1,13 @@
-"""``auto`` sizes from a node's cores and GPUs (blitz.sizing), and the settings that use them."""
+"""``auto`` sizes from a node's cores and GPUs (blitz.settings.sizing), and the settings that
+use them."""
 
 from __future__ import annotations
 
 import pytest
 
-from blitz.config import BlitzSettings
-from blitz.settings_doc import render
-from blitz.sizing import MAX_WORKERS_PER_REPLICA, NodeShape, size_for
+from blitz.settings.config import BlitzSettings
+from blitz.settings.doc import render
+from blitz.settings.sizing import MAX_WORKERS_PER_REPLICA, NodeShape, size_for
 
 
 @pytest.mark.parametrize("cpus, gpus, ingress, workers, replicas", [

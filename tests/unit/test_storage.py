@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from blitz import model_cache
-from blitz.encoders.loading import load_encoder
 from blitz.errors import ModelLoadFailed
-from blitz.model_cache import ENTRY_FILE
-from blitz.registry import ModelSpec, resolve_source
-from blitz.storage import _relative, fetch_to_cache, storage_options
+from blitz.loading.load import load_encoder
+from blitz.settings.registry import ModelSpec, resolve_source
+from blitz.sources import model_cache
+from blitz.sources.model_cache import ENTRY_FILE
+from blitz.sources.storage import _relative, fetch_to_cache, storage_options
 from tests.ports import free_port
 
 pytest.importorskip("s3fs")

@@ -1,4 +1,4 @@
-"""Worker threads counted by what they really do (blitz.worker_slots): a call that times out
+"""Worker threads counted by what they really do (blitz.pool.worker_slots): a call that times out
 keeps its worker until its thread returns, no call waits behind a hung thread, and a
 replica whose workers are all stuck refuses work and reports itself unhealthy."""
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 from blitz.errors import TimedOut, Unavailable
-from blitz.worker_slots import WorkerSlots
+from blitz.pool.worker_slots import WorkerSlots
 
 WAIT_S = 10.0  # bound on every wait; a healthy run needs a small part of it
 CALL_S = 0.2  # the call timeout, and how long a call runs before its worker is stuck

@@ -1,8 +1,8 @@
-"""The child process of ``blitz.load_children``: one ONNX build, or one ``cpu_backend:
+"""The child process of ``blitz.loading.children``: one ONNX build, or one ``cpu_backend:
 auto`` choice printed on stdout.
 
-    python -m blitz.load_child build SPEC_JSON PATH [CACHE_DIR]
-    python -m blitz.load_child choose SPEC_JSON THREADS [CACHE_DIR]
+    python -m blitz.loading.child build SPEC_JSON PATH [CACHE_DIR]
+    python -m blitz.loading.child choose SPEC_JSON THREADS [CACHE_DIR]
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import logging
 import sys
 from pathlib import Path
 
-from blitz.load_children import CHOICE_MARK
-from blitz.registry import ModelSpec
+from blitz.loading.children import CHOICE_MARK
+from blitz.settings.registry import ModelSpec
 
 
 def main(argv: list[str]) -> int:
@@ -20,13 +20,13 @@ def main(argv: list[str]) -> int:
     kind, spec, argument = argv[0], ModelSpec.model_validate_json(argv[1]), argv[2]
     cache_dir = argv[3] if len(argv) > 3 else None
     if kind == "build":
-        from blitz.onnx_export import prepare_onnx
+        from blitz.loading.onnx_export import prepare_onnx
 
         prepare_onnx(spec, Path(argument), cache_dir)
         return 0
-    from blitz import model_threads
-    from blitz.encoders.auto import measure_choice
-    from blitz.encoders.loading import load_encoder
+    from blitz.loading.auto import measure_choice
+    from blitz.loading.load import load_encoder
+    from blitz.runtime import model_threads
 
     model_threads.configure(int(argument))
     choice, _ = measure_choice(spec, lambda name: load_encoder(

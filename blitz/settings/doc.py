@@ -1,6 +1,6 @@
 """README's settings tables, generated from the settings models so they cannot drift.
 
-``python -m blitz.settings_doc`` rewrites the text between the markers in README.md;
+``python -m blitz.settings.doc`` rewrites the text between the markers in README.md;
 ``--check`` exits 1 when it differs (``tests/unit/test_settings_doc.py`` does the same).
 """
 
@@ -14,15 +14,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from blitz.bulk_settings import BulkSettings
-from blitz.config import BlitzSettings
-from blitz.deployment_options import DEPLOYMENT_NOTES
-from blitz.registry import ModelSpec
+from blitz.settings.bulk import BulkSettings
+from blitz.settings.config import BlitzSettings
+from blitz.settings.deployment_options import DEPLOYMENT_NOTES
+from blitz.settings.registry import ModelSpec
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-START = "<!-- settings-table:start (python -m blitz.settings_doc) -->"
+README = Path(__file__).resolve().parents[2] / "README.md"
+START = "<!-- settings-table:start (python -m blitz.settings.doc) -->"
 END = "<!-- settings-table:end -->"
-COMMAND = "python -m blitz.settings_doc"
+COMMAND = "python -m blitz.settings.doc"
 _UNSET = object()
 _HEAD = "| setting | default | meaning |\n|---|---|---|"
 
@@ -86,8 +86,8 @@ def render() -> str:
     """The generated Markdown between the markers."""
     settings = BlitzSettings.model_validate({}, context={"size": False})  # `auto` as written
     section = type(settings).model_fields
-    parts = [f"<!-- generated from blitz/config.py; edit the fields' descriptions, then run "
-             f"`{COMMAND}` -->", "",
+    parts = [f"<!-- generated from blitz/settings/config.py; edit the fields' descriptions, "
+             f"then run `{COMMAND}` -->", "",
              "Top level of `args`:", "", *_table(settings, ("routing", "cpu_pool", "gpu_pool",
                                                        "ingress", "limits", "auth")),
              "", "Each entry of `models`:", "", *_table(ModelSpec(id="m", source="fake:8")),

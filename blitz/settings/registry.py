@@ -17,7 +17,7 @@ Sources:
   many of those delays run at the same time, unlimited by default).
 
 Whatever the source, the model ends as a local folder, and a folder can name code to run
-(custom modules in ``modules.json``, ``auto_map`` in ``config.json``): ``blitz.model_trust``
+(custom modules in ``modules.json``, ``auto_map`` in ``config.json``): ``blitz.loading.model_trust``
 refuses such a folder unless its spec sets ``trust_remote_code``.
 """
 
@@ -32,8 +32,8 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from blitz.errors import ModelLoadFailed, UnknownModel, echo
-from blitz.storage import fetch_to_cache
+from blitz.errors import InvalidValue, ModelLoadFailed, UnknownModel, echo
+from blitz.sources.storage import fetch_to_cache
 
 Kind = Literal["embedding", "cross-encoder"]
 CpuBackend = Literal["torch", "torch-bf16", "onnx", "onnx-int8", "auto"]
@@ -105,7 +105,7 @@ class ModelSpec(BaseModel):
         description="let the model's folder run its own code: module types outside "
         "sentence-transformers in modules.json, `auto_map` in config.json (passed on to "
         "sentence-transformers and transformers). False: such a folder is refused "
-        "(blitz.model_trust) before anything in it is opened; whoever can write the source "
+        "(blitz.loading.model_trust) before anything in it is opened; whoever can write the source "
         "(hub repo, bucket, cache) could otherwise run code in every replica",
     )
 
@@ -272,3 +272,16 @@ def read_dimension(spec: ModelSpec) -> int | None:
         return int(json.loads((path / "config.json").read_text())["hidden_size"])
     except Exception:
         return None
+
+
+def apply_prompt(spec: ModelSpec, texts: list[str], prompt_name: str | None) -> list[str]:
+    """``texts`` behind the model's prompt ``prompt_name``, when one is asked for (the
+    native API's ``prompt_name``; the bulk job applies it the same way)."""
+    if prompt_name is None:
+        return texts
+    if prompt_name not in spec.prompts:
+        known = ", ".join(sorted(spec.prompts)) or "none"
+        raise InvalidValue(f"prompt_name {echo(prompt_name)!r} is not defined for model "
+                           f"{spec.id!r}; defined: {known}", param="prompt_name")
+    prefix = spec.prompts[prompt_name]
+    return [prefix + t for t in texts]

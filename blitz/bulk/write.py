@@ -1,6 +1,6 @@
 """Writing a bulk unit: its rows into Parquet and its refusals into ``_errors.jsonl``
 under the attempt's directory, then published into OUTPUT whole, record last (see
-``blitz.bulk_units`` for the layout and the rules)."""
+``blitz.bulk.units`` for the layout and the rules)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from blitz.bulk_units import (
+from blitz.bulk.units import (
     DONE,
     PART,
     PUBLISHING,
@@ -63,7 +63,7 @@ class UnitWriter:
                 self._flush()
 
     def _output(self, good: pa.Table) -> pa.Table:
-        from blitz.bulk_read import ID_STR
+        from blitz.bulk.read import ID_STR
 
         kinds = set(good.column("_id_kind").to_pylist())
         kind = ID_STR if ID_STR in kinds else min(kinds)

@@ -30,7 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from blitz.csv_split import (
+from blitz.bulk.csv_split import (
     CHUNK,
     LongRow,
     RowSplitter,

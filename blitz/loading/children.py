@@ -6,7 +6,7 @@ do not give all their memory back. Measured (docs/benchmarks-history.md, "Memory
 process"): 1395
 MiB idle after building ``minilm-int8`` in process against 625 MiB when the build was
 cached; ~170 MiB more when ``cpu_backend: auto`` chose in process. Two kinds of work,
-one runner (``blitz.child_process.run_child``: killed past the load deadline, and with
+one runner (``blitz.runtime.child_process.run_child``: killed past the load deadline, and with
 its parent):
 
 - ``build_in_child``: an ONNX build into the cache (``prepare_onnx``); the caller then
@@ -15,7 +15,7 @@ its parent):
   (``measure_choice``) with the caller's thread count and prints its ``AutoChoice``; the
   caller then opens only the winners (their ONNX builds are cached by then).
 
-The child is ``python -m blitz.load_child`` (its own module: it imports the loader,
+The child is ``python -m blitz.loading.child`` (its own module: it imports the loader,
 which imports this one).
 
 A child that fails is logged and reported (False, None): the caller then does the work in
@@ -28,10 +28,10 @@ import logging
 import sys
 from pathlib import Path
 
-from blitz import model_cache
-from blitz.child_process import run_child
-from blitz.encoders.auto import AutoChoice
-from blitz.registry import ModelSpec
+from blitz.loading.auto import AutoChoice
+from blitz.runtime.child_process import run_child
+from blitz.settings.registry import ModelSpec
+from blitz.sources import model_cache
 
 build_log = logging.getLogger("blitz.onnx_export")
 choose_log = logging.getLogger("blitz.encoders.auto")
@@ -42,14 +42,14 @@ CHOICE_MARK = "blitz-auto-choice "  # the line of the child's stdout that holds 
 
 def _command(kind: str, spec: ModelSpec, argument: str,
              cache_dir: str | Path | None) -> list[str]:
-    command = [sys.executable, "-m", "blitz.load_child", kind, spec.model_dump_json(),
+    command = [sys.executable, "-m", "blitz.loading.child", kind, spec.model_dump_json(),
                argument]
     return command if cache_dir is None else [*command, str(cache_dir)]
 
 
 def is_cached(spec: ModelSpec, path: Path, cache_dir: str | Path | None) -> bool:
     """True when ``spec``'s ONNX build from ``path`` is in the cache with its files whole."""
-    from blitz.onnx_export import AREA, onnx_cache_key
+    from blitz.loading.onnx_export import AREA, onnx_cache_key
 
     key, _ = onnx_cache_key(spec, path)
     entry = model_cache.find_entry(model_cache.cache_root(cache_dir), AREA, key)

@@ -1,7 +1,7 @@
 """What one pool batch runs on one worker thread: any mix of one model's jobs.
 
 Every kind of job (texts to embed, token ids to embed, a query and documents to score)
-enters a pool replica's one queue per model (``blitz.batching.Batcher``) and leaves it in
+enters a pool replica's one queue per model (``blitz.pool.batching.Batcher``) and leaves it in
 batches; this runs one such batch on the model. Text jobs share one padded model call
 (``Encoder.embed_many``); token-id and rerank jobs run one call each, in the same worker
 turn. Each job gets its own result or exception, so one bad job fails alone.

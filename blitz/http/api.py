@@ -18,10 +18,10 @@ from starlette.types import Receive, Scope, Send
 
 from blitz import codecs
 from blitz.errors import Overloaded, PayloadTooLarge, RequestTimeout
-from blitz.http_middleware import RECORD, RequestMiddleware
-from blitz.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
+from blitz.http.middleware import RECORD, RequestMiddleware
+from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
+from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.schemas import EmbedRequest, OpenAIEmbeddingRequest, RerankRequest
-from blitz.service import EmbeddingService, RequestRecord
 
 MODEL_HEADERS = ("serve_multiplexed_model_id", "serve-multiplexed-model-id")
 

@@ -23,8 +23,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from blitz import http_disconnect, timing
-from blitz.config import AuthSettings
+from blitz import timing
 from blitz.errors import (
     BlitzError,
     MethodNotAllowed,
@@ -33,8 +32,10 @@ from blitz.errors import (
     as_blitz_error,
     echo,
 )
-from blitz.responses import JSONBytesResponse
-from blitz.service import RequestRecord
+from blitz.http import disconnect
+from blitz.http.responses import JSONBytesResponse
+from blitz.ingress.service import RequestRecord
+from blitz.settings.config import AuthSettings
 
 logger = logging.getLogger("blitz.http")
 PUBLIC_ROUTES = frozenset({"/health", "/ready"})
@@ -96,8 +97,8 @@ class RequestMiddleware:
         try:
             if self._key_digests and path in self._keyed_paths:
                 self._authorize(headers)
-            if http_disconnect.unwatched(scope):
-                await http_disconnect.run_watching(self.app, scope, receive, send_with_headers)
+            if disconnect.unwatched(scope):
+                await disconnect.run_watching(self.app, scope, receive, send_with_headers)
             else:
                 await self.app(scope, receive, send_with_headers)
         except Exception as exc:  # the one place errors become replies

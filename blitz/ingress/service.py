@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from blitz import timing
-from blitz.config import BlitzSettings
 from blitz.encoders.base import Encoded
+from blitz.encoders.postprocess import OutputDtype, quantize, truncate_dimensions
 from blitz.errors import (
     InputTooLong,
     InvalidValue,
@@ -27,17 +27,17 @@ from blitz.errors import (
     NotReady,
     PayloadTooLarge,
     as_blitz_error,
-    echo,
 )
-from blitz.postprocess import OutputDtype, quantize, truncate_dimensions
-from blitz.registry import ModelSpec, read_dimension
-from blitz.routing import Route, choose_pool
+from blitz.ingress.routing import Route, choose_pool
 from blitz.schemas import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankResult, Usage
+from blitz.settings.config import BlitzSettings
+from blitz.settings.registry import ModelSpec, apply_prompt, read_dimension
 
 logger = logging.getLogger("blitz.service")
 
 RouteObserver = Callable[[str, str], None]
-"""Receives (pool, reason) once per routing decision; reasons are ``blitz.routing.REASONS``."""
+"""Receives (pool, reason) once per routing decision; reasons are
+``blitz.ingress.routing.REASONS``."""
 
 
 @dataclass(slots=True)
@@ -63,19 +63,6 @@ Observer = Callable[[RequestRecord, int, float], None]
 """Receives (record, status, seconds since the record was made) once per request."""
 
 
-def apply_prompt(spec: ModelSpec, texts: list[str], prompt_name: str | None) -> list[str]:
-    """``texts`` behind the model's prompt ``prompt_name``, when one is asked for (the
-    native API's ``prompt_name``; the bulk job applies it the same way)."""
-    if prompt_name is None:
-        return texts
-    if prompt_name not in spec.prompts:
-        known = ", ".join(sorted(spec.prompts)) or "none"
-        raise InvalidValue(f"prompt_name {echo(prompt_name)!r} is not defined for model "
-                           f"{spec.id!r}; defined: {known}", param="prompt_name")
-    prefix = spec.prompts[prompt_name]
-    return [prefix + t for t in texts]
-
-
 class Dispatcher(Protocol):
     """Runs one job on one pool for one model."""
 
@@ -92,7 +79,7 @@ class Dispatcher(Protocol):
         ...
 
     def unplaced_pools(self) -> Mapping[str, str]:
-        """Pools with a replica the cluster cannot place, and why (``blitz.placement``)."""
+        """Pools with a replica the cluster cannot place, and why (``blitz.ingress.placement``)."""
         ...
 
     async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded: ...
@@ -155,7 +142,7 @@ class EmbeddingService:
     # ---- routing ---------------------------------------------------------------------
 
     def route(self, kind: str, n_items: int) -> Route:
-        """The pool for this request (``blitz.routing.choose_pool``), observed. A request
+        """The pool for this request (``blitz.ingress.routing.choose_pool``), observed. A request
         sent away from a cold GPU pool wakes it: Serve scales a pool from zero only when it
         sees demand, and this request is not going to be that demand."""
         route = choose_pool(kind, n_items, self.dispatcher.pools,

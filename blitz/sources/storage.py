@@ -1,7 +1,7 @@
 """Object-storage model sources: ``s3://``, ``gs://``, ``az://``, ``abfs://`` prefixes.
 
 A prefix is downloaded once into the model cache (area ``sources``, see
-``blitz.model_cache``): built in a temporary directory, renamed into place, under a
+``blitz.sources.model_cache``): built in a temporary directory, renamed into place, under a
 file lock, so concurrent replicas download it once and none loads a partial copy. A
 cache hit never contacts the store.
 
@@ -19,8 +19,8 @@ import posixpath
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from blitz import model_cache
 from blitz.errors import InvalidValue, ModelLoadFailed
+from blitz.sources import model_cache
 
 AREA = "sources"
 PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}

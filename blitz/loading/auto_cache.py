@@ -1,14 +1,14 @@
 """``cpu_backend: auto``'s choice, measured once and kept in the model cache.
 
-Measuring (every candidate opened and timed, ``blitz.encoders.auto``) costs seconds at
+Measuring (every candidate opened and timed, ``blitz.loading.auto``) costs seconds at
 each replica start, and its answer changes only when something it depends on does. So
-the choice is a model cache entry (``blitz.model_cache``) beside the ONNX builds::
+the choice is a model cache entry (``blitz.sources.model_cache``) beside the ONNX builds::
 
     <root>/auto-choice/<model>-auto-<digest>/blitz-entry.json
 
 keyed (``choice_key``) by all that would change the answer: the model (source, the
 fingerprint of its files, kind, pooling, max_seq_length), the candidate backends, the
-CPU (``blitz.cpu_features.cpu_identity``: model, instruction-set flags, usable cores),
+CPU (``blitz.runtime.cpu_features.cpu_identity``: model, instruction-set flags, usable cores),
 the intra-op threads, the library versions (torch, onnxruntime, ...: the ONNX builds'
 own), the accuracy guard (threshold, probe set) and how the measurement is taken. The
 record holds the choice (``AutoChoice``: the winner, texts/s per backend and call size,
@@ -33,9 +33,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from blitz import model_cache
-from blitz.cpu_features import cpu_identity
-from blitz.encoders.auto import (
+from blitz.encoders.probes import PROBE_QUERIES, PROBE_TEXTS
+from blitz.loading.auto import (
     LARGE_TEXTS,
     MEASURE_ROUNDS,
     MEASURE_SECONDS,
@@ -43,8 +42,9 @@ from blitz.encoders.auto import (
     AutoChoice,
     RememberedChoice,
 )
-from blitz.probes import PROBE_QUERIES, PROBE_TEXTS
-from blitz.registry import ModelSpec
+from blitz.runtime.cpu_features import cpu_identity
+from blitz.settings.registry import ModelSpec
+from blitz.sources import model_cache
 
 logger = logging.getLogger("blitz.encoders.auto")
 
@@ -58,7 +58,7 @@ def choice_key(spec: ModelSpec, path: Path, backends: Sequence[str], threads: in
                seconds: float = MEASURE_SECONDS) -> tuple[str, dict[str, Any]]:
     """The cache key of ``spec``'s choice among ``backends`` with its files at ``path`` and
     ``threads`` intra-op threads, timed for ``seconds`` per candidate; and its parts."""
-    from blitz.onnx_export import CACHE_FORMAT as BUILD_FORMAT
+    from blitz.loading.onnx_export import CACHE_FORMAT as BUILD_FORMAT
 
     probes = hashlib.sha256("\n".join((*PROBE_TEXTS, "", *PROBE_QUERIES)).encode())
     parts = {

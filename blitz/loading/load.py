@@ -2,18 +2,19 @@
 
     load_encoder(spec, device)
       -> backend_for(spec, device)             fake | torch | torch-bf16 | onnx | onnx-int8
-                                               | auto (``encoders.auto``: each of the others
+                                               | auto (``loading.auto``: each of the others
                                                through this same path, measured, the winner;
-                                               the choice cached by ``blitz.auto_cache``)
+                                               the choice cached by ``blitz.loading.auto_cache``)
       -> resolve_source(spec)                  a local directory (downloaded if need be)
       -> check_model_folder(spec, path)        refused if it would run its own code
-                                               (``blitz.model_trust``; ``trust_remote_code``)
+                                               (``blitz.loading.model_trust``;
+                                               ``trust_remote_code``)
       -> OPENERS[spec.kind, backend](...)      the sentence-transformers model
-      -> the bf16 guard (torch-bf16 only)      ``blitz.accuracy`` vs fp32, then bf16
+      -> the bf16 guard (torch-bf16 only)      ``blitz.loading.accuracy`` vs fp32, then bf16
       -> wrap(spec, model, device)             the Encoder
 
 Every failure on the way becomes one ``ModelLoadFailed`` (HTTP 424) naming the model,
-made by ``blitz.load_failures.as_load_failure``.
+made by ``blitz.loading.failures.as_load_failure``.
 """
 
 from __future__ import annotations
@@ -25,23 +26,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from blitz import accuracy, model_threads
-from blitz.auto_cache import choice_key, remember_choice
-from blitz.cpu_features import cpu_supports_bf16
-from blitz.encoders.auto import candidates, load_auto
 from blitz.encoders.base import Encoder
 from blitz.encoders.fake import FakeEncoder
 from blitz.encoders.models import open_torch_bi_encoder, open_torch_cross_encoder, wrap
-from blitz.load_children import build_in_child, choose_in_child
-from blitz.load_failures import as_load_failure
-from blitz.model_trust import check_model_folder
-from blitz.onnx_export import load_onnx
-from blitz.registry import ModelSpec, resolve_source
+from blitz.loading import accuracy
+from blitz.loading.auto import candidates, load_auto
+from blitz.loading.auto_cache import choice_key, remember_choice
+from blitz.loading.children import build_in_child, choose_in_child
+from blitz.loading.failures import as_load_failure
+from blitz.loading.model_trust import check_model_folder
+from blitz.loading.onnx_export import load_onnx
+from blitz.runtime import model_threads
+from blitz.runtime.cpu_features import cpu_supports_bf16
+from blitz.settings.registry import ModelSpec, resolve_source
 
 logger = logging.getLogger("blitz.encoders")
 
 BUILD_IN_CHILD = True
-"""ONNX builds run in a child process (``blitz.load_children``) so that the loading process,
+"""ONNX builds run in a child process (``blitz.loading.children``) so that the loading process,
 a long-lived replica or bulk actor, does not keep the export's memory."""
 
 
@@ -125,7 +127,7 @@ def load_encoder(spec: ModelSpec, device: str = "cpu",
 
 def _load_auto(spec: ModelSpec, device: str, cache_dir: str | Path | None) -> Encoder:
     """``cpu_backend: auto``: the choice recorded for this model, candidate set, CPU,
-    threads, libraries and guard (``blitz.auto_cache``), else measured in a child
+    threads, libraries and guard (``blitz.loading.auto_cache``), else measured in a child
     process and recorded; then only the winner is opened, through ``load_encoder``."""
     threads = model_threads.count()  # what this process's models run with: the child too
     key, parts = choice_key(spec, resolve_source(spec, cache_dir), candidates(), threads)

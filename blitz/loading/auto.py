@@ -4,11 +4,11 @@ The first time a model loads on a machine, every candidate backend is opened thr
 ordinary loader (so each meets the same accuracy guard as when named explicitly; one
 that fails is dropped), timed on the probe set at ``SMALL_TEXTS`` and at ``LARGE_TEXTS``
 texts per call, and only the winner stays resident. The choice is recorded in the model
-cache (``blitz.auto_cache``); a later load with the same key reuses it, timing nothing:
+cache (``blitz.loading.auto_cache``); a later load with the same key reuses it, timing nothing:
 
     load_auto(spec, open_backend, chooser, remember)
-      -> remember(measure)                blitz.auto_cache: the recorded choice, else measure:
-      -> chooser(spec)                    blitz.load_children: measure_choice in a child process
+      -> remember(measure)                loading.auto_cache: the recorded choice, else measure:
+      -> chooser(spec)                    loading.children: measure_choice in a child process
          or measure_choice(...)           (here, when there is no chooser or it failed):
            -> candidates()                torch, torch-bf16 (native bf16 only), onnx, onnx-int8
            -> open_backend(name) for each guard failures and load errors drop the candidate
@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from blitz.cpu_features import cpu_supports_bf16
 from blitz.encoders.base import Encoder
 from blitz.encoders.bi_encoder import BiEncoder
+from blitz.encoders.probes import PROBE_TEXTS
 from blitz.errors import ModelLoadFailed
-from blitz.probes import PROBE_TEXTS
-from blitz.registry import ModelSpec
+from blitz.runtime.cpu_features import cpu_supports_bf16
+from blitz.settings.registry import ModelSpec
 
 logger = logging.getLogger("blitz.encoders")
 
@@ -176,10 +176,10 @@ class RememberedChoice:
 
 
 Chooser = Callable[[ModelSpec], "AutoChoice | None"]
-"""Measures and chooses elsewhere (``blitz.load_children.choose_in_child``); None when that
+"""Measures and chooses elsewhere (``blitz.loading.children.choose_in_child``); None when that
 failed and the choice is to be measured here."""
 Remember = Callable[[Callable[[], AutoChoice]], RememberedChoice]
-"""The recorded choice, or the given measurement's, recorded (``blitz.auto_cache``)."""
+"""The recorded choice, or the given measurement's, recorded (``blitz.loading.auto_cache``)."""
 
 
 def measure_choice(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
@@ -223,11 +223,11 @@ def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
               remember: Remember | None = None) -> Encoder:
     """``spec`` on the fastest accurate CPU backend.
 
-    With ``remember`` (the loader passes ``blitz.auto_cache.remember_choice`` for the
+    With ``remember`` (the loader passes ``blitz.loading.auto_cache.remember_choice`` for the
     model's key), a choice recorded for the same model, candidates, CPU, threads,
     libraries and guard is reused and nothing is timed; otherwise it measures (below) and
     records what it chose. With a ``chooser`` (the loader passes
-    ``blitz.load_children.choose_in_child``), the candidates are opened and timed
+    ``blitz.loading.children.choose_in_child``), the candidates are opened and timed
     elsewhere and only the winner is opened here: a replica that opened all four kept
     ~170 MiB of the losers' memory after closing them (docs/benchmarks-history.md,
     "Memory per process"). Otherwise, or when the chooser fails, ``measure_choice`` runs

@@ -1,7 +1,7 @@
 """ONNX builds for the CPU pool: export, dynamic int8 quantization, and their cache entry.
 
 A build is prepared once per (source files, backend, quantization, library versions)
-into the model cache (``blitz.model_cache``, area ``optimized``). A bi-encoder build that
+into the model cache (``blitz.sources.model_cache``, area ``optimized``). A bi-encoder build that
 ``blitz.encoders.onnx_native.verify`` finds equal both ways is opened on onnxruntime and
 ``tokenizers`` alone (no torch in the process); any other is opened through
 sentence-transformers' own ONNX backend, so the encoders call it exactly as they call a
@@ -9,16 +9,16 @@ torch model: ``model(features)["sentence_embedding"]`` or ``predict``. The verdi
 recorded in the entry (``native``, ``native_note``).
 
 int8 builds are dynamic quantizations of the weights (per channel, configured for this
-CPU's instructions, ``blitz.cpu_features.quantization_target``) after onnxruntime's
+CPU's instructions, ``blitz.runtime.cpu_features.quantization_target``) after onnxruntime's
 transformer fusions. Recipes go from fast to conservative (``INT8_RECIPES``); the first
 whose accuracy meets the spec's threshold is kept.
 
-Every build is checked against torch fp32 by the accuracy guard (``blitz.accuracy``)
+Every build is checked against torch fp32 by the accuracy guard (``blitz.loading.accuracy``)
 while it is built. The numbers are recorded in the cache entry, so a cached build is not
 checked again on each load, and one that failed is never served (unless its threshold
 is lowered). A cached entry is used only when its record is complete (``RECORD_FIELDS``,
 a well-formed accuracy report), its graph is one of the files it was built with, and the
-folder names no code of its own (``blitz.model_trust``); otherwise it is rebuilt.
+folder names no code of its own (``blitz.loading.model_trust``); otherwise it is rebuilt.
 """
 
 from __future__ import annotations
@@ -34,9 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from blitz import model_cache
-from blitz.accuracy import AccuracyReport, compare, cut, enforce_accuracy, probe
-from blitz.cpu_features import quantization_target
 from blitz.encoders.bi_encoder import BiEncoder
 from blitz.encoders.models import (
     onnx_model_kwargs,
@@ -47,8 +44,11 @@ from blitz.encoders.models import (
     wrap,
 )
 from blitz.encoders.onnx_native import verify
-from blitz.model_trust import check_model_folder
-from blitz.registry import ModelSpec
+from blitz.loading.accuracy import AccuracyReport, compare, cut, enforce_accuracy, probe
+from blitz.loading.model_trust import check_model_folder
+from blitz.runtime.cpu_features import quantization_target
+from blitz.settings.registry import ModelSpec
+from blitz.sources import model_cache
 
 logger = logging.getLogger("blitz.onnx_export")
 
@@ -100,7 +100,7 @@ def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = Non
                  validate: Callable[[Path, str, bool], object] | None = None) -> PreparedModel:
     """Export (and quantize) ``spec`` into the cache, or find it there; enforce its accuracy.
 
-    ``path`` is refused first if it would run its own code (``blitz.model_trust``). A
+    ``path`` is refused first if it would run its own code (``blitz.loading.model_trust``). A
     cached build is checked before it is used: its record, its files' sizes, the trust
     check on its folder, and ``validate(directory, file_name, native)`` when given
     (``load_onnx`` opens the model with it). A build that fails is rebuilt once

@@ -8,7 +8,7 @@ A model load runs some of its work in ``python -m ...`` children (the ONNX build
   starts in a session of its own) and ``ChildTimedOut`` is raised. Without an explicit
   ``timeout_s`` the time left of the enclosing ``deadline()`` block applies (a pool's
   load sets one from ``load_timeout_s``), else ``DEFAULT_TIMEOUT_S``;
-- **dies with its parent**: it starts through ``python -m blitz.child_process``, a
+- **dies with its parent**: it starts through ``python -m blitz.runtime.child_process``, a
   trampoline that asks Linux for ``SIGKILL`` when its parent goes
   (``prctl(PR_SET_PDEATHSIG)``, which survives ``exec``), checks the parent did not go
   already, then ``exec``s the command. Not ``preexec_fn``: Python runs that between
@@ -17,12 +17,12 @@ A model load runs some of its work in ``python -m ...`` children (the ONNX build
   thread until the child has ended. Only the child is signalled: one that starts
   children of its own must start them this way too (``run_child`` does).
 
-A killed child leaves no model-cache lock behind: ``blitz.model_cache`` locks with
+A killed child leaves no model-cache lock behind: ``blitz.sources.model_cache`` locks with
 ``flock``, which the kernel drops when the last descriptor of the lock file closes, and a
 process's descriptors close when it dies (Python opens them non-inheritable, so a
 command the child ``exec``s holds none).
 
-    python -m blitz.child_process PARENT_PID COMMAND...
+    python -m blitz.runtime.child_process PARENT_PID COMMAND...
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def run_child(command: Sequence[str], timeout_s: float | None = None
     child and its process group past ``timeout_s`` (default: ``time_left()``); the child
     is killed too if this thread is interrupted meanwhile, and when this process dies."""
     limit = time_left() if timeout_s is None else timeout_s
-    wrapped = [sys.executable, "-m", "blitz.child_process", str(os.getpid()), *command]
+    wrapped = [sys.executable, "-m", "blitz.runtime.child_process", str(os.getpid()), *command]
     with subprocess.Popen(wrapped, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, start_new_session=True) as child:
         try:

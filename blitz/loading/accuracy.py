@@ -1,7 +1,7 @@
 """The accuracy guard: how closely a reduced-precision build follows torch fp32.
 
 Every optimized build (ONNX fp32, ONNX int8, torch bf16) is compared with the
-full-precision torch model on a fixed probe set (``blitz.probes``). Embeddings are
+full-precision torch model on a fixed probe set (``blitz.encoders.probes``). Embeddings are
 compared by cosine per probe sentence; cross-encoder scores by Pearson correlation per
 probe query. A build whose minimum falls below ``spec.accuracy_threshold`` is refused
 with ``ModelLoadFailed``.
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from blitz.encoders.base import l2_normalize
+from blitz.encoders.probes import PROBE_QUERIES, PROBE_TEXTS
 from blitz.errors import ModelLoadFailed
-from blitz.probes import PROBE_QUERIES, PROBE_TEXTS
-from blitz.registry import ModelSpec
+from blitz.settings.registry import ModelSpec
 
 if TYPE_CHECKING:
     from blitz.encoders.base import Encoder

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from blitz.errors import ModelLoadFailed, echo
 
 if TYPE_CHECKING:
-    from blitz.registry import ModelSpec
+    from blitz.settings.registry import ModelSpec
 
 _OWN_TYPE = re.compile(r"^sentence_transformers(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 MODULE_LISTS = ("modules.json",)

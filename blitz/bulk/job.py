@@ -3,15 +3,15 @@
 A job embeds every row of INPUT (Parquet, JSONL or CSV files: one file, a directory or
 a glob, local or object storage) into OUTPUT, one *unit* per input file. The pieces:
 
-- ``list_inputs``: the input files (``blitz.bulk_units`` names their units and decides,
+- ``list_inputs``: the input files (``blitz.bulk.units`` names their units and decides,
   from each unit's record, what a rerun skips, redoes or must refuse);
-- ``blitz.bulk_read``: each file read into rows, every bad line or row refused with a
+- ``blitz.bulk.read``: each file read into rows, every bad line or row refused with a
   reason (only I/O fails a job);
 - ``BatchEncoder``: one loaded model and the job's options, rows in, embeddings out:
   the prompt, the same ``load_encoder`` as the pools (token-budget micro-batches, same
   backends and accuracy guard), then ``dimensions`` and ``dtype`` exactly as the native
   API applies them;
-- ``blitz.bulk_write.UnitWriter``: each unit's rows into Parquet and its refusals into
+- ``blitz.bulk.write.UnitWriter``: each unit's rows into Parquet and its refusals into
   ``_errors.jsonl``, published whole with its record.
 
 The job that runs them is ``deployments.bulk.embed_dataset`` (Ray Data): ``blitz/`` never
@@ -29,13 +29,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from blitz.bulk_settings import BulkSettings
-from blitz.bulk_units import is_local
-from blitz.encoders.loading import backend_for, load_encoder
+from blitz.bulk.units import is_local
+from blitz.encoders.postprocess import quantize, truncate_dimensions
 from blitz.errors import InvalidValue
-from blitz.postprocess import quantize, truncate_dimensions
-from blitz.registry import ModelSpec, read_dimension
-from blitz.service import apply_prompt
+from blitz.loading.load import backend_for, load_encoder
+from blitz.settings.bulk import BulkSettings
+from blitz.settings.registry import ModelSpec, apply_prompt, read_dimension
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 GLOB_CHARS = "*?["
@@ -130,7 +129,7 @@ def backend_label(spec: ModelSpec, device: str) -> str:
 
 
 class BatchEncoder:
-    """One loaded model and a job's options: tables of ``bulk_read.ROWS`` in, the same
+    """One loaded model and a job's options: tables of ``blitz.bulk.read.ROWS`` in, the same
     rows out with ``embedding`` (a fixed-size list of the output dtype; zeros for a
     refused row) and ``tokens`` in place of the text."""
 

@@ -1,0 +1,8 @@
+"""The ingress's request logic, free of Ray and of HTTP: limits, chunking and output
+options (``service``), which pool serves a request (``routing``) and why a pool replica
+waits for the cluster (``placement``).
+
+May import every floor below it (``blitz.pool``, ``blitz.bulk``, ``blitz.schemas``,
+``blitz.loading``, ``blitz.encoders``, ``blitz.settings``, ``blitz.sources``,
+``blitz.runtime``) and the top-level leaf modules; never ``blitz.http``.
+"""

@@ -1,0 +1,11 @@
+"""Loading a registered model: from a ``ModelSpec`` to an ``Encoder`` (``load.load_encoder``).
+
+The source resolved and checked for code of its own (``model_trust``), the ONNX builds
+(``onnx_export``) and their accuracy guard (``accuracy``), ``cpu_backend: auto``'s choice
+(``auto``, cached by ``auto_cache``), the child processes that build and measure
+(``children``, ``child``), failed loads remembered (``failures``), and in-process
+throughput (``throughput``, for ``blitz optimize``).
+
+May import ``blitz.encoders``, ``blitz.settings``, ``blitz.sources``, ``blitz.runtime`` and
+the top-level leaf modules; never the pool, the bulk job, the ingress or HTTP.
+"""
