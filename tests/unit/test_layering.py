@@ -1,5 +1,7 @@
 """The shape of the house: layers only point down (blitz < deployments < loadtest <
-tests), no import cycle and no Ray in ``blitz/``, small modules.
+tests), no import cycle and no Ray in ``blitz/``, small modules. Inside ``blitz/`` the
+packages are floors (``FLOORS``) that also only point down, and no package grows past
+``MAX_MODULES`` modules.
 
 Every import counts: module level, inside functions, under ``TYPE_CHECKING``. Importing
 ``blitz.a.b`` imports the package ``blitz.a`` first, so it counts as an import of both.
@@ -15,6 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "blitz"
 MAX_LINES = 400
+MAX_MODULES = 12  # in one package, its __init__ not counted
 
 
 def _name(path: Path) -> str:
@@ -146,3 +149,96 @@ def test_blitz_never_imports_ray():
 def test_modules_stay_small(name):
     lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, f"{name} has {lines} lines (at most {MAX_LINES})"
+
+
+# --- floors inside blitz/ ---------------------------------------------------------------
+
+LEAVES = ("blitz.errors", "blitz.timing", "blitz.codecs")
+"""The top-level leaf modules: every module may import them; they import only each other."""
+
+FLOORS = (  # lowest first: a module imports its own package, lower floors and LEAVES
+    ("blitz.runtime",),  # the process a model runs in: threads, children, CPU, GPU memory
+    ("blitz.sources",),  # the model cache, object-storage sources
+    ("blitz.settings",),  # typed settings, the model registry, sizes
+    ("blitz.encoders",),  # the encoder contract, one backend per module, output options
+    ("blitz.loading", "blitz.schemas"),  # a ModelSpec to an Encoder; request and job models
+    ("blitz.pool", "blitz.bulk"),  # a pool replica's Ray-free half; the bulk job's
+    ("blitz.ingress",),  # request logic: limits, routing, output options
+    ("blitz.http",),  # the HTTP API
+    ("blitz.cli", "blitz.client"),  # the command line; the Python client
+)
+FLOOR = {unit: floor for floor, units in enumerate(FLOORS) for unit in units}
+
+
+def unit_of(module: str) -> str | None:
+    """The package or top-level module of ``blitz`` that ``module`` lives in (None for the
+    ``blitz`` package itself and for anything outside it)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "blitz" and len(parts) > 1 else None
+
+
+def upward_imports(name: str, imports: set[str]) -> list[str]:
+    """The imports of module ``name`` that its floor does not allow: a higher floor, another
+    package on its own floor, or a unit the table does not know."""
+    own = unit_of(name)
+    floor = -1 if own in LEAVES else FLOOR.get(own or "")
+    bad = []
+    for module in sorted(imports):
+        unit = unit_of(module)
+        if unit is None or unit == own or unit in LEAVES:
+            continue
+        if floor is None or unit not in FLOOR or FLOOR[unit] >= floor:
+            bad.append(module)
+    return bad
+
+
+def test_an_upward_import_is_named():
+    text = ("from typing import TYPE_CHECKING\n"
+            "from blitz import errors\nfrom blitz.runtime import model_threads\n"
+            "if TYPE_CHECKING:\n    from blitz.ingress.service import RequestRecord\n"
+            "def f():\n    from ..http import api\n")
+    found = imports_in(text, "blitz.pool.work", is_package=False)
+    assert upward_imports("blitz.pool.work", found) == [
+        "blitz.http", "blitz.http.api", "blitz.ingress.service",
+        "blitz.ingress.service.RequestRecord"]
+
+
+def test_a_floor_may_not_import_its_neighbour_or_an_unknown_unit():
+    assert upward_imports("blitz.pool.work", {"blitz.bulk.job"}) == ["blitz.bulk.job"]
+    assert upward_imports("blitz.pool.work", {"blitz.attic.x"}) == ["blitz.attic.x"]
+    assert upward_imports("blitz.errors", {"blitz.runtime.model_threads"}) == [
+        "blitz.runtime.model_threads"]
+    assert upward_imports("blitz.codecs", {"blitz", "blitz.errors", "numpy"}) == []
+    assert upward_imports("blitz.http.api", {"blitz.schemas", "blitz.http.responses",
+                                             "blitz.pool.batching", "blitz.timing"}) == []
+
+
+def test_every_top_level_unit_has_a_floor():
+    units = {unit_of(name) for name in MODULES} - {None}
+    assert sorted(units - set(FLOOR) - set(LEAVES)) == []
+    assert sorted((set(FLOOR) | set(LEAVES)) - units) == []
+
+
+def test_packages_only_import_down():
+    offenders = {name: found for name, path in MODULES.items()
+                 if (found := upward_imports(name, imported(path)))}
+    assert offenders == {}, "imports that point up a floor (FLOORS): " + "; ".join(
+        f"{name} imports {', '.join(found)}" for name, found in offenders.items())
+
+
+@pytest.mark.parametrize("package", sorted(
+    _name(path.parent) for path in PACKAGE.rglob("__init__.py")))
+def test_packages_stay_small(package):
+    folder = REPO.joinpath(*package.split("."))
+    modules = [p.name for p in folder.glob("*.py") if p.name != "__init__.py"]
+    assert len(modules) <= MAX_MODULES, f"{package} holds {len(modules)} modules " \
+        f"(at most {MAX_MODULES}): {sorted(modules)}"
+
+
+def test_package_inits_say_what_they_own_and_import_nothing():
+    """An ``__init__`` is read by every import of its package: a docstring, no imports."""
+    for path in sorted(PACKAGE.rglob("__init__.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        assert ast.get_docstring(tree), path.relative_to(REPO)
+        assert imported(path) <= {"__future__", "__future__.annotations"}, \
+            path.relative_to(REPO)
