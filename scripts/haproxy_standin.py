@@ -26,37 +26,30 @@ import subprocess
 import time
 from collections.abc import Callable
 
+from haproxy_loopback import ADMIN_MARKERS, _sections, _words  # scripts/, this folder
+
 STANDIN = "standin.cfg"
 MAX_S = 120.0
 DROPPED_GLOBAL = ("stats socket", "server-state-base", "server-state-file",
                   "load-server-state-from-file")
-ADMIN_MARKERS = ("stats enable", "stats uri", "prometheus-exporter")
-SECTIONS = ("global", "defaults", "frontend", "backend", "listen", "peers", "resolvers",
-            "userlist", "cache", "program", "http-errors", "ring", "mailers")
-
-
-def _words(line: str) -> str:
-    return " ".join(line.split("#", 1)[0].split())
 
 
 def routes(text: str) -> bool:
     """Whether a config sends requests to an application (a ``use_backend`` line)."""
-    return any(_words(line).startswith("use_backend ") for line in text.splitlines())
+    return any(_words(line)[:1] == ["use_backend"] for line in text.splitlines())
 
 
 def standin_config(text: str) -> str:
     """``text`` without the admin socket, the server-state lines and the sections that
     serve HAProxy's stats page or Prometheus exporter."""
-    blocks: list[list[str]] = [[]]
-    for line in text.splitlines(keepends=True):
-        if _words(line).split(" ", 1)[0] in SECTIONS:
-            blocks.append([])
-        blocks[-1].append(line)
+    lines = text.splitlines(keepends=True)
     kept = []
-    for block in blocks:
-        if any(marker in _words(line) for line in block for marker in ADMIN_MARKERS):
+    for _, idx in _sections(lines):
+        code = [" ".join(_words(lines[i])) for i in idx]
+        if any(marker in c for c in code for marker in ADMIN_MARKERS):
             continue
-        kept += [line for line in block if not _words(line).startswith(DROPPED_GLOBAL)]
+        kept += [lines[i] for i, c in zip(idx, code, strict=True)
+                 if not c.startswith(DROPPED_GLOBAL)]
     return "".join(kept)
 
 
