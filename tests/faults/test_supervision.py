@@ -173,8 +173,10 @@ def test_a_killed_haproxy_is_stood_in_for_and_replaced(run):
         wait_until(lambda: standins(), "the stand-in HAProxy", 10, interval_s=0.1)
         wait_until(lambda: not standins() and serve_haproxies(run),
                    "Serve's HAProxy back and the stand-in gone", 90, interval_s=0.5)
-        after = len(replies)
-        wait_until(lambda: len(replies) >= after + 5, "replies after the replacement", 30)
+        # Serve's new HAProxy may still answer a fast 503 + Retry-After while its
+        # routes land; the client must then get five 200s in a row
+        wait_until(lambda: [s for s, _, _ in replies[-5:]] == [200] * 5,
+                   "five 200s in a row after the replacement", 30)
     finally:
         stop.set()
         thread.join(30)
@@ -184,7 +186,6 @@ def test_a_killed_haproxy_is_stood_in_for_and_replaced(run):
     assert not [s for s in statuses if isinstance(s, int) and s not in (200, 503)]
     # answered while no HAProxy of Serve's ran: the stand-in's doing
     assert any(s == 200 and down for s, _, down in replies)
-    assert statuses[-5:] == [200] * 5
     refused = [s for s in statuses if not isinstance(s, int)]
     assert len(refused) <= len(statuses) // 10, statuses
     assert "a stand-in" in run.tail() and "back with its routes" in run.tail()
