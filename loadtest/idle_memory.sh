@@ -24,7 +24,7 @@ curl -sf http://127.0.0.1:8000/embed -H 'content-type: application/json' \
   -d '{"texts": ["an idle server"], "model": "minilm"}' >/dev/null
 sleep "$IDLE_S"
 .venv/bin/python -m loadtest.memory "$pid" > "$OUT"
-# the metrics export, found as Prometheus finds it (README "Scraping under `serve run`")
+# the metrics export, found as Prometheus finds it (docs/operations.md, "Metrics and dashboards")
 .venv/bin/python - >> "$OUT" <<'PY'
 import json, urllib.request
 targets = json.load(open("/tmp/ray/prom_metrics_service_discovery.json"))[0]["targets"]

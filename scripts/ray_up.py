@@ -2,8 +2,8 @@
 
     python scripts/ray_up.py CONFIG
 
-scripts/lifecycle.py runs this (README "Start and stop", "What scripts/serve.sh leaves
-out") in a session of its own and waits for it:
+scripts/lifecycle.py runs this (docs/fast-path.md, "Start and stop", "What
+scripts/serve.sh leaves out") in a session of its own and waits for it:
 
 1. Start Ray's head node as `ray.init()` does for a new local cluster (worker.py `init`:
    a ray._private.node.Node), on 127.0.0.1 (BLITZ_NODE_IP names another address): GCS,

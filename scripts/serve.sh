@@ -5,9 +5,9 @@
 # with HAProxy in front (about 3.7 CPU-ms per ingress->pool request instead of ~20 with
 # the default Python proxy). These variables must be set before Ray starts, so they are
 # exported here; `serve deploy` to a running cluster needs them on `ray start` too (see
-# README). Set BLITZ_FAST_PATH=0 for Serve's default proxy.
+# docs/fast-path.md). Set BLITZ_FAST_PATH=0 for Serve's default proxy.
 #
-# Start and stop (scripts/lifecycle.py, README "Start and stop"): a stale HAProxy or Ray
+# Start and stop (scripts/lifecycle.py, docs/fast-path.md "Start and stop"): a stale HAProxy or Ray
 # left by an earlier run is stopped first, and a port held by anything else is refused
 # with a message. Then Ray's head starts with no long-lived driver (scripts/ray_up.py
 # deploys the config and exits; a deploy that fails ends this script with status 1).
@@ -16,8 +16,8 @@
 # BLITZ_DRAIN_S, 60), then Serve's own shutdown, then SIGTERM/SIGKILL to Ray's processes.
 # BLITZ_SERVE_CONFIG picks another config file; BLITZ_SKIP_INSTALL=1 skips install.sh.
 #
-# Ray starts without its dashboard, log monitor and autoscaler monitor (README, "What
-# scripts/serve.sh leaves out"): the metrics export stays, the `serve status/deploy` CLI
+# Ray starts without its dashboard, log monitor and autoscaler monitor (docs/fast-path.md,
+# "What scripts/serve.sh leaves out"): the metrics export stays, the `serve status/deploy` CLI
 # and the replicas' logs on this console go (they stay in /tmp/ray/session_*/logs).
 # Arguments to this script go to `serve run`, which then stays as the driver (the old
 # path, scripts/serve_run.py), as with BLITZ_DASHBOARD=1 (the dashboard kept) or

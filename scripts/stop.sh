@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop a cluster started with `ray start` + `serve deploy` (README "Start and stop"):
+# Stop a cluster started with `ray start` + `serve deploy` (docs/fast-path.md "Start and stop"):
 # a drain (`lifecycle.py drain`: the apps deleted), Serve's own shutdown, then `ray stop`
 # (every Ray process of this user on this machine), then any HAProxy that outlived its
 # Ray node. Extra arguments go to `ray stop` (e.g. --force). Not needed for

@@ -3,7 +3,7 @@
 # both configured in pyproject.toml, then run the whole test suite: unit tests, then
 # integration, fault and cluster tests on one shared Ray + Serve instance. Any step that
 # fails fails the command. Arguments go to pytest: `bash scripts/test.sh -m "not slow"` is
-# the inner loop (unit tests and other quick ones; README, "Tests").
+# the inner loop (unit tests and other quick ones; README, "Set up").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh dev

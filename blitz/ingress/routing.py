@@ -1,5 +1,5 @@
-"""Routing policy (README, "Routing and cold GPU pools"): request facts in, pool and reason
-out. Pure; tested as a table."""
+"""Routing policy (docs/operations.md, "Routing and cold GPU pools"): request facts in,
+pool and reason out. Pure; tested as a table."""
 
 from __future__ import annotations
 

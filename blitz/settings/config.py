@@ -88,7 +88,8 @@ class PoolSettings(_Settings):
         "auto", description="model calls a replica runs at once, each on a worker "
         "thread of its own (1-16): on a CPU, two 1-thread calls beside each other did "
         "1.2-1.9x the texts/s of one 2-thread call (BENCHMARKS.md). `auto`: sized from the "
-        "node's cores (README, \"Scaling\"): on 2 cores the CPU pool runs 2, a GPU pool 2")
+        "node's cores (docs/operations.md, \"Scaling\"): on 2 cores the CPU pool runs 2, a "
+        "GPU pool 2")
     preload: list[str] = Field(
         default_factory=list,
         description="model ids each replica loads before it takes traffic (Serve starts "
@@ -325,7 +326,8 @@ class BlitzSettings(_Settings):
     def _size(self, info: ValidationInfo) -> BlitzSettings:
         """Each ``auto`` -> the number ``blitz.settings.sizing`` picks for the node in the
         validation context (``from_args(args, node=...)``; default: this machine).
-        ``context={"size": False}`` keeps them ``auto`` (the README's settings tables)."""
+        ``context={"size": False}`` keeps them ``auto`` (the settings tables in
+        docs/configuration.md)."""
         context = info.context or {}
         if context.get("size", True):
             node = context.get("node") or NodeShape.local()  # GPU pool beside: cores kept

@@ -32,10 +32,11 @@ INGRESS_DEPLOYMENT: dict[str, Any] = {
     "max_ongoing_requests": 256, "max_queued_requests": 1024,
     "graceful_shutdown_timeout_s": 130, "graceful_shutdown_wait_loop_s": 0.5,
     "max_surge_percent": 100, "health_check_period_s": 2}
-# Why Blitz's defaults are what they are (README's settings tables show these beside them).
+# Why Blitz's defaults are what they are (docs/configuration.md's settings tables show
+# these beside them).
 DEPLOYMENT_NOTES: dict[str, str] = {
     "num_replicas": "fixed replicas (replaces `autoscaling_config`); `auto`: sized from "
-    "the node's cores when the app is built (README, \"Scaling\")",
+    "the node's cores when the app is built (docs/operations.md, \"Scaling\")",
     "autoscaling_config.min_replicas": "fewest replicas; 0: none while idle (a request "
     "wakes one)",
     "autoscaling_config.max_replicas": "most replicas; the ingress sizes its pool-call "

@@ -1,7 +1,9 @@
-"""README's settings tables, generated from the settings models so they cannot drift.
+"""The settings reference's tables (docs/configuration.md, "Settings"), generated from the
+settings models so they cannot drift.
 
-``python -m blitz.settings.doc`` rewrites the text between the markers in README.md;
-``--check`` exits 1 when it differs (``tests/unit/test_settings_doc.py`` does the same).
+``python -m blitz.settings.doc`` rewrites the text between the markers in
+docs/configuration.md; ``--check`` exits 1 when it differs
+(``tests/unit/test_settings_doc.py`` does the same).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from blitz.settings.config import BlitzSettings
 from blitz.settings.deployment_options import DEPLOYMENT_NOTES
 from blitz.settings.registry import ModelSpec
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 START = "<!-- settings-table:start (python -m blitz.settings.doc) -->"
 END = "<!-- settings-table:end -->"
 COMMAND = "python -m blitz.settings.doc"
@@ -104,26 +106,28 @@ def render() -> str:
     return "\n".join(parts)
 
 
-def updated(readme: str) -> str:
-    head, start, rest = readme.partition(START)
+def updated(reference: str) -> str:
+    head, start, rest = reference.partition(START)
     _, end, tail = rest.partition(END)
     if not start or not end:
-        raise ValueError(f"README.md lacks the markers {START!r} ... {END!r}")
+        raise ValueError(f"{REFERENCE.name} lacks the markers {START!r} ... {END!r}")
     return f"{head}{START}\n{render()}\n{END}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if README.md differs")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if docs/configuration.md differs")
     args = parser.parse_args(argv)
-    text = README.read_text(encoding="utf-8")
+    text = REFERENCE.read_text(encoding="utf-8")
     new = updated(text)
     if args.check:
         if new != text:
-            print(f"README.md's settings tables are stale: run `{COMMAND}`", file=sys.stderr)
+            print(f"docs/configuration.md's settings tables are stale: run `{COMMAND}`",
+                  file=sys.stderr)
             return 1
         return 0
-    README.write_text(new, encoding="utf-8")
+    REFERENCE.write_text(new, encoding="utf-8")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""README's settings tables are the ones generated from the settings models."""
+"""docs/configuration.md's settings tables are the ones generated from the settings models."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from blitz.settings.config import (
 from blitz.settings.registry import ModelSpec
 
 
-def test_readme_settings_tables_are_generated_from_the_fields():
-    readme = settings_doc.README.read_text(encoding="utf-8")
-    assert settings_doc.updated(readme) == readme, (
-        f"README.md's settings tables differ from blitz/settings/config.py: run "
-        f"`{settings_doc.COMMAND}` and commit README.md")
+def test_reference_settings_tables_are_generated_from_the_fields():
+    reference = settings_doc.REFERENCE.read_text(encoding="utf-8")
+    assert settings_doc.updated(reference) == reference, (
+        f"docs/configuration.md's settings tables differ from blitz/settings/config.py: "
+        f"run `{settings_doc.COMMAND}` and commit docs/configuration.md")
 
 
 def test_every_setting_has_a_description():
@@ -27,4 +27,4 @@ def test_every_setting_has_a_description():
               AuthSettings, BulkSettings, ModelSpec)
     missing = [f"{m.__name__}.{name}" for m in models
                for name, field in m.model_fields.items() if not field.description]
-    assert not missing, f"fields without a description (README shows it): {missing}"
+    assert not missing, f"fields without a description (docs/configuration.md shows it): {missing}"
