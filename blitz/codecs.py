@@ -20,6 +20,7 @@ A client picks the layout with ``Accept: application/msgpack; layout=portable``
 from __future__ import annotations
 
 import base64
+import json
 import math
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ import msgpack
 import numpy as np
 import orjson
 
+from blitz import body_scan
 from blitz.errors import BadRequest, PayloadTooLarge, echo
 
 MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
@@ -139,6 +141,11 @@ def unpack(data: bytes, max_buffer_size: int = DEFAULT_MAX_BUFFER,
             return _decode_ndarray(count(obj))
 
         list_hook = count
+        bound = body_scan.strings_bound(max_containers)
+        if body_scan.msgpack_strings_over(data, bound):
+            raise PayloadTooLarge(f"body has more than {bound} strings; "
+                                  "max_texts_per_request bounds them (send fewer texts "
+                                  "per request)")
     try:
         return msgpack.unpackb(
             data, raw=False, strict_map_key=True, object_hook=object_hook,
@@ -168,92 +175,56 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"cannot serialize {type(obj).__name__}")
 
 
-# JSON's string delimiter, escape and container openers, as byte values
-_QUOTE, _BACKSLASH, _OPENERS, _COMMA = ord('"'), ord("\\"), (ord("["), ord("{")), ord(",")
-# bytes per vectorized pass: its temporary arrays stay small (under glibc's threshold for
-# mapping memory afresh on each allocation) and in the CPU's caches
-_SCAN_CHUNK = 16 * 1024
-
-
-def _json_over(data: bytes, max_containers: int, max_values: int) -> str | None:
-    """Which bound ``data`` crosses, if any: more than ``max_containers`` lists and
-    objects (``[`` and ``{`` outside strings), more than ``max_values`` values (commas
-    outside strings, plus the containers) or more than ``2 * max_containers + 64``
-    strings. Each decoded value costs tens of bytes for a few on the wire (a 3-byte
-    string is a 50-byte ``str``), so these bounds keep a decode within a small multiple
-    of the body (issue #33: orjson peaked at 13-17x a body of tiny strings).
-
-    Counting every bracket, comma and quote settles it when each count is within its
-    bound (a quote inside a string only adds). Otherwise one pass over fixed-size chunks
-    finds the strings (a quote opens or closes one unless it follows an odd run of
-    backslashes), vectorized, and stops once a bound is crossed: linear in the size of
-    ``data`` whatever its bytes, with no regex to backtrack. Between chunks it carries
-    only whether a string is open and whether the next byte is escaped.
-    """
-    max_strings = 2 * max_containers + 64
-    containers, commas = data.count(b"[") + data.count(b"{"), data.count(b",")
-    if (containers <= max_containers and containers + commas <= max_values
-            and data.count(b'"') <= 2 * max_strings):
-        return None
-    counts, inside, escaped = [0, 0, 0], False, False  # containers, commas, quotes
-    for start in range(0, len(data), _SCAN_CHUNK):
-        end = min(start + _SCAN_CHUNK, len(data))
-        if not escaped and data.find(b'"', start, end) < 0 and not data.endswith(
-                b"\\", start, end):  # no string starts or ends here
-            if not inside:
-                counts[0] += data.count(b"[", start, end) + data.count(b"{", start, end)
-                counts[1] += data.count(b",", start, end)
-        else:
-            inside, escaped = _count_chunk(
-                np.frombuffer(data, np.uint8, end - start, start), counts, inside, escaped)
-        if counts[0] > max_containers:
-            return f"more than {max_containers} lists and objects"
-        if counts[0] + counts[1] > max_values:
-            return f"more than {max_values} values"
-        if counts[2] > 2 * max_strings:
-            return f"more than {max_strings} strings"
-    return None
-
-
-def _count_chunk(chunk: np.ndarray, counts: list[int], inside: bool,
-                 escaped: bool) -> tuple[bool, bool]:
-    """Add the brackets and commas outside strings in ``chunk`` and its quotes that
-    delimit strings to ``counts``; whether a string is open after it and whether the
-    byte after it is escaped. ``inside`` and ``escaped`` say the same of its start."""
-    quotes = chunk == _QUOTE
-    backslashes = chunk == _BACKSLASH
-    if escaped:  # its first byte is an escaped quote or backslash: neither counts
-        quotes[0] = backslashes[0] = False
-    escapes_next = False
-    if backslashes.any():
-        edges = np.diff(backslashes.view(np.int8), prepend=np.int8(0), append=np.int8(0))
-        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-        after_odd = ends[(ends - starts) % 2 == 1]  # a run of odd length escapes this byte
-        if len(after_odd) and after_odd[-1] == len(chunk):
-            escapes_next, after_odd = True, after_odd[:-1]
-        quotes[after_odd] = False
-    in_string = np.bitwise_xor.accumulate(quotes.view(np.uint8)) != inside
-    openers = (chunk == _OPENERS[0]) | (chunk == _OPENERS[1])
-    counts[0] += int(np.count_nonzero(openers & ~in_string))
-    counts[1] += int(np.count_nonzero((chunk == _COMMA) & ~in_string))
-    counts[2] += int(np.count_nonzero(quotes))
-    return bool(in_string[-1]), escapes_next
-
-
 def loads_json(data: bytes, max_containers: int | None = None,
                max_values: int | None = None) -> Any:
     """Parse JSON from an untrusted peer; ``max_containers`` as in ``unpack``, and at
-    most ``max_values`` values (``_json_over``; None: no bound)."""
+    most ``max_values`` values (``body_scan.json_over``; None: no bound).
+
+    orjson is the faster parser, but its parse tree costs about 50 bytes per value on
+    top of the Python objects (a body of a million 3-digit token ids peaked at 21x its
+    size). A body of more than ``_MANY_VALUES`` values and no escapes (where the two
+    parsers agree byte for byte on what is valid) goes to the standard library's, which
+    builds the objects alone (10x that body, 7x one of 5-digit ids: what Python ints and
+    a list cost).
+    """
     if max_containers is not None:
-        crossed = _json_over(data, max_containers,
-                             len(data) + 1 if max_values is None else max_values)
+        crossed = body_scan.json_over(data, max_containers,
+                                      len(data) + 1 if max_values is None else max_values)
         if crossed is not None:
             raise PayloadTooLarge(f"body has {crossed}; max_texts_per_request and "
                                   "max_token_ids_per_request bound them (a text needs about "
                                   "one list or object and a string, a token id one value)")
+    if data.count(b",") > _MANY_VALUES and b"\\" not in data:
+        return _loads_plain_json(data)
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from exc
+
+
+_MANY_VALUES = 65_536
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _loads_plain_json(data: bytes) -> Any:
+    """``data`` (no backslash in it) by the standard library's parser, refusing what
+    orjson refuses: NaN and Infinity, numbers out of a double's range, bytes that are not
+    UTF-8. An integer past 64 bits stays an int (orjson makes it a float): the field that
+    reads it refuses either."""
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant,
+                          parse_float=_finite)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
         raise BadRequest(f"body is not valid JSON: {exc}") from exc
 
 

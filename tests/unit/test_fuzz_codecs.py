@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blitz import codecs
-from blitz.errors import BlitzError, PayloadTooLarge
+from blitz import body_scan, codecs
+from blitz.errors import BadRequest, BlitzError, PayloadTooLarge
 
 MAX_BYTES = 32 * 1024 * 1024  # the server's defaults (blitz/settings/config.py Limits, http/api.py)
 MAX_CONTAINERS = 2 * 2048 + 64
@@ -185,6 +185,43 @@ def test_json_is_parsed_exactly_when_within_its_bounds(value, limit, max_values)
         assert codecs.loads_json(body, limit, max_values) == value
 
 
+def msgpack_strings(value: Any) -> int:
+    """Strings msgpack writes for ``value``: str values and str keys."""
+    if isinstance(value, list):
+        return sum(msgpack_strings(v) for v in value)
+    if isinstance(value, dict):
+        return sum(isinstance(k, str) + msgpack_strings(v) for k, v in value.items())
+    return isinstance(value, str)
+
+
+@given(MSGPACK_VALUES, st.integers(0, 40))
+def test_msgpack_strings_are_counted_exactly(value, bound):
+    body = msgpack.packb(value, use_bin_type=True)
+    assert body_scan.msgpack_strings_over(body, bound) == (msgpack_strings(value) > bound)
+
+
+@given(mutated(MSGPACK_BODIES) | st.binary(max_size=200), st.integers(0, 40))
+def test_any_bytes_walk_as_msgpack_without_error(body, bound):
+    assert body_scan.msgpack_strings_over(body, bound) in (True, False)
+
+
+@given(st.lists(JSON_VALUES, min_size=1, max_size=4), st.integers(0, 80))
+def test_a_body_of_many_values_parses_as_orjson_would(values, filler):
+    """Past ``_MANY_VALUES`` values a backslash-free body goes to the standard library's
+    parser: what it gives or refuses is what orjson gives or refuses."""
+    body = orjson.dumps([*values, *[257] * (codecs._MANY_VALUES + filler)])
+    body = body.replace(b"\\", b"")
+    for variant in (body, body[:-1], body + b"x", body.replace(b"257", b"1e400", 1),
+                    body.replace(b",", b",NaN,", 1), body.replace(b"257", b"\xff", 1)):
+        try:
+            expected = orjson.loads(variant)
+        except orjson.JSONDecodeError:
+            with pytest.raises(BadRequest):
+                codecs.loads_json(variant)
+        else:
+            assert codecs.loads_json(variant) == expected
+
+
 @given(mutated(JSON_BODIES) | st.binary(max_size=200), LIMITS)
 def test_any_bytes_as_json_parse_or_are_refused(body, limit):
     refused_or_parsed(codecs.loads_json, body, limit)
@@ -306,6 +343,10 @@ FAMILIES: dict[str, tuple[Callable[[int], Any], Callable[[Any], Any], int]] = {
     "deep maps": (lambda n: b'{"a":' * n + b"1" + b"}" * n, _json, 30_000),
     "deep nesting": (lambda n: b"[" * n + b"]" * n, _json, 100_000),
     "many empty lists": (lambda n: b'{"texts":[' + b"[]," * n + b"[]]}", _json, 50_000),
+    "many token ids (the standard library's parser)": (
+        lambda n: b'{"input":[[' + b"421," * n + b"1]]}", _json, 70_000),
+    "msgpack token ids walked (each holds a byte a string may start with)": (
+        lambda n: codecs.pack({"input": [[421] * n]}), _msgpack, 50_000),
     "msgpack long string": (lambda n: codecs.pack({"texts": ["a" * n]}), _msgpack, 50_000),
     "msgpack many strings": (lambda n: codecs.pack({"texts": ["x"] * n}), _msgpack, 50_000),
     "msgpack many keys": (lambda n: b"\xdf" + n.to_bytes(4, "big") + b"\xa3key\x00" * n,
