@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 OUT="${1:-results/redeploy-$(date +%Y%m%d-%H%M%S).json}"
 mkdir -p "$(dirname "$OUT")"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_AUTH_MODE=token
-trap '.venv/bin/ray stop --force >/dev/null 2>&1 || true' EXIT
+trap 'BLITZ_DRAIN_S=10 bash scripts/stop.sh >/dev/null 2>&1 || true' EXIT  # HAProxy too: a bare ray stop leaves it
 .venv/bin/ray start --head --num-cpus 2 --num-gpus 1 --disable-usage-stats >/dev/null
 .venv/bin/serve deploy serve_config.yaml
 for _ in $(seq 1 600); do
