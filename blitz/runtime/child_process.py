@@ -58,7 +58,8 @@ def run_child(command: Sequence[str], timeout_s: float) -> subprocess.CompletedP
         except subprocess.TimeoutExpired:
             _kill_group(child)
             child.communicate()
-            raise ChildTimedOut(f"{_name(command)} did not finish within {limit:g} s; "
+            raise ChildTimedOut(f"{_name(command)} did not finish within "
+                                f"{round(limit, 1):g} s; "
                                 "killed it and its process group") from None
         except BaseException:
             _kill_group(child)
