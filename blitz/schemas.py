@@ -1,180 +1,24 @@
-"""Every wire schema, defined once: request bodies, handle results and jobs sent to pools."""
+"""What crosses a hop, defined once: the jobs an ingress sends a pool replica, and the
+results the ingress answers with.
+
+- ``EmbedJob``, ``RerankJob``: ingress -> pool, over Serve's handle or the local hop,
+  pickled either way; never larger than the pool's batch limit.
+- ``EmbedResult``, ``RerankResult`` (with ``RerankHit``, ``Usage``): what
+  ``handle.embed.remote(...)`` and ``handle.rerank.remote(...)`` return, and what the HTTP
+  routes write on the wire (``blitz.http.wire``).
+
+Plain dataclasses, pickled by reference to this module: a rolling redeploy runs two
+versions side by side, so the module keeps its name. The HTTP request bodies are
+``blitz.http.bodies``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import (
-    AliasChoices,
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictInt,
-    ValidationError,
-    field_validator,
-)
 
-from blitz.codecs import ArrayLayout, portable_array
-from blitz.encoders.postprocess import OutputDtype
-from blitz.errors import BadRequest, InvalidValue, PayloadTooLarge
-
-if TYPE_CHECKING:
-    from blitz.settings.config import Limits
-
-
-class _Request(BaseModel):
-    """A request body. Numbers and booleans are strict (``true`` is not ``1``)."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    # body keys holding one item per text: counted before validation, so that a hostile
-    # list costs one len() instead of one validation error per item
-    _list_keys: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def parse(cls, payload: Any, limits: Limits | None = None) -> Any:
-        """Validate a decoded body; a non-object is a 400, bad values a 422 naming the field,
-        a list over ``limits`` a 413 naming the limit (checked before anything else)."""
-        if not isinstance(payload, dict):
-            raise BadRequest(f"request body must be an object, not {type(payload).__name__}")
-        if limits is not None:
-            cls._check_sizes(payload, limits)
-        try:
-            return cls.model_validate(payload)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = first["loc"]  # drop union-member names pydantic puts in the path
-            where = "".join([str(loc[0]) if loc else "body",
-                             *(f"[{p}]" for p in loc[1:] if isinstance(p, int))])
-            raise InvalidValue(f"{where}: {first['msg']}", param=where) from None
-
-    @classmethod
-    def _check_sizes(cls, payload: dict, limits: Limits) -> None:
-        for key in cls._list_keys:
-            items = payload.get(key)
-            if isinstance(items, list) and len(items) > limits.max_texts_per_request:
-                raise PayloadTooLarge(
-                    f"{len(items)} {key} in one request; the limit max_texts_per_request is "
-                    f"{limits.max_texts_per_request}", param=key)
-
-
-# fail_fast: a union member stops at its first bad item instead of building an error per item
-_Texts = Annotated[list[str], Field(fail_fast=True)]
-_TokenIds = Annotated[list[StrictInt], Field(fail_fast=True)]
-_TokenIdRows = Annotated[list[_TokenIds], Field(fail_fast=True)]
-
-
-class EmbedRequest(_Request):
-    """``POST /embed``."""
-
-    _list_keys = ("texts", "inputs")
-
-    texts: str | _Texts = Field(validation_alias=AliasChoices("texts", "inputs"),
-                                   description="one text or a list")
-    model: str | None = Field(None, description="model id; header or default when absent")
-    normalize: StrictBool | None = Field(None, description="unit-length rows; default per model")
-    truncate: StrictBool = Field(True, description="cut to max_seq_length; false: 413 if too long")
-    dimensions: StrictInt | None = Field(None, gt=0, description="Matryoshka: keep the first N")
-    dtype: OutputDtype = Field("float32", description="float32|float16|int8|uint8|binary|ubinary")
-    prompt_name: str | None = Field(None, description="a prompt from the model's spec")
-    layout: ArrayLayout | None = Field(
-        None, description="msgpack reply's array layout: numpy (msgpack-numpy, default) or "
-        "portable (string keys, any language); overrides Accept's layout parameter")
-
-
-class OpenAIEmbeddingRequest(_Request):
-    """``POST /v1/embeddings`` (OpenAI's shape)."""
-
-    _list_keys = ()  # ``input`` is a list of texts or of token ids: counted below
-
-    input: str | _Texts | _TokenIds | _TokenIdRows = Field(
-        description="text, texts, token ids, or lists of token ids")
-    model: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = Field(None, gt=0)
-    user: str | None = None
-
-    @classmethod
-    def _check_sizes(cls, payload: dict, limits: Limits) -> None:
-        items = payload.get("input")
-        if not isinstance(items, list) or not items:
-            return
-        if not isinstance(items[0], int):  # texts, or lists of token ids: one per input
-            if len(items) > limits.max_texts_per_request:
-                raise PayloadTooLarge(
-                    f"{len(items)} inputs in one request; the limit max_texts_per_request is "
-                    f"{limits.max_texts_per_request}", param="input")
-        if isinstance(items[0], list):
-            total = sum(len(row) if isinstance(row, list) else 1 for row in items)
-            if total > limits.max_token_ids_per_request:
-                raise PayloadTooLarge(
-                    f"{total} token ids in one request; the limit max_token_ids_per_request "
-                    f"is {limits.max_token_ids_per_request}", param="input")
-        elif isinstance(items[0], int) and len(items) > limits.max_token_ids_per_request:
-            raise PayloadTooLarge(
-                f"{len(items)} token ids in one request; the limit max_token_ids_per_request "
-                f"is {limits.max_token_ids_per_request}", param="input")
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _one_shape(cls, value: Any) -> Any:
-        """Check the shape in one pass that stops at the first bad item (a union would
-        build an error per item per member); booleans are not token ids."""
-        if not isinstance(value, list) or not value:
-            return value
-        first = type(value[0])
-        if first is str:
-            bad = next((i for i, v in enumerate(value) if type(v) is not str), None)
-        elif first is int:
-            bad = next((i for i, v in enumerate(value) if type(v) is not int), None)
-        elif first is list:
-            bad = next((i for i, row in enumerate(value)
-                        if type(row) is not list or not all(type(t) is int for t in row)), None)
-        else:
-            bad = 0
-        if bad is not None:
-            raise ValueError(f"item {bad} does not fit: input must be a string, a list of "
-                             "strings, a list of token ids (integers) or a list of token-id "
-                             "lists, all items alike")
-        return value
-
-    def texts_or_token_ids(self) -> tuple[list[str], None] | tuple[None, list[list[int]]]:
-        """``input`` as ``(texts, None)`` or ``(None, token-id rows)``: a string is one text,
-        a list of integers one row of token ids."""
-        items: Any = self.input  # ``_one_shape`` made every item alike
-        if isinstance(items, str):
-            return [items], None
-        if items and isinstance(items[0], int):
-            return None, [items]
-        if items and isinstance(items[0], list):
-            return None, items
-        return items, None
-
-
-class RerankRequest(_Request):
-    """``POST /rerank`` and ``POST /v1/rerank`` (Cohere/Jina shape)."""
-
-    _list_keys = ("documents", "texts")
-
-    query: str
-    documents: _Texts = Field(validation_alias=AliasChoices("documents", "texts"))
-    model: str | None = None
-    top_n: StrictInt | None = Field(None, ge=1)
-    return_documents: StrictBool = False
-    truncate: StrictBool = True
-
-    @field_validator("documents", mode="before")
-    @classmethod
-    def _document_objects(cls, value: Any) -> Any:
-        """Cohere also sends documents as ``{"text": ...}`` objects."""
-        if isinstance(value, list):
-            return [d["text"] if isinstance(d, dict) and "text" in d else d for d in value]
-        return value
-
-
-# ---- pool jobs (ingress -> pool) ----------------------------------------------------------
+# ---- pool jobs (ingress -> pool) ---------------------------------------------------------
 
 @dataclass(frozen=True)
 class EmbedJob:
@@ -199,7 +43,7 @@ class RerankJob:
         return len(self.documents)
 
 
-# ---- results (handle API and HTTP replies) ------------------------------------------------
+# ---- results (handle API and HTTP replies) -----------------------------------------------
 
 @dataclass(frozen=True)
 class Usage:
@@ -209,9 +53,6 @@ class Usage:
     @classmethod
     def of(cls, tokens: int) -> Usage:
         return cls(prompt_tokens=tokens, total_tokens=tokens)
-
-    def to_dict(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "total_tokens": self.total_tokens}
 
 
 @dataclass(frozen=True)
@@ -223,31 +64,12 @@ class EmbedResult:
     usage: Usage
     pool: str = "cpu"
 
-    def to_native(self, layout: ArrayLayout = "numpy") -> dict[str, Any]:
-        """The reply body. ``numpy``: ``embeddings`` is the array (msgpack-numpy map on
-        msgpack, nested lists on JSON), ``dtype`` its name (``"float32"``). ``portable``:
-        ``embeddings`` is the little-endian bytes and ``dtype`` numpy's ``dtype.str``
-        (``"<f4"``), so any msgpack decoder rebuilds the array from ``shape``."""
-        emb = self.embeddings
-        if layout == "portable":
-            data, shape, dtype = portable_array(emb)
-            return {"model": self.model, "embeddings": data, "shape": shape, "dtype": dtype,
-                    "usage": self.usage.to_dict()}
-        return {"model": self.model, "embeddings": emb, "shape": list(emb.shape),
-                "dtype": str(emb.dtype), "usage": self.usage.to_dict()}
-
 
 @dataclass(frozen=True)
 class RerankHit:
     index: int
     relevance_score: float
     document: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"index": self.index, "relevance_score": self.relevance_score}
-        if self.document is not None:
-            out["document"] = {"text": self.document}
-        return out
 
 
 @dataclass(frozen=True)
@@ -258,7 +80,3 @@ class RerankResult:
     model: str
     usage: Usage
     pool: str = "cpu"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "results": [h.to_dict() for h in self.results],
-                "usage": self.usage.to_dict()}

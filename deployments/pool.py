@@ -28,6 +28,7 @@ from blitz import timing
 from blitz.encoders.base import Encoded, Encoder
 from blitz.errors import ModelLoadFailed, Overloaded, Unavailable
 from blitz.loading.failures import LoadFailures, as_load_failure
+from blitz.loading.fetch import preflight_source
 from blitz.loading.load import load_encoder, resolve_device
 from blitz.pool.batching import Batcher
 from blitz.pool.holder import ModelFreed, ModelHolder
@@ -35,9 +36,9 @@ from blitz.pool.load_queue import LoadQueue
 from blitz.pool.local_hop import LocalHopServer
 from blitz.pool.work import Job, run_jobs
 from blitz.pool.worker_slots import WorkerSlots
-from blitz.runtime import child_process, gpu_memory, lean_imports, model_threads
+from blitz.runtime import gpu_memory, lean_imports, model_threads
 from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
-from blitz.settings.registry import ModelSpec, preflight_source
+from blitz.settings.registry import ModelSpec
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.loopback import keep_replica_grpc_on_node_ip
 from deployments.metrics import metrics
@@ -107,8 +108,8 @@ class ModelPool:
         timeout = self.pool_settings.load_timeout_s
 
         def load() -> Encoder:
-            with child_process.deadline(timeout):  # a child build or measurement dies with it
-                encoder = load_encoder(spec, self.device, self.cache_dir)
+            # the deadline travels with the load: a child build or measurement dies with it
+            encoder = load_encoder(spec, self.device, self.cache_dir, timeout_s=timeout)
             encoder.warmup()
             return encoder
 

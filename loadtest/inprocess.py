@@ -96,7 +96,8 @@ def blitz_embed(model_id: str, source: str, backend: str) -> EmbedFn:
 def sentence_transformers_embed(model_id: str, source: str) -> EmbedFn:
     from sentence_transformers import SentenceTransformer
 
-    from blitz.settings.registry import ModelSpec, resolve_source
+    from blitz.loading.fetch import resolve_source
+    from blitz.settings.registry import ModelSpec
 
     path = resolve_source(ModelSpec(id=model_id, source=source))
     model = SentenceTransformer(str(path), device="cpu", local_files_only=True)

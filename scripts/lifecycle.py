@@ -151,16 +151,26 @@ def _haproxy_config(pid: int, root: str) -> str | None:
     return None
 
 
+SERVE_DEFAULT_HAPROXY_DIR = "/tmp/haproxy-serve"
+"""Where Serve puts HAProxy's files when nothing names another place: a node started
+without scripts/fast-path.env.sh (the README's cluster recipe makes it optional) still
+runs serve_config.yaml's HAProxy, with its files there."""
+
+
 def serve_haproxies() -> list[tuple[int, str]]:
-    """(pid, config path) of this user's HAProxy processes with a config in Serve's dir."""
-    root, found = haproxy_dir() + os.sep, []
+    """(pid, config path) of this user's HAProxy processes with a config in Serve's dir:
+    Blitz's private one, or Serve's default (another user's HAProxy is never counted)."""
+    roots = {os.path.join(haproxy_dir(), ""),
+             os.path.join(os.path.realpath(SERVE_DEFAULT_HAPROXY_DIR), "")}
+    found = []
     for pid in _pids():
         try:
             if os.stat(f"/proc/{pid}").st_uid != os.getuid():
                 continue
         except OSError:
             continue
-        config = _haproxy_config(pid, root)
+        config = next((c for root in sorted(roots)
+                       if (c := _haproxy_config(pid, root)) is not None), None)
         if config is not None:
             found.append((pid, config))
     return found

@@ -32,9 +32,10 @@ import pyarrow.compute as pc
 from blitz.bulk.units import is_local
 from blitz.encoders.postprocess import quantize, truncate_dimensions
 from blitz.errors import InvalidValue
+from blitz.loading.fetch import read_dimension
 from blitz.loading.load import backend_for, load_encoder
 from blitz.settings.bulk import BulkSettings
-from blitz.settings.registry import ModelSpec, apply_prompt, read_dimension
+from blitz.settings.registry import ModelSpec, apply_prompt
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
 GLOB_CHARS = "*?["

@@ -18,10 +18,11 @@ from starlette.types import Receive, Scope, Send
 
 from blitz import codecs
 from blitz.errors import Overloaded, PayloadTooLarge, RequestTimeout
+from blitz.http import wire
+from blitz.http.bodies import EmbedRequest, OpenAIEmbeddingRequest, RerankRequest
 from blitz.http.middleware import RECORD, RequestMiddleware
 from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
 from blitz.ingress.service import EmbeddingService, RequestRecord
-from blitz.schemas import EmbedRequest, OpenAIEmbeddingRequest, RerankRequest
 
 MODEL_HEADERS = ("serve_multiplexed_model_id", "serve-multiplexed-model-id")
 
@@ -115,8 +116,8 @@ class HttpApi:
         if fmt == "raw":
             return RawArrayResponse(result.embeddings)
         if fmt == "json":
-            return JSONBytesResponse(result.to_native())
-        return MsgpackResponse(result.to_native(req.layout or accept_layout or "numpy"))
+            return JSONBytesResponse(wire.embed_reply(result))
+        return MsgpackResponse(wire.embed_reply(result, req.layout or accept_layout or "numpy"))
 
     async def openai_embeddings(self, request: Request) -> Response:
         req = OpenAIEmbeddingRequest.parse(await self._body(request), self.settings.limits)
@@ -124,15 +125,7 @@ class HttpApi:
         result = await self.service.embed(
             texts, token_ids=token_ids, model=self._model_id(request, req.model),
             dimensions=req.dimensions, record=_record(request))
-        rows = result.embeddings
-        if req.encoding_format == "base64":
-            data = [{"object": "embedding", "index": i, "embedding": codecs.to_base64(row)}
-                    for i, row in enumerate(rows)]
-        else:
-            data = [{"object": "embedding", "index": i, "embedding": row}
-                    for i, row in enumerate(rows)]
-        return JSONBytesResponse({"object": "list", "data": data, "model": result.model,
-                                  "usage": result.usage.to_dict()})
+        return JSONBytesResponse(wire.openai_embeddings_reply(result, req.encoding_format))
 
     async def rerank(self, request: Request) -> Response:
         req = RerankRequest.parse(await self._body(request), self.settings.limits)
@@ -141,7 +134,7 @@ class HttpApi:
             req.query, req.documents, model=self._model_id(request, req.model),
             top_n=req.top_n, return_documents=req.return_documents, truncate=req.truncate,
             record=_record(request))
-        body = result.to_dict()  # no arrays: portable in either msgpack layout
+        body = wire.rerank_reply(result)  # no arrays: portable in either msgpack layout
         if fmt == "msgpack":
             return MsgpackResponse(body)
         return JSONBytesResponse(body)

@@ -29,9 +29,10 @@ from blitz.errors import (
     as_blitz_error,
 )
 from blitz.ingress.routing import Route, choose_pool
+from blitz.loading.fetch import read_dimension
 from blitz.schemas import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankResult, Usage
 from blitz.settings.config import BlitzSettings
-from blitz.settings.registry import ModelSpec, apply_prompt, read_dimension
+from blitz.settings.registry import ModelSpec, apply_prompt
 
 logger = logging.getLogger("blitz.service")
 

@@ -4,7 +4,7 @@ Every optimized build (ONNX fp32, ONNX int8, torch bf16) is compared with the
 full-precision torch model on a fixed probe set (``blitz.encoders.probes``). Embeddings are
 compared by cosine per probe sentence; cross-encoder scores by Pearson correlation per
 probe query. A build whose minimum falls below ``spec.accuracy_threshold`` is refused
-with ``ModelLoadFailed``.
+with ``AccuracyRefused``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,15 @@ import numpy as np
 
 from blitz.encoders.base import l2_normalize
 from blitz.encoders.probes import PROBE_QUERIES, PROBE_TEXTS
-from blitz.errors import ModelLoadFailed
+from blitz.errors import LoadProblem
 from blitz.settings.registry import ModelSpec
 
 if TYPE_CHECKING:
     from blitz.encoders.base import Encoder
+
+
+class AccuracyRefused(LoadProblem):
+    """A build strays from torch fp32 further than the spec's ``accuracy_threshold``."""
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,7 @@ def enforce_accuracy(spec: ModelSpec, backend: str, report: AccuracyReport) -> N
     """Refuse to serve a model whose probe accuracy is below the spec's threshold."""
     threshold = spec.accuracy_threshold
     if not report.passes(threshold):
-        raise ModelLoadFailed(
+        raise AccuracyRefused(
             f"model {spec.id!r}: the {backend} build is not accurate enough to serve: "
             f"{report.describe()} is below accuracy_threshold {threshold}; use a more precise "
-            "cpu_backend ('onnx' or 'torch') or lower accuracy_threshold", model=spec.id,
-        )
+            "cpu_backend ('onnx' or 'torch') or lower accuracy_threshold")

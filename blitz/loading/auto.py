@@ -1,8 +1,8 @@
 """``cpu_backend: auto``: the fastest accurate CPU backend for a model, chosen once.
 
 The first time a model loads on a machine, every candidate backend is opened through the
-ordinary loader (so each meets the same accuracy guard as when named explicitly; one
-that fails is dropped), timed on the probe set at ``SMALL_TEXTS`` and at ``LARGE_TEXTS``
+loader's one opener (``blitz.loading.load.open_backend``, so each meets the same accuracy
+guard as when named explicitly; one that fails is dropped), timed on the probe set at ``SMALL_TEXTS`` and at ``LARGE_TEXTS``
 texts per call, and only the winner stays resident. The choice is recorded in the model
 cache (``blitz.loading.auto_cache``); a later load with the same key reuses it, timing nothing:
 
@@ -42,7 +42,6 @@ from typing import Any, Literal
 from blitz.encoders.base import Encoder
 from blitz.encoders.bi_encoder import BiEncoder
 from blitz.encoders.probes import PROBE_TEXTS
-from blitz.errors import ModelLoadFailed
 from blitz.runtime.cpu_features import cpu_supports_bf16
 from blitz.settings.registry import ModelSpec
 
@@ -186,21 +185,22 @@ def measure_choice(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
                    backends: Sequence[str] | None = None, timer: Timer = time.perf_counter,
                    seconds: float | None = None
                    ) -> tuple[AutoChoice, dict[str, BiEncoder]]:
-    """Open every candidate (``open_backend(name)`` loads ``spec`` with
-    ``cpu_backend=name``, accuracy guard included; a candidate whose load fails is
+    """Open every candidate (``open_backend(name)`` opens ``spec`` with
+    ``cpu_backend=name``, accuracy guard included; a candidate whose opening fails is
     dropped with a warning), time them on the probe set and choose. Returns the choice
-    and every opened encoder; the caller closes the ones it does not keep."""
+    and every opened encoder; the caller closes the ones it does not keep. When every
+    candidate fails, the first one's error is raised."""
     encoders: dict[str, BiEncoder] = {}
     dropped: dict[str, str] = {}
-    failures: list[ModelLoadFailed] = []
+    failures: list[Exception] = []
     for name in backends or candidates():
         try:
             encoder = open_backend(name)
-        except ModelLoadFailed as exc:
-            dropped[name] = exc.message
+        except Exception as exc:  # a guard's refusal, a failed build: this one is out
+            why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+            dropped[name] = why
             failures.append(exc)
-            logger.warning("model %r: cpu_backend auto drops %s: %s", spec.id, name,
-                           exc.message)
+            logger.warning("model %r: cpu_backend auto drops %s: %s", spec.id, name, why)
             continue
         encoders[name] = _bi_encoder(encoder)
     if not encoders:

@@ -1,14 +1,19 @@
 """The child process of ``blitz.loading.children``: one ONNX build, or one ``cpu_backend:
 auto`` choice printed on stdout.
 
-    python -m blitz.loading.child build SPEC_JSON PATH [CACHE_DIR]
-    python -m blitz.loading.child choose SPEC_JSON THREADS [CACHE_DIR]
+    python -m blitz.loading.child build SPEC_JSON PATH CACHE_DIR
+    python -m blitz.loading.child choose SPEC_JSON PATH CACHE_DIR THREADS TIMEOUT_S
+
+``PATH`` is the model's folder, resolved and checked by the parent; ``CACHE_DIR`` may be
+empty (the default cache). A choice opens each candidate through the loader's one opener
+(``blitz.loading.load.open_backend``) with what is left of the parent's deadline.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from pathlib import Path
 
 from blitz.loading.children import CHOICE_MARK
@@ -17,20 +22,21 @@ from blitz.settings.registry import ModelSpec
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    kind, spec, argument = argv[0], ModelSpec.model_validate_json(argv[1]), argv[2]
-    cache_dir = argv[3] if len(argv) > 3 else None
+    kind, spec, path = argv[0], ModelSpec.model_validate_json(argv[1]), Path(argv[2])
+    cache_dir = argv[3] or None
     if kind == "build":
         from blitz.loading.onnx_export import prepare_onnx
 
-        prepare_onnx(spec, Path(argument), cache_dir)
+        prepare_onnx(spec, path, cache_dir)
         return 0
     from blitz.loading.auto import measure_choice
-    from blitz.loading.load import load_encoder
+    from blitz.loading.load import Load, open_backend
     from blitz.runtime import model_threads
 
-    model_threads.configure(int(argument))
-    choice, _ = measure_choice(spec, lambda name: load_encoder(
-        spec.model_copy(update={"cpu_backend": name}), "cpu", cache_dir))
+    threads, timeout_s = int(argv[4]), float(argv[5])
+    model_threads.configure(threads)
+    load = Load(spec, "cpu", cache_dir, time.monotonic() + timeout_s)
+    choice, _ = measure_choice(spec, lambda name: open_backend(load, path, name))
     print(CHOICE_MARK + choice.to_json(), flush=True)
     return 0
 

@@ -6,14 +6,15 @@ do not give all their memory back. Measured (docs/benchmarks-history.md, "Memory
 process"): 1395
 MiB idle after building ``minilm-int8`` in process against 625 MiB when the build was
 cached; ~170 MiB more when ``cpu_backend: auto`` chose in process. Two kinds of work,
-one runner (``blitz.runtime.child_process.run_child``: killed past the load deadline, and with
-its parent):
+one runner (``blitz.runtime.child_process.run_child``: killed past the load's deadline, which
+the caller passes as ``timeout_s``, and with its parent):
 
 - ``build_in_child``: an ONNX build into the cache (``prepare_onnx``); the caller then
   opens the cached build as usual.
-- ``choose_in_child``: ``cpu_backend: auto`` opens and times every candidate
-  (``measure_choice``) with the caller's thread count and prints its ``AutoChoice``; the
-  caller then opens only the winners (their ONNX builds are cached by then).
+- ``choose_in_child``: ``cpu_backend: auto`` opens every candidate from the folder the
+  caller resolved and checked (``open_backend``, the loader's one opener) and times them
+  (``measure_choice``) with the caller's thread count, and prints its ``AutoChoice``; the
+  caller then opens only the winner (its ONNX build is cached by then).
 
 The child is ``python -m blitz.loading.child`` (its own module: it imports the loader,
 which imports this one).
@@ -40,11 +41,10 @@ STDERR_KEPT = 2000  # characters of the child's stderr quoted when it fails
 CHOICE_MARK = "blitz-auto-choice "  # the line of the child's stdout that holds its choice
 
 
-def _command(kind: str, spec: ModelSpec, argument: str,
-             cache_dir: str | Path | None) -> list[str]:
-    command = [sys.executable, "-m", "blitz.loading.child", kind, spec.model_dump_json(),
-               argument]
-    return command if cache_dir is None else [*command, str(cache_dir)]
+def _command(kind: str, spec: ModelSpec, path: Path, cache_dir: str | Path | None,
+             *extra: str) -> list[str]:
+    return [sys.executable, "-m", "blitz.loading.child", kind, spec.model_dump_json(),
+            str(path), "" if cache_dir is None else str(cache_dir), *extra]
 
 
 def is_cached(spec: ModelSpec, path: Path, cache_dir: str | Path | None) -> bool:
@@ -56,14 +56,16 @@ def is_cached(spec: ModelSpec, path: Path, cache_dir: str | Path | None) -> bool
     return entry is not None and model_cache.entry_problem(entry) is None
 
 
-def build_in_child(spec: ModelSpec, path: Path, cache_dir: str | Path | None) -> bool:
+def build_in_child(spec: ModelSpec, path: Path, cache_dir: str | Path | None, *,
+                   timeout_s: float) -> bool:
     """Build ``spec``'s ONNX model into the cache in a child process unless it is there;
-    True when the cache holds the build afterwards."""
+    True when the cache holds the build afterwards. The child is killed past
+    ``timeout_s`` (``ChildTimedOut``)."""
     if is_cached(spec, path, cache_dir):
         return True
     build_log.info("model %r: building its %s model in a child process", spec.id,
                    spec.cpu_backend)
-    done = run_child(_command("build", spec, str(path), cache_dir))
+    done = run_child(_command("build", spec, path, cache_dir), timeout_s)
     if done.returncode != 0:
         build_log.warning("model %r: the child build failed (exit %s); building in "
                           "process:\n%s", spec.id, done.returncode, done.stderr[-STDERR_KEPT:])
@@ -71,13 +73,15 @@ def build_in_child(spec: ModelSpec, path: Path, cache_dir: str | Path | None) ->
     return is_cached(spec, path, cache_dir)
 
 
-def choose_in_child(spec: ModelSpec, cache_dir: str | Path | None,
-                    threads: int) -> AutoChoice | None:
-    """The choice ``measure_choice`` makes for ``spec`` with ``threads`` intra-op threads,
-    made in a child process; None (logged) when the child fails."""
+def choose_in_child(spec: ModelSpec, path: Path, cache_dir: str | Path | None, *,
+                    threads: int, timeout_s: float) -> AutoChoice | None:
+    """The choice ``measure_choice`` makes for ``spec`` (its weights in ``path``) with
+    ``threads`` intra-op threads, made in a child process; None (logged) when the child
+    fails. The child is killed past ``timeout_s`` (``ChildTimedOut``)."""
     choose_log.info("model %r: cpu_backend auto measures its candidates in a child process",
                     spec.id)
-    done = run_child(_command("choose", spec, str(threads), cache_dir))
+    done = run_child(_command("choose", spec, path, cache_dir, str(threads),
+                              repr(timeout_s)), timeout_s)
     lines = [line for line in done.stdout.splitlines() if line.startswith(CHOICE_MARK)]
     if done.returncode != 0 or not lines:
         choose_log.warning("model %r: the cpu_backend auto child failed (exit %s); measuring "

@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from blitz.errors import BlitzError, ModelLoadFailed
+from blitz.errors import BlitzError, LoadProblem, ModelLoadFailed
 
 logger = logging.getLogger("blitz.models")
 
@@ -20,12 +20,16 @@ def as_load_failure(model_id: str, exc: BaseException,
                     source: str | None = None) -> ModelLoadFailed:
     """The ``ModelLoadFailed`` for whatever loading ``model_id`` (from ``source``) raised.
 
-    The one place a load failure is made: lower layers raise specific errors (or a
-    ``ModelLoadFailed`` that says what is wrong), and the loader and the pool pass them
-    here. Its full text (paths, exception text) stays server-side.
+    The one place a load failure is made: the layers under the loader raise their own
+    plain errors (a ``LoadProblem`` says what is wrong in words fit for the log, with a
+    ``hint`` fit for a client), and the loader's boundary (``load_encoder``) and the pool
+    (a load past its deadline) pass them here. Its full text (paths, exception text)
+    stays server-side.
     """
-    if isinstance(exc, ModelLoadFailed):
+    if isinstance(exc, ModelLoadFailed):  # made here before (a remembered failure)
         return ModelLoadFailed(exc.message, exc.param, model=model_id, hint=exc.hint)
+    if isinstance(exc, LoadProblem):
+        return ModelLoadFailed(exc.message, model=model_id, hint=exc.hint)
     detail = exc.message if isinstance(exc, BlitzError) else f"{type(exc).__name__}: {exc}"
     origin = f" from {source}" if source else ""
     return ModelLoadFailed(f"model {model_id!r} failed to load{origin}: {detail}",

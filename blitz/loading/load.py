@@ -1,20 +1,26 @@
-"""Loading a registered model: one straight path from a ``ModelSpec`` to an ``Encoder``.
+"""Loading a registered model: one way from a ``ModelSpec`` to an ``Encoder``.
 
-    load_encoder(spec, device)
-      -> backend_for(spec, device)             fake | torch | torch-bf16 | onnx | onnx-int8
-                                               | auto (``loading.auto``: each of the others
-                                               through this same path, measured, the winner;
-                                               the choice cached by ``blitz.loading.auto_cache``)
-      -> resolve_source(spec)                  a local directory (downloaded if need be)
-      -> check_model_folder(spec, path)        refused if it would run its own code
-                                               (``blitz.loading.model_trust``;
-                                               ``trust_remote_code``)
-      -> OPENERS[spec.kind, backend](...)      the sentence-transformers model
-      -> the bf16 guard (torch-bf16 only)      ``blitz.loading.accuracy`` vs fp32, then bf16
-      -> wrap(spec, model, device)             the Encoder
+    load_encoder(spec, device, cache_dir, timeout_s)  the boundary: every failure under it
+      |                                                becomes one ModelLoadFailed (424)
+      -> Load(spec, device, cache_dir, until)          the load; its deadline travels with it
+      -> resolve_source(spec)                          source -> a local folder, fetched if
+                                                       need be (``blitz.loading.fetch``)
+      -> check_model_folder(spec, path)                trust: refused if it would run code
+                                                       (``blitz.loading.model_trust``)
+      -> open_backend(load, path, backend)             a named backend: fake | torch |
+                                                       torch-bf16 | onnx | onnx-int8, or
+         load_auto(spec, open_backend, ...)            ``auto``: the recorded choice, else each
+                                                       candidate through ``open_backend``
+                                                       (in a child), timed; the winner once
+           -> OPENERS[spec.kind, backend]              torch, or ONNX built once in a child
+                                                       (export, quantization, accuracy
+                                                       guard; cached), then opened
+           -> the bf16 guard (torch-bf16 only)         ``blitz.loading.accuracy`` vs fp32
+           -> wrap(spec, model, device)                the Encoder
 
-Every failure on the way becomes one ``ModelLoadFailed`` (HTTP 424) naming the model,
-made by ``blitz.loading.failures.as_load_failure``.
+Layers under it raise their own plain errors (``blitz.errors.LoadProblem`` and its
+kind: ``SourceUnavailable``, ``UntrustedCode``, ``AccuracyRefused``, ...);
+``blitz.loading.failures.as_load_failure`` makes the one ``ModelLoadFailed`` here.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +41,13 @@ from blitz.loading.auto import candidates, load_auto
 from blitz.loading.auto_cache import choice_key, remember_choice
 from blitz.loading.children import build_in_child, choose_in_child
 from blitz.loading.failures import as_load_failure
+from blitz.loading.fetch import resolve_source
 from blitz.loading.model_trust import check_model_folder
 from blitz.loading.onnx_export import load_onnx
 from blitz.runtime import model_threads
+from blitz.runtime.child_process import DEFAULT_TIMEOUT_S
 from blitz.runtime.cpu_features import cpu_supports_bf16
-from blitz.settings.registry import ModelSpec, resolve_source
+from blitz.settings.registry import ModelSpec
 
 logger = logging.getLogger("blitz.encoders")
 
@@ -47,8 +56,22 @@ BUILD_IN_CHILD = True
 a long-lived replica or bulk actor, does not keep the export's memory."""
 
 
-# (spec, weights directory, device, cache dir) -> the sentence-transformers model
-Opener = Callable[[ModelSpec, Path, str, str | Path | None], Any]
+@dataclass(frozen=True)
+class Load:
+    """One load of ``spec`` for ``device``: what every step of it reads, its deadline
+    included (a child build or measurement is killed past it; ``blitz.runtime.child_process``)."""
+
+    spec: ModelSpec
+    device: str
+    cache_dir: str | Path | None
+    until: float  # time.monotonic() by which the load ends
+
+    def time_left(self) -> float:
+        return max(0.0, self.until - time.monotonic())
+
+
+# (the spec as this backend opens it, weights directory, the load) -> the model
+Opener = Callable[[ModelSpec, Path, Load], Any]
 
 
 def resolve_device(requested: str) -> str:
@@ -70,21 +93,19 @@ def backend_for(spec: ModelSpec, device: str) -> str:
     return spec.cpu_backend if device == "cpu" else "torch"
 
 
-def _torch_bi_encoder(spec: ModelSpec, path: Path, device: str,
-                      cache_dir: str | Path | None) -> Any:
-    return open_torch_bi_encoder(spec, path, device).to(_torch_dtype(spec, device))
+def _torch_bi_encoder(spec: ModelSpec, path: Path, load: Load) -> Any:
+    return open_torch_bi_encoder(spec, path, load.device).to(_torch_dtype(spec, load.device))
 
 
-def _torch_cross_encoder(spec: ModelSpec, path: Path, device: str,
-                         cache_dir: str | Path | None) -> Any:
-    return open_torch_cross_encoder(spec, path, device).to(_torch_dtype(spec, device))
+def _torch_cross_encoder(spec: ModelSpec, path: Path, load: Load) -> Any:
+    return open_torch_cross_encoder(spec, path, load.device).to(
+        _torch_dtype(spec, load.device))
 
 
-def _onnx(spec: ModelSpec, path: Path, device: str,
-          cache_dir: str | Path | None) -> Any:
+def _onnx(spec: ModelSpec, path: Path, load: Load) -> Any:
     if BUILD_IN_CHILD:
-        build_in_child(spec, path, cache_dir)
-    return load_onnx(spec, path, cache_dir)
+        build_in_child(spec, path, load.cache_dir, timeout_s=load.time_left())
+    return load_onnx(spec, path, load.cache_dir)
 
 
 OPENERS: dict[tuple[str, str], Opener] = {
@@ -99,43 +120,56 @@ OPENERS: dict[tuple[str, str], Opener] = {
 }
 
 
-def load_encoder(spec: ModelSpec, device: str = "cpu",
-                 cache_dir: str | Path | None = None) -> Encoder:
+def load_encoder(spec: ModelSpec, device: str = "cpu", cache_dir: str | Path | None = None,
+                 *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Encoder:
     """Load ``spec`` for ``device`` with the backend the spec names for that kind of pool.
 
     ``cache_dir`` holds ONNX builds and object-storage downloads (``model_cache.cache_root``
-    when None). Every failure becomes ``ModelLoadFailed`` (HTTP 424) naming the model.
+    when None). Work in child processes ends ``timeout_s`` from now at the latest (a
+    pool passes its ``load_timeout_s``). Every failure becomes ``ModelLoadFailed`` (HTTP
+    424) naming the model: here, and nowhere under it.
     """
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    backend = backend_for(spec, device)
+    load = Load(spec, device, cache_dir, time.monotonic() + timeout_s)
     try:
+        backend = backend_for(spec, device)
         if backend == "fake":
             return _fake(spec)
-        if backend == "auto":
-            return _load_auto(spec, device, cache_dir)
         path = resolve_source(spec, cache_dir)
         check_model_folder(spec, path)
-        model = OPENERS[spec.kind, backend](spec, path, device, cache_dir)
-        encoder = (_checked_bf16(spec, model, device) if backend == "torch-bf16"
-                   else wrap(spec, model, device))
-        encoder.backend = backend
-        encoder.calibrate()
-        return encoder
+        if backend == "auto":
+            return _open_auto(load, path)
+        return open_backend(load, path, backend)
     except Exception as exc:
         raise as_load_failure(spec.id, exc, spec.source) from exc
 
 
-def _load_auto(spec: ModelSpec, device: str, cache_dir: str | Path | None) -> Encoder:
+def open_backend(load: Load, path: Path, backend: str) -> Encoder:
+    """``load.spec``'s model in ``path`` (resolved and checked) on ``backend``: the one
+    opener of a named backend and of each ``auto`` candidate."""
+    spec = load.spec
+    if spec.cpu_backend == "auto":  # a candidate: its own builds and cache keys
+        spec = spec.model_copy(update={"cpu_backend": backend})
+    model = OPENERS[spec.kind, backend](spec, path, load)
+    encoder = (_checked_bf16(spec, model, load.device) if backend == "torch-bf16"
+               else wrap(spec, model, load.device))
+    encoder.backend = backend
+    encoder.calibrate()
+    return encoder
+
+
+def _open_auto(load: Load, path: Path) -> Encoder:
     """``cpu_backend: auto``: the choice recorded for this model, candidate set, CPU,
     threads, libraries and guard (``blitz.loading.auto_cache``), else measured in a child
-    process and recorded; then only the winner is opened, through ``load_encoder``."""
-    threads = model_threads.count()  # what this process's models run with: the child too
-    key, parts = choice_key(spec, resolve_source(spec, cache_dir), candidates(), threads)
+    process (each candidate through ``open_backend`` there) and recorded; then only the
+    winner is opened here, through ``open_backend``."""
+    spec, threads = load.spec, model_threads.count()  # the child runs with this process's
+    key, parts = choice_key(spec, path, candidates(), threads)
     return load_auto(
-        spec, lambda name: load_encoder(spec.model_copy(update={"cpu_backend": name}),
-                                        device, cache_dir),
-        chooser=lambda spec: choose_in_child(spec, cache_dir, threads),
-        remember=lambda measure: remember_choice(spec, key, parts, measure, cache_dir))
+        spec, lambda name: open_backend(load, path, name),
+        chooser=lambda spec: choose_in_child(spec, path, load.cache_dir, threads=threads,
+                                             timeout_s=load.time_left()),
+        remember=lambda measure: remember_choice(spec, key, parts, measure, load.cache_dir))
 
 
 def _fake(spec: ModelSpec) -> Encoder:

@@ -28,7 +28,7 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from blitz.errors import ModelLoadFailed, echo
+from blitz.errors import LoadProblem, echo
 
 if TYPE_CHECKING:
     from blitz.settings.registry import ModelSpec
@@ -42,8 +42,12 @@ _INSPECTED = frozenset(MODULE_LISTS + ROUTER_CONFIGS + TRANSFORMERS_CONFIGS)
 MAX_JSON_BYTES = 64 * 2**20  # a tokenizer_config.json with many added tokens is a few MiB
 
 
+class UntrustedCode(LoadProblem):
+    """A model folder names code to run and its spec does not trust it."""
+
+
 def check_model_folder(spec: ModelSpec, path: Path) -> None:
-    """Raise ``ModelLoadFailed`` naming what in ``path`` would run code, unless
+    """Raise ``UntrustedCode`` naming what in ``path`` would run code, unless
     ``spec.trust_remote_code``."""
     if spec.trust_remote_code:
         return
@@ -51,10 +55,10 @@ def check_model_folder(spec: ModelSpec, path: Path) -> None:
     if found:
         named = "; ".join(f for f in found if "cannot be read" not in f) or \
             "config files it cannot read"  # exception text would name server paths
-        raise ModelLoadFailed(
+        raise UntrustedCode(
             f"model {spec.id!r}: refused to open {path}: {'; '.join(found)}. Loading it would "
             "run code from the model's files; if you trust this source, set "
-            "`trust_remote_code: true` on the model entry", model=spec.id,
+            "`trust_remote_code: true` on the model entry",
             hint=f"refused: its files would run code ({echo(named, 200)}); an operator who "
                  "trusts the source sets trust_remote_code: true on the model entry")
 

@@ -5,9 +5,9 @@ A model load runs some of its work in ``python -m ...`` children (the ONNX build
 ``CompletedProcess``; the child
 
 - **has a deadline**: past ``timeout_s`` it is killed with its whole process group (it
-  starts in a session of its own) and ``ChildTimedOut`` is raised. Without an explicit
-  ``timeout_s`` the time left of the enclosing ``deadline()`` block applies (a pool's
-  load sets one from ``load_timeout_s``), else ``DEFAULT_TIMEOUT_S``;
+  starts in a session of its own) and ``ChildTimedOut`` is raised. The caller passes
+  it: a model load passes what is left of its own deadline (``blitz.loading.load.Load``;
+  a pool's ``load_timeout_s``, ``DEFAULT_TIMEOUT_S`` for the CLI and bulk jobs);
 - **dies with its parent**: it starts through ``python -m blitz.runtime.child_process``, a
   trampoline that asks Linux for ``SIGKILL`` when its parent goes
   (``prctl(PR_SET_PDEATHSIG)``, which survives ``exec``), checks the parent did not go
@@ -34,45 +34,22 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-DEFAULT_TIMEOUT_S = 1800.0  # a child outside any deadline() block (the CLI, bulk jobs)
+DEFAULT_TIMEOUT_S = 1800.0  # a load that names no deadline of its own (the CLI, bulk jobs)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_local = threading.local()  # the calling thread's deadline (time.monotonic), if any
 
 
 class ChildTimedOut(TimeoutError):
     """The child ran past its deadline and was killed."""
 
 
-@contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Children started by this thread inside the block end ``seconds`` from now at the
-    latest. Thread-local: each pool load runs on a thread of its own."""
-    outer = getattr(_local, "until", None)
-    until = time.monotonic() + seconds
-    _local.until = until if outer is None else min(outer, until)
-    try:
-        yield
-    finally:
-        _local.until = outer
-
-
-def time_left() -> float:
-    """Seconds left before this thread's deadline; ``DEFAULT_TIMEOUT_S`` outside one."""
-    until = getattr(_local, "until", None)
-    return DEFAULT_TIMEOUT_S if until is None else max(0.0, until - time.monotonic())
-
-
-def run_child(command: Sequence[str], timeout_s: float | None = None
-              ) -> subprocess.CompletedProcess[str]:
+def run_child(command: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     """Run ``command`` to its end, capturing its output as text (like ``subprocess.run``
     with ``capture_output=True, text=True``). Raises ``ChildTimedOut`` after killing the
-    child and its process group past ``timeout_s`` (default: ``time_left()``); the child
-    is killed too if this thread is interrupted meanwhile, and when this process dies."""
-    limit = time_left() if timeout_s is None else timeout_s
+    child and its process group past ``timeout_s``; the child is killed too if this
+    thread is interrupted meanwhile, and when this process dies."""
+    limit = max(0.0, timeout_s)
     wrapped = [sys.executable, "-m", "blitz.runtime.child_process", str(os.getpid()), *command]
     with subprocess.Popen(wrapped, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, start_new_session=True) as child:
@@ -81,7 +58,8 @@ def run_child(command: Sequence[str], timeout_s: float | None = None
         except subprocess.TimeoutExpired:
             _kill_group(child)
             child.communicate()
-            raise ChildTimedOut(f"{_name(command)} did not finish within {limit:g} s; "
+            raise ChildTimedOut(f"{_name(command)} did not finish within "
+                                f"{round(limit, 1):g} s; "
                                 "killed it and its process group") from None
         except BaseException:
             _kill_group(child)

@@ -25,7 +25,7 @@ aside and deleted under the lock (only ``<area>/<key>`` itself: a link is unlink
 followed, and no path a record names is touched), and rebuilt once; a rebuilt entry that
 fails again is a real error. Nobody waits for the lock forever: after
 ``lock_timeout`` seconds (``LOCK_TIMEOUT_S`` unless the caller says) the waiter gives up
-with ``ModelLoadFailed`` naming the lock file and the entry.
+with ``CacheLockTimeout`` naming the lock file and the entry.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from blitz.errors import ModelLoadFailed
+from blitz.errors import LoadProblem
 
 logger = logging.getLogger("blitz.model_cache")
 
@@ -75,6 +75,10 @@ class CacheEntry:
     path: Path
     meta: dict[str, Any]
     built: bool  # True when this call built it, False when it was already there
+
+
+class CacheLockTimeout(LoadProblem):
+    """A model cache entry's lock stayed held past the wait allowed for it."""
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -204,7 +208,7 @@ def file_lock(path: Path, waiting_message: str | None = None, *,
     Waits at most ``timeout`` seconds (``LOCK_TIMEOUT_S`` when None; ``math.inf`` for no
     limit), polling (it blocks its thread: never call it on an event loop), logging
     ``waiting_message`` when it has to wait and every ``_STILL_WAITING_S`` after, then
-    raises ``ModelLoadFailed`` naming the lock file, ``what`` it guards and ``model``. A
+    raises ``CacheLockTimeout`` naming the lock file, ``what`` it guards and ``model``. A
     lock held by a process that died is free again at once (the kernel drops its flock);
     only a live holder, still working or hung, can make us wait.
     """
@@ -216,12 +220,12 @@ def file_lock(path: Path, waiting_message: str | None = None, *,
     except Timeout:
         who = f"model {model!r}: " if model else ""
         guarded = f" (held while {what} is built)" if what else ""
-        raise ModelLoadFailed(
+        raise CacheLockTimeout(
             f"{who}gave up after {limit:g} s waiting for the model cache lock "
             f"{path}{guarded}: another process is still building it, or hung while "
             f"holding the lock. Find it with `fuser -v {path}` or `lsof {path}` (a "
             "replica or a `blitz optimize` run), let it finish or stop it, or allow a "
-            "longer lock timeout", model=model) from None
+            "longer lock timeout") from None
     try:
         yield
     finally:

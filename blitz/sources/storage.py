@@ -19,11 +19,15 @@ import posixpath
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from blitz.errors import InvalidValue, ModelLoadFailed
+from blitz.errors import InvalidValue, LoadProblem
 from blitz.sources import model_cache
 
 AREA = "sources"
 PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
+
+
+class ObjectStoreError(LoadProblem):
+    """An object-storage source that cannot be fetched whole."""
 
 
 def fetch_to_cache(model_id: str, uri: str, cache_dir: str | os.PathLike[str] | None = None,
@@ -67,12 +71,10 @@ def download_prefix(model_id: str, uri: str, target: Path) -> dict[str, int]:
     try:
         listing = fs.find(prefix, detail=True)
     except FileNotFoundError as exc:  # no such bucket or container
-        raise ModelLoadFailed(f"model {model_id!r}: {uri} does not exist",
-                              model=model_id) from exc
+        raise ObjectStoreError(f"model {model_id!r}: {uri} does not exist") from exc
     objects = {path: info for path, info in listing.items() if info.get("type") != "directory"}
     if not objects:
-        raise ModelLoadFailed(f"model {model_id!r}: no objects found under {uri}",
-                              model=model_id)
+        raise ObjectStoreError(f"model {model_id!r}: no objects found under {uri}")
     copied: dict[str, int] = {}
     for path, info in sorted(objects.items()):
         relative = _relative(model_id, uri, prefix, path)
@@ -82,9 +84,8 @@ def download_prefix(model_id: str, uri: str, target: Path) -> dict[str, int]:
         size = destination.stat().st_size
         expected = info.get("size")
         if expected is not None and int(expected) != size:
-            raise ModelLoadFailed(
-                f"model {model_id!r}: {uri}/{relative} downloaded {size} of {expected} bytes",
-                model=model_id)
+            raise ObjectStoreError(
+                f"model {model_id!r}: {uri}/{relative} downloaded {size} of {expected} bytes")
         copied[relative] = size
     return copied
 
@@ -132,10 +133,9 @@ def _open(model_id: str, uri: str) -> tuple[Any, str]:
                                      **storage_options(protocol))
     except ImportError as exc:
         package = PACKAGES.get(protocol, protocol)
-        raise ModelLoadFailed(
+        raise ObjectStoreError(
             f"model {model_id!r}: {protocol}:// sources need the {package!r} package; "
-            f"pip install {package}", model=model_id,
-        ) from exc
+            f"pip install {package}") from exc
 
 
 def _relative(model_id: str, uri: str, prefix: str, path: str) -> str:
@@ -144,6 +144,5 @@ def _relative(model_id: str, uri: str, prefix: str, path: str) -> str:
     relative = path[len(prefix):].lstrip("/") if path.startswith(prefix + "/") else (
         posixpath.basename(path))  # the URI names one object
     if not relative or ".." in relative.split("/"):
-        raise ModelLoadFailed(f"model {model_id!r}: unsafe object name {path!r} under {uri}",
-                              model=model_id)
+        raise ObjectStoreError(f"model {model_id!r}: unsafe object name {path!r} under {uri}")
     return relative

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from blitz.errors import ModelLoadFailed
 from blitz.loading import auto
 from blitz.loading import children as load_children
+from blitz.loading.accuracy import AccuracyRefused
 from blitz.loading.auto import AutoChoice
 from blitz.loading.load import load_encoder
 from blitz.settings.registry import ModelSpec
@@ -102,8 +102,7 @@ def _timed_opener(tiny_dir: Path, clock: FakeClock, refuse: set[str], opened: di
     fake clock, and the backends in ``refuse`` fail as the accuracy guard fails them."""
     def open_backend(name: str):
         if name in refuse:
-            raise ModelLoadFailed(f"model 'tiny': the {name} build is not accurate enough",
-                                  model="tiny")
+            raise AccuracyRefused(f"model 'tiny': the {name} build is not accurate enough")
         encoder = load_encoder(_spec(tiny_dir, "torch"))
         embed = encoder.embed
 
@@ -138,7 +137,7 @@ def test_auto_keeps_one_fastest_passing_backend_and_closes_the_rest(tiny_dir, ca
 
 
 def test_auto_fails_when_every_backend_fails(tiny_dir):
-    with pytest.raises(ModelLoadFailed, match="torch build is not accurate"):
+    with pytest.raises(AccuracyRefused, match="torch build is not accurate"):
         auto.load_auto(_spec(tiny_dir), _timed_opener(tiny_dir, FakeClock(), set(COSTS), {}),
                        backends=list(COSTS), timer=FakeClock(), seconds=0.1)
 
@@ -213,7 +212,8 @@ def test_a_choice_survives_the_trip_from_the_child():
 
 def test_the_child_process_measures_and_chooses(tiny_dir, onnx_cache, caplog):
     with caplog.at_level(logging.INFO, logger="blitz.encoders"):
-        choice = load_children.choose_in_child(_spec(tiny_dir), onnx_cache, threads=1)
+        choice = load_children.choose_in_child(_spec(tiny_dir), tiny_dir, onnx_cache, threads=1,
+                                               timeout_s=600)
     assert choice is not None, caplog.text
     assert choice.chosen in set(choice.rates) <= set(auto.candidates())
     assert all(rate > 0 for rates in choice.rates.values() for rate in rates.values())
@@ -225,5 +225,6 @@ def test_the_child_process_measures_and_chooses(tiny_dir, onnx_cache, caplog):
 def test_a_child_that_fails_is_logged_and_answers_none(tmp_path, caplog):
     missing = ModelSpec(id="gone", source=str(tmp_path / "no-such-model"), cpu_backend="auto")
     with caplog.at_level(logging.WARNING, logger="blitz.encoders"):
-        assert load_children.choose_in_child(missing, tmp_path, threads=1) is None
+        assert load_children.choose_in_child(missing, tmp_path / "no-such-model", tmp_path,
+                                             threads=1, timeout_s=600) is None
     assert "the cpu_backend auto child failed" in caplog.text

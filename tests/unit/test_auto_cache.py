@@ -35,7 +35,7 @@ class Measurements:
     def __init__(self, chosen: str = "torch"):
         self.chosen, self.calls = chosen, 0
 
-    def __call__(self, *_: object) -> AutoChoice:
+    def __call__(self, *_: object, **__: object) -> AutoChoice:
         self.calls += 1
         return AutoChoice(self.chosen, RATES, {"onnx-int8": "not accurate enough"})
 
@@ -74,16 +74,16 @@ def test_the_first_start_measures_and_records_the_second_reuses_it(tiny_dir, tmp
     assert f"chose torch for every call; recorded in {record.parent}" in caplog.text
 
     opened: list[str] = []
-    original = load.load_encoder
+    original = load.open_backend
 
-    def spy(spec: ModelSpec, *args, **kwargs):
-        opened.append(spec.cpu_backend)
-        return original(spec, *args, **kwargs)
+    def spy(load_: load.Load, path: Path, backend: str):
+        opened.append(backend)
+        return original(load_, path, backend)
 
-    monkeypatch.setattr(load, "load_encoder", spy)
+    monkeypatch.setattr(load, "open_backend", spy)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="blitz.encoders"):
-        second = original(_spec(tiny_dir), cache_dir=tmp_path)
+        second = load_encoder(_spec(tiny_dir), cache_dir=tmp_path)
     assert measured.calls == 1  # nothing timed
     assert opened == ["torch"]  # only the winner opened
     assert second.backend == "auto(torch)" and second.auto_choice is not None

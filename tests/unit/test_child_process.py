@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from blitz.errors import ModelLoadFailed
 from blitz.loading import children as load_children
+from blitz.loading.load import load_encoder
 from blitz.runtime import child_process
-from blitz.runtime.child_process import ChildTimedOut, deadline, run_child
+from blitz.runtime.child_process import ChildTimedOut, run_child
 from blitz.settings.registry import ModelSpec
 from tests.waiting import wait_until
 
@@ -87,13 +89,8 @@ def test_a_child_dies_with_its_parent(tmp_path):
                 os.kill(int(path.read_text()), signal.SIGKILL)
 
 
-def test_a_child_outside_any_deadline_gets_the_default(monkeypatch):
-    assert child_process.time_left() == child_process.DEFAULT_TIMEOUT_S
-    with deadline(30):
-        assert 29 < child_process.time_left() <= 30
-        with deadline(60):  # an inner block never extends the outer one
-            assert child_process.time_left() <= 30
-    done = run_child([sys.executable, "-c", "print('hi')"])
+def test_a_child_that_ends_in_time_gives_its_output():
+    done = run_child([sys.executable, "-c", "print('hi')"], child_process.DEFAULT_TIMEOUT_S)
     assert (done.returncode, done.stdout) == (0, "hi\n")
 
 
@@ -113,15 +110,30 @@ def test_the_load_deadline_kills_the_onnx_build_child(tmp_path, hanging_python, 
     spec = ModelSpec(id="m", source=str(model), cpu_backend="onnx")
     monkeypatch.setattr(load_children, "sys", hanging_python)
     started = time.monotonic()
-    with deadline(0.5), pytest.raises(ChildTimedOut, match="blitz.loading.child"):
-        load_children.build_in_child(spec, model, tmp_path / "cache")
+    with pytest.raises(ChildTimedOut, match="blitz.loading.child"):
+        load_children.build_in_child(spec, model, tmp_path / "cache", timeout_s=0.5)
     assert time.monotonic() - started < 5
+
+
+def test_the_deadline_travels_with_the_load(tmp_path, hanging_python, monkeypatch):
+    """No thread-local: the deadline a load is given reaches its children through the
+    load itself, and the child that outlives it costs a 424, not a hang."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    spec = ModelSpec(id="m", source=str(model), cpu_backend="onnx")
+    monkeypatch.setattr(load_children, "sys", hanging_python)
+    started = time.monotonic()
+    with pytest.raises(ModelLoadFailed, match="did not finish within 0.5 s") as caught:
+        load_encoder(spec, cache_dir=tmp_path / "cache", timeout_s=0.5)
+    assert time.monotonic() - started < 5 and caught.value.status == 424
 
 
 def test_the_load_deadline_kills_the_auto_backend_child(tmp_path, hanging_python, monkeypatch):
     spec = ModelSpec(id="m", source=str(tmp_path), cpu_backend="auto")
     monkeypatch.setattr(load_children, "sys", hanging_python)
     started = time.monotonic()
-    with deadline(0.5), pytest.raises(ChildTimedOut, match="blitz.loading.child"):
-        load_children.choose_in_child(spec, tmp_path / "cache", threads=1)
+    with pytest.raises(ChildTimedOut, match="blitz.loading.child"):
+        load_children.choose_in_child(spec, tmp_path, tmp_path / "cache", threads=1,
+                                      timeout_s=0.5)
     assert time.monotonic() - started < 5

@@ -112,16 +112,20 @@ def test_the_json_container_limit_skips_brackets_in_strings_and_escapes():
         codecs.loads_json(tricky, max_containers=4)
 
 
-def _peak(decode) -> int:
+def _peak(decode, out: list | None = None) -> int:
+    """The most memory ``decode()`` held at once; what it returned or raised (a 413)
+    is appended to ``out``."""
     import tracemalloc
 
     tracemalloc.start()
     try:
-        decode()
-    except PayloadTooLarge:
-        pass
+        result = decode()
+    except PayloadTooLarge as refused:
+        result = refused
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
+    if out is not None:
+        out.append(result)
     return peak
 
 
@@ -147,15 +151,23 @@ def test_a_decode_stays_a_small_multiple_of_the_body():
 def test_a_msgpack_decode_stays_a_small_multiple_of_the_body():
     """The same for msgpack: a 2-character string is 3 bytes on the wire and about 60
     once decoded, so a body of a million of them is refused before unpacking; a body of
-    a million token ids whose bytes look like string headers is walked, then unpacked."""
+    a million token ids whose bytes look like string headers is walked, then unpacked;
+    one of more token ids than a request may hold is refused before unpacking."""
     max_containers = 2 * 2048 + 64
     tiny = codecs.pack({"texts": ["ab"] * 1_000_000})
     assert _peak(lambda: codecs.unpack(tiny, len(tiny), max_containers)) < len(tiny)
     with pytest.raises(PayloadTooLarge, match="strings"):
         codecs.unpack(tiny, len(tiny), max_containers)
-    ids = codecs.pack({"input": [[421] * 1_000_000]})  # 421 is 0xcd 0x01 0xa5
-    assert _peak(lambda: codecs.unpack(ids, len(ids), max_containers)) < 15 * len(ids)
-    assert len(codecs.unpack(ids, len(ids), max_containers)["input"][0]) == 1_000_000
+    max_values = 200_000  # a smaller token-id limit than the default: the same ratios
+    decoded: list = []
+    ids = codecs.pack({"input": [[421] * 190_000]})  # 421 is 0xcd 0x01 0xa5
+    assert _peak(lambda: codecs.unpack(ids, len(ids), max_containers, max_values),
+                 decoded) < 15 * len(ids)  # Python's ints and list: 36 bytes an id
+    assert len(decoded[0]["input"][0]) == 190_000
+    more = codecs.pack({"input": [[421] * 220_000]})  # past the token-id limit: not built
+    assert _peak(lambda: codecs.unpack(more, len(more), max_containers, max_values),
+                 decoded) < len(more)
+    assert isinstance(decoded[1], PayloadTooLarge) and "values" in decoded[1].message
     texts = ["ключ, 中文 text"] * 2048  # continuation bytes that look like string headers
     assert codecs.unpack(codecs.pack({"texts": texts}), 1 << 20, max_containers) == {
         "texts": texts}

@@ -194,15 +194,36 @@ def msgpack_strings(value: Any) -> int:
     return isinstance(value, str)
 
 
-@given(MSGPACK_VALUES, st.integers(0, 40))
-def test_msgpack_strings_are_counted_exactly(value, bound):
+def msgpack_values(value: Any) -> int:
+    """Objects msgpack writes for ``value`` other than strings: containers, their
+    non-string keys, numbers, booleans, nil, bin."""
+    if isinstance(value, list):
+        return 1 + sum(msgpack_values(v) for v in value)
+    if isinstance(value, dict):
+        return 1 + sum((not isinstance(k, str)) + msgpack_values(v) for k, v in value.items())
+    return not isinstance(value, str)
+
+
+MANY_SMALL = st.lists(st.text(max_size=2) | st.integers(-300, 70_000) | st.binary(max_size=3),
+                      max_size=300)
+
+
+@given(MSGPACK_VALUES | MANY_SMALL, st.integers(0, 80), st.integers(0, 300))
+def test_msgpack_is_counted_exactly(value, limit, max_values):
+    """More than ``strings_bound(limit)`` strings or ``max_values`` other objects is
+    refused before unpacking, exactly then."""
     body = msgpack.packb(value, use_bin_type=True)
-    assert body_scan.msgpack_strings_over(body, bound) == (msgpack_strings(value) > bound)
+    over = (msgpack_strings(value) > body_scan.strings_bound(limit)
+            or msgpack_values(value) > max_values)
+    assert (body_scan.msgpack_over(body, limit, max_values) is not None) == over
 
 
-@given(mutated(MSGPACK_BODIES) | st.binary(max_size=200), st.integers(0, 40))
-def test_any_bytes_walk_as_msgpack_without_error(body, bound):
-    assert body_scan.msgpack_strings_over(body, bound) in (True, False)
+@given(mutated(MSGPACK_BODIES) | st.binary(max_size=200), st.integers(0, 40),
+       st.integers(0, 80))
+def test_any_bytes_walk_as_msgpack_without_error(body, limit, max_values):
+    assert body_scan.msgpack_over(body, limit, max_values) in (
+        None, f"more than {body_scan.strings_bound(limit)} strings",
+        f"more than {max_values} values")
 
 
 @given(st.lists(JSON_VALUES, min_size=1, max_size=4), st.integers(0, 80))

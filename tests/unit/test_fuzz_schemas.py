@@ -1,4 +1,4 @@
-"""Property-based tests of the request parsers (blitz/schemas.py) on strangers' bodies.
+"""Property-based tests of the request parsers (blitz/http/bodies.py) on strangers' bodies.
 
 Whatever a decoded body holds, ``parse`` returns a request or raises a ``BlitzError``
 with a short message, and its cost grows linearly with the body.
@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from blitz.errors import BlitzError
-from blitz.schemas import EmbedRequest, OpenAIEmbeddingRequest, RerankRequest
+from blitz.http.bodies import EmbedRequest, OpenAIEmbeddingRequest, RerankRequest
 from blitz.settings.config import Limits
 from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
 

@@ -161,7 +161,7 @@ FLOORS = (  # lowest first: a module imports its own package, lower floors and L
     ("blitz.sources",),  # the model cache, object-storage sources
     ("blitz.settings",),  # typed settings, the model registry, sizes
     ("blitz.encoders",),  # the encoder contract, one backend per module, output options
-    ("blitz.loading", "blitz.schemas"),  # a ModelSpec to an Encoder; request and job models
+    ("blitz.loading", "blitz.schemas"),  # a ModelSpec to an Encoder; the jobs and results of the hops
     ("blitz.pool", "blitz.bulk"),  # a pool replica's Ray-free half; the bulk job's
     ("blitz.ingress",),  # request logic: limits, routing, output options
     ("blitz.http",),  # the HTTP API

@@ -13,7 +13,7 @@ from blitz.errors import ModelLoadFailed
 from blitz.loading import onnx_export
 from blitz.loading.accuracy import AccuracyReport
 from blitz.loading.load import load_encoder
-from blitz.loading.model_trust import code_references
+from blitz.loading.model_trust import UntrustedCode, code_references
 from blitz.settings.registry import ModelSpec
 from blitz.sources import model_cache
 from tests.tiny_models import CODE_CARRYING_TYPE, build_code_carrying_model, minilm_dir
@@ -57,7 +57,7 @@ def test_the_onnx_export_refuses_it_too(evil_dir, marker, tmp_path, backend):
     """What the ONNX child process and ``blitz optimize`` call: refused before the export
     opens the folder, and nothing is cached."""
     spec = ModelSpec(id="evil", source=str(evil_dir), cpu_backend=backend)
-    with pytest.raises(ModelLoadFailed, match="modeling_evil.Evil.*trust_remote_code"):
+    with pytest.raises(UntrustedCode, match="modeling_evil.Evil.*trust_remote_code"):
         onnx_export.prepare_onnx(spec, evil_dir, tmp_path / "cache")
     assert not marker.exists()
     assert not (tmp_path / "cache" / onnx_export.AREA).exists()

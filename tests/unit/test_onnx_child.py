@@ -34,7 +34,7 @@ def test_load_builds_in_a_child_and_opens_the_cached_build(tiny_dir, tmp_path, m
     expected = load_encoder(spec.model_copy(update={"cpu_backend": "torch"}))
     np.testing.assert_allclose(encoder.embed(TEXTS, normalize=True).values,
                                expected.embed(TEXTS, normalize=True).values, atol=1e-5)
-    assert build_in_child(spec, tiny_dir, tmp_path)  # cached: no second child
+    assert build_in_child(spec, tiny_dir, tmp_path, timeout_s=600)  # cached: no second child
 
 
 @pytest.mark.slow  # a child process: ~6 s on a 2-core machine
@@ -43,6 +43,6 @@ def test_a_failed_child_build_is_logged_and_left_to_the_caller(tiny_dir, tmp_pat
     empty.mkdir()
     spec = ModelSpec(id="broken", source=str(empty), cpu_backend="onnx")
     with caplog.at_level(logging.WARNING, logger="blitz.onnx_export"):
-        assert build_in_child(spec, empty, tmp_path / "cache") is False
+        assert build_in_child(spec, empty, tmp_path / "cache", timeout_s=600) is False
     assert "'broken': the child build failed" in caplog.text
     assert not is_cached(spec, empty, tmp_path / "cache")

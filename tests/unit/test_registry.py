@@ -3,9 +3,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from blitz.errors import ModelLoadFailed, UnknownModel
+from blitz.errors import UnknownModel
+from blitz.loading.fetch import SourceUnavailable, read_dimension, resolve_source
 from blitz.settings.config import BlitzSettings
-from blitz.settings.registry import ModelSpec, Registry, hub_repo, read_dimension, resolve_source
+from blitz.settings.registry import ModelSpec, Registry, hub_repo
 
 
 def test_package_source_resolves_the_embedded_model():
@@ -15,15 +16,15 @@ def test_package_source_resolves_the_embedded_model():
 
 
 def test_missing_package_and_directory_fail_naming_the_model(tmp_path):
-    with pytest.raises(ModelLoadFailed, match="'m1'.*not installed"):
+    with pytest.raises(SourceUnavailable, match="'m1'.*not installed"):
         resolve_source(ModelSpec(id="m1", source="package:no_such_package_xyz"))
-    with pytest.raises(ModelLoadFailed, match="'m2'.*does not exist"):
+    with pytest.raises(SourceUnavailable, match="'m2'.*does not exist"):
         resolve_source(ModelSpec(id="m2", source=str(tmp_path / "missing")))
 
 
 def test_hf_source_offline_fails_clearly(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ModelLoadFailed, match="'remote'.*hf:org/does-not-exist"):
+    with pytest.raises(SourceUnavailable, match="'remote'.*hf:org/does-not-exist"):
         resolve_source(ModelSpec(id="remote", source="hf:org/does-not-exist"))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from blitz.errors import InvalidValue
-from blitz.schemas import OpenAIEmbeddingRequest
+from blitz.http.bodies import OpenAIEmbeddingRequest
 
 
 @pytest.mark.parametrize(("value", "texts", "token_ids"), [

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 
 from blitz.errors import ModelLoadFailed
+from blitz.loading.failures import as_load_failure
+from blitz.loading.fetch import resolve_source
 from blitz.loading.load import load_encoder
-from blitz.settings.registry import ModelSpec, resolve_source
+from blitz.settings.registry import ModelSpec
 from blitz.sources import model_cache
 from blitz.sources.model_cache import ENTRY_FILE
-from blitz.sources.storage import _relative, fetch_to_cache, storage_options
+from blitz.sources.storage import ObjectStoreError, _relative, fetch_to_cache, storage_options
 from tests.ports import free_port
 
 pytest.importorskip("s3fs")
@@ -71,8 +73,10 @@ def test_downloads_the_prefix_and_the_model_loads(s3, tiny_dir, tmp_path):
 
 @pytest.mark.parametrize("uri", ["s3://models/no-such-model", "s3://no-such-bucket/tiny"])
 def test_missing_objects_fail_with_424_naming_model_and_uri(s3, tmp_path, uri):
-    with pytest.raises(ModelLoadFailed) as caught:
+    with pytest.raises(ObjectStoreError):
         resolve_source(_spec(uri), tmp_path)
+    with pytest.raises(ModelLoadFailed) as caught:  # what the loader's boundary makes of it
+        load_encoder(_spec(uri), cache_dir=tmp_path)
     assert caught.value.status == 424
     assert "'remote'" in caught.value.message and uri in caught.value.message
     assert not list((tmp_path / "sources").iterdir())  # nothing cached, no temp dir left
@@ -108,10 +112,11 @@ def test_a_download_held_up_elsewhere_times_out(tmp_path):
     uri = "s3://models/tiny"
     key = model_cache.entry_key("tiny", {"uri": uri})
     lock = model_cache.lock_path(tmp_path, "sources", key)
-    with model_cache.file_lock(lock), pytest.raises(ModelLoadFailed) as caught:
+    with model_cache.file_lock(lock), pytest.raises(model_cache.CacheLockTimeout) as caught:
         fetch_to_cache("remote", uri, tmp_path, lock_timeout=0.2)  # never reaches the server
     assert str(lock) in caught.value.message and "'remote'" in caught.value.message
-    assert caught.value.model == "remote"
+    assert as_load_failure("remote", caught.value).public_message().startswith(
+        "model 'remote' failed to load")
 
 
 def test_concurrent_fetches_download_once(s3, tmp_path):
@@ -141,7 +146,7 @@ def test_a_missing_filesystem_package_is_named(tmp_path):
         pytest.skip("gcsfs is installed")
     except ImportError:
         pass
-    with pytest.raises(ModelLoadFailed, match="pip install gcsfs"):
+    with pytest.raises(ObjectStoreError, match="pip install gcsfs"):
         fetch_to_cache("remote", "gs://bucket/model", tmp_path)
 
 
@@ -150,5 +155,5 @@ def test_object_names_cannot_escape_the_cache():
     assert _relative("remote", uri, "models/tiny", "models/tiny/1_Pooling/config.json") == (
         "1_Pooling/config.json")
     for evil in ("models/tiny/../../etc/passwd", "models/tiny/a/../../../x"):
-        with pytest.raises(ModelLoadFailed, match="unsafe object name"):
+        with pytest.raises(ObjectStoreError, match="unsafe object name"):
             _relative("remote", uri, "models/tiny", evil)

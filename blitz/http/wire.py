@@ -1,0 +1,62 @@
+"""The reply bodies: how a result (``blitz.schemas``) is written on the wire,
+defined once per route. ``blitz.http.responses`` then encodes the body as msgpack, JSON
+or raw bytes.
+
+- ``embed_reply``: ``POST /embed``. ``numpy`` layout: ``embeddings`` is the array
+  (msgpack-numpy's map on msgpack, nested lists on JSON), ``dtype`` its name
+  (``"float32"``). ``portable``: ``embeddings`` is the little-endian bytes and ``dtype``
+  numpy's ``dtype.str`` (``"<f4"``), so any msgpack decoder rebuilds the array from
+  ``shape``.
+- ``openai_embeddings_reply``: ``POST /v1/embeddings``, OpenAI's list of
+  ``{"object": "embedding", "index", "embedding"}`` (floats, or base64 of little-endian
+  float32).
+- ``rerank_reply``: ``POST /rerank`` and ``/v1/rerank`` (Cohere/Jina's shape): no
+  arrays, so the same in either msgpack layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from blitz import codecs
+from blitz.codecs import ArrayLayout
+from blitz.schemas import EmbedResult, RerankHit, RerankResult, Usage
+
+
+def usage_body(usage: Usage) -> dict[str, int]:
+    return {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.total_tokens}
+
+
+def embed_reply(result: EmbedResult, layout: ArrayLayout = "numpy") -> dict[str, Any]:
+    emb = result.embeddings
+    if layout == "portable":
+        data, shape, dtype = codecs.portable_array(emb)
+        return {"model": result.model, "embeddings": data, "shape": shape, "dtype": dtype,
+                "usage": usage_body(result.usage)}
+    return {"model": result.model, "embeddings": emb, "shape": list(emb.shape),
+            "dtype": str(emb.dtype), "usage": usage_body(result.usage)}
+
+
+def openai_embeddings_reply(result: EmbedResult,
+                            encoding_format: Literal["float", "base64"]) -> dict[str, Any]:
+    rows = result.embeddings
+    if encoding_format == "base64":
+        data = [{"object": "embedding", "index": i, "embedding": codecs.to_base64(row)}
+                for i, row in enumerate(rows)]
+    else:
+        data = [{"object": "embedding", "index": i, "embedding": row}
+                for i, row in enumerate(rows)]
+    return {"object": "list", "data": data, "model": result.model,
+            "usage": usage_body(result.usage)}
+
+
+def rerank_hit(hit: RerankHit) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": hit.index, "relevance_score": hit.relevance_score}
+    if hit.document is not None:
+        out["document"] = {"text": hit.document}
+    return out
+
+
+def rerank_reply(result: RerankResult) -> dict[str, Any]:
+    return {"model": result.model, "results": [rerank_hit(h) for h in result.results],
+            "usage": usage_body(result.usage)}

@@ -1,0 +1,107 @@
+"""Source and fetch: where a model's weights are, as a local folder, before anything
+opens them.
+
+``resolve_source(spec)`` turns a spec's ``source`` (``blitz.settings.registry`` lists
+the kinds) into a local directory: an installed package's folder, a local path, a hub
+snapshot (downloaded if need be) or an object-storage prefix copied into the model cache
+(``blitz.sources.storage``). A source that gives no folder raises ``SourceUnavailable``;
+the loader's boundary makes it the client's ``ModelLoadFailed``. ``read_dimension``
+reads a local model's embedding size from its files, loading no weights.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+
+from blitz.errors import LoadProblem
+from blitz.settings.registry import OBJECT_STORES, ModelSpec, hub_repo
+from blitz.sources.storage import fetch_to_cache
+
+
+class SourceUnavailable(LoadProblem):
+    """A model's source gives no local folder: not installed, missing, not fetched."""
+
+
+def resolve_source(spec: ModelSpec, cache_dir: str | os.PathLike | None = None) -> Path:
+    """A local directory holding ``spec``'s weights; raises ``SourceUnavailable`` if none.
+
+    Object-storage sources are downloaded into the model cache under ``cache_dir``
+    (``model_cache.cache_root``'s default when None).
+    """
+    scheme, rest = spec.location()
+    if scheme == "package":
+        try:
+            module = importlib.import_module(rest)
+        except ImportError as exc:
+            raise SourceUnavailable(
+                f"model {spec.id!r}: package {rest!r} is not installed ({exc})") from exc
+        getter = getattr(module, "get_model_path", None)
+        if callable(getter):
+            path = Path(getter())
+        elif module.__file__ is not None:
+            path = Path(module.__file__).parent / "model"
+        else:
+            raise SourceUnavailable(
+                f"model {spec.id!r}: package {rest!r} has neither get_model_path() nor a "
+                "model/ folder beside its __init__.py")
+        return _existing_dir(spec, path)
+    if scheme == "hf":
+        return _from_hub(spec, rest)
+    if scheme in OBJECT_STORES:
+        return fetch_to_cache(spec.id, spec.source, cache_dir)
+    if scheme == "fake":
+        raise ValueError("fake sources have no files")
+    return _existing_dir(spec, Path(rest).expanduser())
+
+
+def preflight_source(spec: ModelSpec) -> None:
+    """Raise ``SourceUnavailable`` now when a local or package source is missing.
+
+    Cheap (no weights are read); object-storage and hub sources are checked when loaded.
+    """
+    if spec.location().is_local:
+        resolve_source(spec)
+
+
+def _existing_dir(spec: ModelSpec, path: Path) -> Path:
+    if not path.is_dir():
+        raise SourceUnavailable(f"model {spec.id!r}: directory {str(path)!r} does not exist")
+    return path
+
+
+def _from_hub(spec: ModelSpec, rest: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    repo_id, revision = hub_repo(rest)
+    try:
+        return Path(snapshot_download(repo_id, revision=revision))
+    except Exception as exc:  # offline, unknown repo, auth: all mean "cannot load"
+        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        hint = " (HF_HUB_OFFLINE is set and it is not in the local cache)" if offline else ""
+        raise SourceUnavailable(
+            f"model {spec.id!r}: cannot fetch hf:{rest} from the Hugging Face hub{hint}: "
+            f"{type(exc).__name__}") from exc
+
+
+def read_dimension(spec: ModelSpec) -> int | None:
+    """The embedding size, from the spec or the model's files, without loading weights."""
+    if spec.dimension:
+        return spec.dimension
+    if spec.is_fake:
+        return spec.fake_params()[0]
+    if spec.kind == "cross-encoder" or not spec.location().is_local:
+        return None
+    try:
+        path = resolve_source(spec)
+        modules = json.loads((path / "modules.json").read_text()) if (
+            path / "modules.json").exists() else []
+        for module in reversed(modules):
+            cfg = path / module.get("path", "") / "config.json"
+            if module.get("type", "").endswith("Dense") and cfg.exists():
+                return int(json.loads(cfg.read_text())["out_features"])
+        return int(json.loads((path / "config.json").read_text())["hidden_size"])
+    except Exception:
+        return None
