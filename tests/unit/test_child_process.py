@@ -103,29 +103,30 @@ def hanging_python(tmp_path) -> types.SimpleNamespace:
     return types.SimpleNamespace(executable=str(script))
 
 
-def test_the_load_deadline_kills_the_onnx_build_child(tmp_path, hanging_python, monkeypatch):
+@pytest.fixture
+def hanging_onnx_build(tmp_path, hanging_python, monkeypatch) -> ModelSpec:
+    """An ONNX model whose build child never finishes."""
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
-    spec = ModelSpec(id="m", source=str(model), cpu_backend="onnx")
     monkeypatch.setattr(load_children, "sys", hanging_python)
+    return ModelSpec(id="m", source=str(model), cpu_backend="onnx")
+
+
+def test_the_load_deadline_kills_the_onnx_build_child(tmp_path, hanging_onnx_build):
     started = time.monotonic()
     with pytest.raises(ChildTimedOut, match="blitz.loading.child"):
-        load_children.build_in_child(spec, model, tmp_path / "cache", timeout_s=0.5)
+        load_children.build_in_child(hanging_onnx_build, Path(hanging_onnx_build.source),
+                                     tmp_path / "cache", timeout_s=0.5)
     assert time.monotonic() - started < 5
 
 
-def test_the_deadline_travels_with_the_load(tmp_path, hanging_python, monkeypatch):
+def test_the_deadline_travels_with_the_load(tmp_path, hanging_onnx_build):
     """No thread-local: the deadline a load is given reaches its children through the
     load itself, and the child that outlives it costs a 424, not a hang."""
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
-    spec = ModelSpec(id="m", source=str(model), cpu_backend="onnx")
-    monkeypatch.setattr(load_children, "sys", hanging_python)
     started = time.monotonic()
     with pytest.raises(ModelLoadFailed, match="did not finish within 0.5 s") as caught:
-        load_encoder(spec, cache_dir=tmp_path / "cache", timeout_s=0.5)
+        load_encoder(hanging_onnx_build, cache_dir=tmp_path / "cache", timeout_s=0.5)
     assert time.monotonic() - started < 5 and caught.value.status == 424
 
 
