@@ -6,6 +6,7 @@ is how it is tested here.
     python -m loadtest.gpu reference --source DIR --out ref.npy   # fp32 vectors, on the CPU
     python -m loadtest.gpu encode --source DIR --reference ref.npy --out OUT
     python -m loadtest.gpu serve --source DIR --out OUT [--fast-path] [--ingress-replicas N]
+        [--gpu-workers N]
 
 ``encode`` needs no Ray: ``blitz.loading.load.load_encoder(spec, "cuda")``, what a GPU
 pool replica runs, in float16 and float32, against the reference computed by the torch
@@ -251,10 +252,11 @@ def fast_path_env(root: Path) -> dict[str, str]:
 
 
 def serve_run(source: str, out: Path, seconds: float, zero_delay_s: float,
-              fast_path: bool = False, ingress_replicas: int | None = None
-              ) -> dict[str, Any]:
+              fast_path: bool = False, ingress_replicas: int | None = None,
+              gpu_workers: int | None = None) -> dict[str, Any]:
     """``fast_path``: Serve's fast request path (set before Ray starts, as the shipped
-    config does); ``ingress_replicas``: that many ingress replicas (default: ``auto``)."""
+    config does); ``ingress_replicas``: that many ingress replicas, ``gpu_workers`` that
+    many GPU pool workers (default: ``auto`` for both)."""
     if fast_path:
         os.environ.update(fast_path_env(Path(__file__).resolve().parents[1]))
     import ray
@@ -276,6 +278,8 @@ def serve_run(source: str, out: Path, seconds: float, zero_delay_s: float,
         "gpu_pool": {"preload": ["minilm"], "deployment": {"autoscaling_config": scaling}}}
     if ingress_replicas is not None:
         args["ingress"] = {"deployment": {"num_replicas": ingress_replicas}}
+    if gpu_workers is not None:
+        args["gpu_pool"]["workers"] = gpu_workers
     serve.run(build_app(args), name=APP, route_prefix="/")
     result: dict[str, Any] = {"kind": "gpu-serve", "environment": environment(),
                               "device": _device(), "app_args": args, "fast_path": fast_path,
@@ -330,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
                      "serve_config.yaml runs it")
     srv.add_argument("--ingress-replicas", type=int, default=None,
                      help="ingress replicas (default: auto, one per 4 cores)")
+    srv.add_argument("--gpu-workers", type=int, default=None,
+                     help="GPU pool worker threads (default: auto)")
     args = parser.parse_args(argv)
     if args.command == "reference":
         reference(args.source, args.out)
@@ -340,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         serve_run(args.source, args.out, args.seconds, args.zero_delay, args.fast_path,
-                  args.ingress_replicas)
+                  args.ingress_replicas, args.gpu_workers)
     return 0
 
 

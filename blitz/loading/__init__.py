@@ -1,9 +1,9 @@
 """Loading a registered model: from a ``ModelSpec`` to an ``Encoder`` (``load.load_encoder``).
 
 One way: the source as a local folder (``fetch``), checked for code of its own
-(``model_trust``), built and opened (``load.open_backend``), one encoder. The ONNX builds
+(``model_trust``), built and opened (``opening.open_backend``), one encoder. The ONNX builds
 (``onnx_export``) and their accuracy guard (``accuracy``), ``cpu_backend: auto``'s choice
-(``auto``, cached by ``auto_cache``), the child processes that build and measure
+(``auto``, recorded in the model cache), the child processes that build and measure
 (``children``, ``child``), failed loads remembered (``failures``), and in-process
 throughput (``throughput``, for ``blitz optimize``).
 

@@ -1,13 +1,20 @@
-"""``cpu_backend: auto``: the fastest accurate CPU backend for a model, chosen once.
+"""``cpu_backend: auto``: the fastest accurate CPU backend for a model, chosen once and
+recorded.
 
 The first time a model loads on a machine, every candidate backend is opened through the
-loader's one opener (``blitz.loading.load.open_backend``, so each meets the same accuracy
-guard as when named explicitly; one that fails is dropped), timed on the probe set at ``SMALL_TEXTS`` and at ``LARGE_TEXTS``
-texts per call, and only the winner stays resident. The choice is recorded in the model
-cache (``blitz.loading.auto_cache``); a later load with the same key reuses it, timing nothing:
+loader's one opener (``blitz.loading.opening.open_backend``, so each meets the same
+accuracy guard as when named explicitly; one that fails is dropped), timed on the probe
+set at ``SMALL_TEXTS`` and at ``LARGE_TEXTS`` texts per call, and only the winner stays
+resident. The choice is a model cache entry (``blitz.sources.model_cache``) beside the
+ONNX builds, ``<root>/auto-choice/<model>-auto-<digest>/blitz-entry.json``, keyed
+(``choice_key``) by all that would change the answer: the model (source, the fingerprint
+of its files, kind, pooling, max_seq_length), the candidates, the CPU
+(``cpu_identity``: model, instruction-set flags, usable cores), the intra-op threads, the
+library versions, the accuracy guard and how the measurement is taken. A later load with
+the same key reuses it, timing nothing:
 
-    load_auto(spec, open_backend, chooser, remember)
-      -> remember(measure)                loading.auto_cache: the recorded choice, else measure:
+    load_auto(spec, open_backend, folder, chooser, ...)
+      -> remember_choice(...)             the record under choice_key(...), else measure:
       -> chooser(spec)                    loading.children: measure_choice in a child process
          or measure_choice(...)           (here, when there is no chooser or it failed):
            -> candidates()                torch, torch-bf16 (native bf16 only), onnx, onnx-int8
@@ -15,6 +22,11 @@ cache (``blitz.loading.auto_cache``); a later load with the same key reuses it, 
            -> measure_rates(...)          texts/s per (backend, texts per call), injectable timer
            -> choose(...)                 the best over both sizes
       -> open_backend(winner)             in the child's case: only the winner is opened here
+
+Replicas starting together on one node measure once (the entry's lock): the others wait
+and reuse the record. A record that is not well formed, or was written for other parts,
+is logged, discarded and measured again; to measure again by hand, delete the entry (its
+path is logged) or the whole ``auto-choice`` folder.
 
 One backend serves every call: a model id has one numeric path, so a text gets the same
 vector whether it arrives alone or inside a large batch (two winners, one per micro-batch
@@ -30,6 +42,7 @@ import ctypes
 import ctypes.util
 import dataclasses
 import gc
+import hashlib
 import json
 import logging
 import math
@@ -41,9 +54,10 @@ from typing import Any, Literal
 
 from blitz.encoders.base import Encoder
 from blitz.encoders.bi_encoder import BiEncoder
-from blitz.encoders.probes import PROBE_TEXTS
-from blitz.runtime.cpu_features import cpu_supports_bf16
+from blitz.encoders.probes import PROBE_QUERIES, PROBE_TEXTS
+from blitz.runtime.cpu_features import cpu_identity, cpu_supports_bf16
 from blitz.settings.registry import ModelSpec
+from blitz.sources import model_cache
 
 logger = logging.getLogger("blitz.encoders")
 
@@ -177,8 +191,11 @@ class RememberedChoice:
 Chooser = Callable[[ModelSpec], "AutoChoice | None"]
 """Measures and chooses elsewhere (``blitz.loading.children.choose_in_child``); None when that
 failed and the choice is to be measured here."""
-Remember = Callable[[Callable[[], AutoChoice]], RememberedChoice]
-"""The recorded choice, or the given measurement's, recorded (``blitz.loading.auto_cache``)."""
+Measure = Callable[[], AutoChoice]
+
+AREA = "auto-choice"
+CACHE_FORMAT = 1  # bump when what is measured, or how the record reads, changes
+RECORD_FIELDS: model_cache.Fields = {"choice": dict, "parts": dict, "created": (int, float)}
 
 
 def measure_choice(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
@@ -218,14 +235,15 @@ def measure_choice(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
 
 
 def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
+              folder: Path | None = None, cache_dir: str | Path | None = None,
+              threads: int = 1, chooser: Chooser | None = None,
               backends: Sequence[str] | None = None, timer: Timer = time.perf_counter,
-              seconds: float | None = None, chooser: Chooser | None = None,
-              remember: Remember | None = None) -> Encoder:
+              seconds: float | None = None) -> Encoder:
     """``spec`` on the fastest accurate CPU backend.
 
-    With ``remember`` (the loader passes ``blitz.loading.auto_cache.remember_choice`` for the
-    model's key), a choice recorded for the same model, candidates, CPU, threads,
-    libraries and guard is reused and nothing is timed; otherwise it measures (below) and
+    With ``folder`` (the model's files; the loader passes it), a choice recorded for the
+    same model, candidates, CPU, ``threads``, libraries and guard in the model cache
+    under ``cache_dir`` is reused and nothing is timed; otherwise it measures (below) and
     records what it chose. With a ``chooser`` (the loader passes
     ``blitz.loading.children.choose_in_child``), the candidates are opened and timed
     elsewhere and only the winner is opened here: a replica that opened all four kept
@@ -234,25 +252,25 @@ def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
     here and the losers are closed before this returns.
     """
     opened: dict[str, BiEncoder] = {}
+    names = list(backends or candidates())
 
     def measure() -> AutoChoice:
         choice = chooser(spec) if chooser is not None else None
         if choice is None:
-            choice, encoders = measure_choice(spec, open_backend, backends=backends,
+            choice, encoders = measure_choice(spec, open_backend, backends=names,
                                               timer=timer, seconds=seconds)
             opened.update(encoders)
         return choice
 
-    remembered = (remember(measure) if remember is not None
-                  else RememberedChoice(measure(), "measured", time.time()))
+    remembered = (RememberedChoice(measure(), "measured", time.time()) if folder is None
+                  else remember_choice(spec, folder, names, threads, measure, cache_dir))
     choice = remembered.choice
-    winner = opened.pop(choice.chosen, None)
+    kept: Encoder | None = opened.pop(choice.chosen, None)
     if opened:
         for loser in opened.values():
             loser.close()
         return_freed_memory()
-    if winner is None:
-        winner = _bi_encoder(open_backend(choice.chosen))
+    winner = kept if kept is not None else open_backend(choice.chosen)
     if remembered.how == "cached":
         logger.info("model %r: cpu_backend auto: cached choice %s (measured %s; to measure "
                     "again, delete %s): %s", spec.id, choice.chosen, remembered.measured_on,
@@ -271,3 +289,79 @@ def _bi_encoder(encoder: Encoder) -> BiEncoder:
     if not isinstance(encoder, BiEncoder):
         raise TypeError(f"cpu_backend auto serves bi-encoders, not {type(encoder)}")
     return encoder
+
+
+def choice_key(spec: ModelSpec, folder: Path, backends: Sequence[str], threads: int, *,
+               seconds: float | None = None) -> tuple[str, dict[str, Any]]:
+    """The cache key of ``spec``'s choice among ``backends`` with its files in ``folder``
+    and ``threads`` intra-op threads, timed for ``seconds`` per candidate; and its parts."""
+    from blitz.loading.onnx_export import CACHE_FORMAT as BUILD_FORMAT
+
+    probes = hashlib.sha256("\n".join((*PROBE_TEXTS, "", *PROBE_QUERIES)).encode())
+    parts = {
+        "format": CACHE_FORMAT, "builds": BUILD_FORMAT,
+        "kind": spec.kind, "source": spec.source,
+        "files": model_cache.directory_fingerprint(folder), "pooling": spec.pooling,
+        "max_seq_length": spec.max_seq_length,
+        "candidates": list(backends), "cpu": cpu_identity(), "threads": threads,
+        "versions": model_cache.library_versions(),
+        "guard": {"threshold": spec.accuracy_threshold, "probes": probes.hexdigest()[:16]},
+        "measure": {"sizes": [SMALL_TEXTS, LARGE_TEXTS],
+                    "seconds": MEASURE_SECONDS if seconds is None else seconds,
+                    "rounds": MEASURE_ROUNDS},
+    }
+    return model_cache.entry_key(f"{spec.id}-auto", parts), parts
+
+
+def remember_choice(spec: ModelSpec, folder: Path, backends: Sequence[str], threads: int,
+                    measure: Measure, cache_dir: str | Path | None = None, *,
+                    lock_timeout: float | None = None) -> RememberedChoice:
+    """The choice recorded under ``choice_key(spec, folder, backends, threads)``, or
+    ``measure()``'s, recorded there now.
+
+    ``measure`` runs only when no usable record is found (under the entry's lock); what it
+    raises propagates and nothing is recorded.
+    """
+    key, parts = choice_key(spec, folder, backends, threads)
+    read: list[AutoChoice] = []
+
+    def build(tmp: Path) -> dict[str, Any]:
+        read.append(measure())
+        return {"model_id": spec.id, "parts": parts, "choice": read[-1].to_dict()}
+
+    def check(entry: model_cache.CacheEntry) -> None:
+        read.append(recorded_choice(entry.meta, parts))
+
+    entry = model_cache.get_or_build(model_cache.cache_root(cache_dir), AREA, key, build,
+                                     validate=check, fields=RECORD_FIELDS,
+                                     lock_timeout=lock_timeout, model=spec.id)
+    how: Literal["cached", "measured"] = "measured" if entry.built else "cached"
+    return RememberedChoice(read[-1], how, float(entry.meta["created"]), entry.path)
+
+
+def recorded_choice(meta: dict[str, Any], parts: dict[str, Any]) -> AutoChoice:
+    """The choice a record holds; ``ValueError`` unless it is well formed, was measured
+    for ``parts`` and chose one of the measured candidates."""
+    if _canonical(meta["parts"]) != _canonical(parts):
+        raise ValueError("it was measured for other parts than its key's")
+    value = meta["choice"]
+    chosen, rates, dropped = value.get("chosen"), value.get("rates"), value.get("dropped", {})
+    names = parts["candidates"]
+    if not isinstance(rates, dict) or not isinstance(dropped, dict) or chosen not in rates:
+        raise ValueError("it holds no valid choice")
+    for backend, by_size in rates.items():
+        if backend not in names or not isinstance(by_size, dict) or not by_size:
+            raise ValueError(f"it holds no valid rates for {backend!r}")
+        for rate in by_size.values():
+            if not isinstance(rate, int | float) or isinstance(rate, bool) or not (
+                    math.isfinite(rate) and rate >= 0):
+                raise ValueError(f"it holds no valid rates for {backend!r}")
+    if not all(isinstance(b, str) and isinstance(why, str) for b, why in dropped.items()):
+        raise ValueError("it holds no valid list of dropped backends")
+    in_order = {b: rates[b] for b in names if b in rates}  # JSON sorted them
+    return AutoChoice.from_dict({**value, "rates": in_order})
+
+
+def _canonical(parts: dict[str, Any]) -> str:
+    """``parts`` as the record stores them (JSON: tuples read back as lists)."""
+    return json.dumps(parts, sort_keys=True, default=str)

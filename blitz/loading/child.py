@@ -6,7 +6,7 @@ auto`` choice printed on stdout.
 
 ``PATH`` is the model's folder, resolved and checked by the parent; ``CACHE_DIR`` may be
 empty (the default cache). A choice opens each candidate through the loader's one opener
-(``blitz.loading.load.open_backend``) with what is left of the parent's deadline.
+(``blitz.loading.opening.open_backend``) with what is left of the parent's deadline.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
         prepare_onnx(spec, path, cache_dir)
         return 0
     from blitz.loading.auto import measure_choice
-    from blitz.loading.load import Load, open_backend
+    from blitz.loading.opening import Load, open_backend
     from blitz.runtime import model_threads
 
     threads, timeout_s = int(argv[4]), float(argv[5])

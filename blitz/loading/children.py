@@ -65,7 +65,8 @@ def build_in_child(spec: ModelSpec, path: Path, cache_dir: str | Path | None, *,
         return True
     build_log.info("model %r: building its %s model in a child process", spec.id,
                    spec.cpu_backend)
-    done = run_child(_command("build", spec, path, cache_dir), timeout_s)
+    command = _command("build", spec, path, cache_dir)
+    done = run_child(command, timeout_s)
     if done.returncode != 0:
         build_log.warning("model %r: the child build failed (exit %s); building in "
                           "process:\n%s", spec.id, done.returncode, done.stderr[-STDERR_KEPT:])
@@ -80,8 +81,8 @@ def choose_in_child(spec: ModelSpec, path: Path, cache_dir: str | Path | None, *
     fails. The child is killed past ``timeout_s`` (``ChildTimedOut``)."""
     choose_log.info("model %r: cpu_backend auto measures its candidates in a child process",
                     spec.id)
-    done = run_child(_command("choose", spec, path, cache_dir, str(threads),
-                              repr(timeout_s)), timeout_s)
+    command = _command("choose", spec, path, cache_dir, str(threads), repr(timeout_s))
+    done = run_child(command, timeout_s)
     lines = [line for line in done.stdout.splitlines() if line.startswith(CHOICE_MARK)]
     if done.returncode != 0 or not lines:
         choose_log.warning("model %r: the cpu_backend auto child failed (exit %s); measuring "

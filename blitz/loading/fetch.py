@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from blitz.errors import LoadProblem
@@ -28,33 +29,11 @@ class SourceUnavailable(LoadProblem):
 def resolve_source(spec: ModelSpec, cache_dir: str | os.PathLike | None = None) -> Path:
     """A local directory holding ``spec``'s weights; raises ``SourceUnavailable`` if none.
 
-    Object-storage sources are downloaded into the model cache under ``cache_dir``
-    (``model_cache.cache_root``'s default when None).
+    One fetcher per scheme (``FETCHERS``). Object-storage sources are downloaded into the
+    model cache under ``cache_dir`` (``model_cache.cache_root``'s default when None).
     """
     scheme, rest = spec.location()
-    if scheme == "package":
-        try:
-            module = importlib.import_module(rest)
-        except ImportError as exc:
-            raise SourceUnavailable(
-                f"model {spec.id!r}: package {rest!r} is not installed ({exc})") from exc
-        getter = getattr(module, "get_model_path", None)
-        if callable(getter):
-            path = Path(getter())
-        elif module.__file__ is not None:
-            path = Path(module.__file__).parent / "model"
-        else:
-            raise SourceUnavailable(
-                f"model {spec.id!r}: package {rest!r} has neither get_model_path() nor a "
-                "model/ folder beside its __init__.py")
-        return _existing_dir(spec, path)
-    if scheme == "hf":
-        return _from_hub(spec, rest)
-    if scheme in OBJECT_STORES:
-        return fetch_to_cache(spec.id, spec.source, cache_dir)
-    if scheme == "fake":
-        raise ValueError("fake sources have no files")
-    return _existing_dir(spec, Path(rest).expanduser())
+    return FETCHERS[scheme](spec, rest, cache_dir)
 
 
 def preflight_source(spec: ModelSpec) -> None:
@@ -66,13 +45,38 @@ def preflight_source(spec: ModelSpec) -> None:
         resolve_source(spec)
 
 
+Fetcher = Callable[[ModelSpec, str, "str | os.PathLike | None"], Path]
+
+
+def _from_package(spec: ModelSpec, rest: str, cache_dir: str | os.PathLike | None) -> Path:
+    try:
+        module = importlib.import_module(rest)
+    except ImportError as exc:
+        raise SourceUnavailable(
+            f"model {spec.id!r}: package {rest!r} is not installed ({exc})") from exc
+    getter = getattr(module, "get_model_path", None)
+    if callable(getter):
+        path = Path(getter())
+    elif module.__file__ is not None:
+        path = Path(module.__file__).parent / "model"
+    else:
+        raise SourceUnavailable(
+            f"model {spec.id!r}: package {rest!r} has neither get_model_path() nor a "
+            "model/ folder beside its __init__.py")
+    return _existing_dir(spec, path)
+
+
+def _from_dir(spec: ModelSpec, rest: str, cache_dir: str | os.PathLike | None) -> Path:
+    return _existing_dir(spec, Path(rest).expanduser())
+
+
 def _existing_dir(spec: ModelSpec, path: Path) -> Path:
     if not path.is_dir():
         raise SourceUnavailable(f"model {spec.id!r}: directory {str(path)!r} does not exist")
     return path
 
 
-def _from_hub(spec: ModelSpec, rest: str) -> Path:
+def _from_hub(spec: ModelSpec, rest: str, cache_dir: str | os.PathLike | None) -> Path:
     from huggingface_hub import snapshot_download
 
     repo_id, revision = hub_repo(rest)
@@ -84,6 +88,21 @@ def _from_hub(spec: ModelSpec, rest: str) -> Path:
         raise SourceUnavailable(
             f"model {spec.id!r}: cannot fetch hf:{rest} from the Hugging Face hub{hint}: "
             f"{type(exc).__name__}") from exc
+
+
+def _from_object_store(spec: ModelSpec, rest: str,
+                       cache_dir: str | os.PathLike | None) -> Path:
+    return fetch_to_cache(spec.id, spec.source, cache_dir)
+
+
+def _no_files(spec: ModelSpec, rest: str, cache_dir: str | os.PathLike | None) -> Path:
+    raise ValueError("fake sources have no files")
+
+
+FETCHERS: dict[str, Fetcher] = {
+    "package": _from_package, "hf": _from_hub, "dir": _from_dir, "fake": _no_files,
+    **dict.fromkeys(OBJECT_STORES, _from_object_store)}
+"""Source scheme (``blitz.settings.registry.parse_source``) -> its fetcher."""
 
 
 def read_dimension(spec: ModelSpec) -> int | None:

@@ -6,7 +6,7 @@ A model load runs some of its work in ``python -m ...`` children (the ONNX build
 
 - **has a deadline**: past ``timeout_s`` it is killed with its whole process group (it
   starts in a session of its own) and ``ChildTimedOut`` is raised. The caller passes
-  it: a model load passes what is left of its own deadline (``blitz.loading.load.Load``;
+  it: a model load passes what is left of its own deadline (``blitz.loading.opening.Load``;
   a pool's ``load_timeout_s``, ``DEFAULT_TIMEOUT_S`` for the CLI and bulk jobs);
 - **dies with its parent**: it starts through ``python -m blitz.runtime.child_process``, a
   trampoline that asks Linux for ``SIGKILL`` when its parent goes

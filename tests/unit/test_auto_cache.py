@@ -1,4 +1,4 @@
-"""``cpu_backend: auto``'s choice, measured once and cached (``blitz.loading.auto_cache``): a
+"""``cpu_backend: auto``'s choice, measured once and cached (``blitz.loading.auto``): a
 start with a matching record times nothing and opens only the winner; a changed key,
 or a corrupt or partial record, measures again and rewrites it."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from blitz.loading import auto, auto_cache, load
+from blitz.loading import auto, load, opening
 from blitz.loading.auto import AutoChoice
 from blitz.loading.load import load_encoder
 from blitz.settings.registry import ModelSpec
@@ -55,7 +55,7 @@ def _never(*_: object, **__: object):
 
 
 def _entries(cache: Path) -> list[Path]:
-    return sorted((cache / auto_cache.AREA).glob("*/" + model_cache.ENTRY_FILE))
+    return sorted((cache / auto.AREA).glob("*/" + model_cache.ENTRY_FILE))
 
 
 # --- through the loader ----------------------------------------------------------------
@@ -76,7 +76,7 @@ def test_the_first_start_measures_and_records_the_second_reuses_it(tiny_dir, tmp
     opened: list[str] = []
     original = load.open_backend
 
-    def spy(load_: load.Load, path: Path, backend: str):
+    def spy(load_: opening.Load, path: Path, backend: str):
         opened.append(backend)
         return original(load_, path, backend)
 
@@ -100,8 +100,8 @@ def test_a_start_on_another_cpu_or_thread_count_measures_again(tiny_dir, tmp_pat
     import torch
 
     load_encoder(_spec(tiny_dir), cache_dir=tmp_path)
-    identity = auto_cache.cpu_identity()
-    monkeypatch.setattr(auto_cache, "cpu_identity",
+    identity = auto.cpu_identity()
+    monkeypatch.setattr(auto, "cpu_identity",
                         lambda: {**identity, "isa": [*identity["isa"], "amx_tile"]})
     assert load_encoder(_spec(tiny_dir), cache_dir=tmp_path).auto_choice["how"] == "measured"
     threads = torch.get_num_threads()
@@ -116,7 +116,7 @@ def _key(tiny_dir: Path, **changes) -> str:
     spec = _spec(tiny_dir, **changes.pop("spec", {}))
     backends = changes.pop("backends", CANDIDATES)
     threads = changes.pop("threads", 1)
-    return auto_cache.choice_key(spec, tiny_dir, backends, threads, **changes)[0]
+    return auto.choice_key(spec, tiny_dir, backends, threads, **changes)[0]
 
 
 @pytest.mark.parametrize("change", [
@@ -127,16 +127,16 @@ def test_the_key_covers_what_would_change_the_answer(tiny_dir, tmp_path, monkeyp
     tiny_dir = Path(shutil.copytree(tiny_dir, tmp_path / "model"))  # "source files" edits it
     same = _key(tiny_dir)
     assert _key(tiny_dir) == same
-    identity = auto_cache.cpu_identity()
+    identity = auto.cpu_identity()
     versions = model_cache.library_versions()
     changed = {
         "threads": lambda: _key(tiny_dir, threads=2),
         "candidates": lambda: _key(tiny_dir, backends=["torch", "torch-bf16", *CANDIDATES[1:]]),
-        "cpu flags": lambda: _patched(monkeypatch, auto_cache, "cpu_identity",
+        "cpu flags": lambda: _patched(monkeypatch, auto, "cpu_identity",
                                       {**identity, "isa": ["avx2", "avx512_vnni"]}, tiny_dir),
-        "cpu model": lambda: _patched(monkeypatch, auto_cache, "cpu_identity",
+        "cpu model": lambda: _patched(monkeypatch, auto, "cpu_identity",
                                       {**identity, "model": "another CPU"}, tiny_dir),
-        "cores": lambda: _patched(monkeypatch, auto_cache, "cpu_identity",
+        "cores": lambda: _patched(monkeypatch, auto, "cpu_identity",
                                   {**identity, "cores": identity["cores"] + 8}, tiny_dir),
         "versions": lambda: _patched(monkeypatch, model_cache, "library_versions",
                                      {**versions, "onnxruntime": "0.0.1"}, tiny_dir),
@@ -156,16 +156,14 @@ def _patched(monkeypatch, module, name: str, value: object, tiny_dir: Path) -> s
 def test_a_changed_key_measures_again_and_keeps_both(tiny_dir, tmp_path):
     measure = Measurements()
     for threads in (1, 2, 1, 2):
-        key, parts = auto_cache.choice_key(_spec(tiny_dir), tiny_dir, CANDIDATES, threads)
-        auto_cache.remember_choice(_spec(tiny_dir), key, parts, measure, tmp_path)
+        auto.remember_choice(_spec(tiny_dir), tiny_dir, CANDIDATES, threads, measure, tmp_path)
     assert measure.calls == 2 and len(_entries(tmp_path)) == 2
 
 
 # --- corrupt, partial or forged records ------------------------------------------------
 
-def _remembered(tiny_dir: Path, cache: Path, measure: auto_cache.Measure):
-    key, parts = auto_cache.choice_key(_spec(tiny_dir), tiny_dir, CANDIDATES, 1)
-    return auto_cache.remember_choice(_spec(tiny_dir), key, parts, measure, cache)
+def _remembered(tiny_dir: Path, cache: Path, measure: auto.Measure):
+    return auto.remember_choice(_spec(tiny_dir), tiny_dir, CANDIDATES, 1, measure, cache)
 
 
 def _rewrite(record: Path, change) -> None:
@@ -214,8 +212,7 @@ def test_a_failed_measurement_records_nothing(tiny_dir, tmp_path):
         raise RuntimeError("every candidate failed")
 
     with pytest.raises(RuntimeError, match="every candidate failed"):
-        key, parts = auto_cache.choice_key(_spec(tiny_dir), tiny_dir, CANDIDATES, 1)
-        auto_cache.remember_choice(_spec(tiny_dir), key, parts, fails, tmp_path)
+        auto.remember_choice(_spec(tiny_dir), tiny_dir, CANDIDATES, 1, fails, tmp_path)
     assert _entries(tmp_path) == []
     assert _remembered(tiny_dir, tmp_path, Measurements()).how == "measured"
 
@@ -256,4 +253,4 @@ def test_concurrent_starts_measure_once_and_leave_one_valid_record(tiny_dir, tmp
     assert all(r.choice == results[0].choice for r in results)
     [record] = _entries(tmp_path)
     assert json.loads(record.read_text())["choice"]["chosen"] == "torch"
-    assert [p.name for p in (tmp_path / auto_cache.AREA).iterdir()] == [record.parent.name]
+    assert [p.name for p in (tmp_path / auto.AREA).iterdir()] == [record.parent.name]

@@ -15,7 +15,8 @@ from blitz.encoders.bi_encoder import (
     length_batches,
 )
 from blitz.errors import InputTooLong, InvalidValue, ModelLoadFailed
-from blitz.loading.load import OPENERS, load_encoder, resolve_device
+from blitz.loading.load import load_encoder, resolve_device
+from blitz.loading.opening import OPENERS
 from blitz.settings.registry import ModelSpec
 from tests.tiny_models import build_tiny_bi_encoder, build_tiny_cross_encoder
 
@@ -301,7 +302,7 @@ def test_gpu_models_keep_cudnn_out_of_attention():
     it off for the process; CPU models leave it."""
     import torch
 
-    from blitz.loading.load import _torch_dtype
+    from blitz.loading.opening import _torch_dtype
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     try:
@@ -321,7 +322,7 @@ def test_every_kind_and_cpu_backend_has_one_opener():
 
     # auto opens the others (blitz.loading.auto)
     assert set(OPENERS) == {(kind, backend) for kind in get_args(Kind)
-                            for backend in get_args(CpuBackend) if backend != "auto"}
+                            for backend in (*get_args(CpuBackend), "fake") if backend != "auto"}
 
 
 def test_a_load_failure_names_the_model_and_its_source_once(tmp_path):

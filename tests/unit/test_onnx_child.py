@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 
-from blitz.loading import load, onnx_export
+from blitz.loading import onnx_export, opening
 from blitz.loading.children import build_in_child, is_cached
 from blitz.loading.load import load_encoder
 from blitz.settings.registry import ModelSpec
@@ -24,7 +24,7 @@ def _no_export_here(*_args, **_kwargs):
 @pytest.mark.slow  # an ONNX build in a child: ~12 s on a 2-core machine
 def test_load_builds_in_a_child_and_opens_the_cached_build(tiny_dir, tmp_path, monkeypatch):
     spec = ModelSpec(id="tiny", source=str(tiny_dir), cpu_backend="onnx")
-    monkeypatch.setattr(load, "BUILD_IN_CHILD", True)
+    monkeypatch.setattr(opening, "BUILD_IN_CHILD", True)
     monkeypatch.setattr(onnx_export, "_export_onnx", _no_export_here)  # this process only
     assert not is_cached(spec, tiny_dir, tmp_path)
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from blitz.errors import ModelLoadFailed
-from blitz.loading import load, onnx_export
+from blitz.loading import onnx_export, opening
 from blitz.loading.load import load_encoder
 from blitz.runtime import cpu_features
 from blitz.settings.registry import ModelSpec
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("no_home_cache")
 def build_in_process(monkeypatch):
     """These tests count and break exports in this process; the child build
     (blitz.loading.children) has its own tests."""
-    monkeypatch.setattr(load, "BUILD_IN_CHILD", False)
+    monkeypatch.setattr(opening, "BUILD_IN_CHILD", False)
 
 
 @pytest.fixture(scope="module")

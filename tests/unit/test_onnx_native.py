@@ -24,7 +24,7 @@ from blitz.encoders.onnx_native import (
 from blitz.encoders.probes import PROBE_TEXTS
 from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
 from blitz.encoders.token_ids import FastTokenIds, HfTokenIds, UnsupportedTokenizer
-from blitz.loading import load, onnx_export
+from blitz.loading import onnx_export, opening
 from blitz.loading.load import load_encoder
 from blitz.settings.registry import ModelSpec
 from blitz.sources import model_cache
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.usefixtures("no_home_cache")
 
 @pytest.fixture(autouse=True)
 def build_in_process(monkeypatch):
-    monkeypatch.setattr(load, "BUILD_IN_CHILD", False)
+    monkeypatch.setattr(opening, "BUILD_IN_CHILD", False)
 
 
 def _entry(cache: Path) -> tuple[Path, dict]:
@@ -159,7 +159,7 @@ def test_a_build_it_cannot_run_keeps_sentence_transformers(tiny_dir, tmp_path, m
     _, meta = _entry(tmp_path)
     assert meta["native"] is False and "Dense" in meta["native_note"]
     monkeypatch.undo()
-    monkeypatch.setattr(load, "BUILD_IN_CHILD", False)
+    monkeypatch.setattr(opening, "BUILD_IN_CHILD", False)
     # the recorded verdict stands: the cached build keeps running through sentence-transformers
     assert isinstance(load_encoder(spec, cache_dir=tmp_path), SentenceTransformerEncoder)
 

@@ -1,0 +1,157 @@
+"""Opening a model on a backend: the loader's one opener, the last stage of a load.
+
+``open_backend(load, path, backend)`` looks the (kind, backend) pair up in ``OPENERS``
+and returns what that opener makes, an ``Encoder`` sized for the load's device:
+
+    fake                      ``blitz.encoders.fake`` from the source's own parameters
+    torch                     sentence-transformers in fp32 (a GPU: in ``spec.gpu_dtype``)
+    torch-bf16                fp32 first, the accuracy guard's reference, then bf16
+                              (``blitz.loading.accuracy``: refused when it strays)
+    onnx, onnx-int8           built once in a child (export, quantization, accuracy
+                              guard; ``blitz.loading.onnx_export``, cached), then opened
+
+Nothing here fetches, trust-checks or chooses: the loader (``blitz.loading.load``) hands
+this a folder it resolved and checked and a backend it named or ``auto`` chose. ``auto``'s
+measurement (here or in its child) opens each candidate through this same function.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from blitz.encoders.base import Encoder
+from blitz.encoders.fake import FakeEncoder
+from blitz.encoders.models import open_torch_bi_encoder, open_torch_cross_encoder, wrap
+from blitz.loading import accuracy
+from blitz.loading.children import build_in_child
+from blitz.loading.onnx_export import load_onnx
+from blitz.runtime.cpu_features import cpu_supports_bf16
+from blitz.settings.registry import ModelSpec
+
+logger = logging.getLogger("blitz.encoders")
+
+BUILD_IN_CHILD = True
+"""ONNX builds run in a child process (``blitz.loading.children``) so that the loading process,
+a long-lived replica or bulk actor, does not keep the export's memory."""
+
+
+@dataclass(frozen=True)
+class Load:
+    """One load of ``spec`` for ``device``: what every stage of it reads, its deadline
+    included (a child build or measurement is killed past it; ``blitz.runtime.child_process``)."""
+
+    spec: ModelSpec
+    device: str
+    cache_dir: str | Path | None
+    until: float  # time.monotonic() by which the load ends
+
+    def time_left(self) -> float:
+        return max(0.0, self.until - time.monotonic())
+
+
+# (the spec as this backend opens it, weights directory (None: fake), the load) -> encoder
+Opener = Callable[[ModelSpec, Any, Load], Encoder]
+
+
+def open_backend(load: Load, path: Path | None, backend: str) -> Encoder:
+    """``load.spec``'s model in ``path`` (resolved and checked; None for a fake source) on
+    ``backend``: the one opener of a named backend and of each ``auto`` candidate."""
+    spec = load.spec
+    if spec.cpu_backend == "auto" and backend != "fake":  # a candidate: its own builds
+        spec = spec.model_copy(update={"cpu_backend": backend})
+    encoder = OPENERS[spec.kind, backend](spec, path, load)  # sized and calibrated
+    encoder.backend = backend
+    return encoder
+
+
+def _fake(spec: ModelSpec, path: None, load: Load) -> Encoder:
+    dimension, load_s, batch_s = spec.fake_params()
+    time.sleep(load_s)  # a slow load, for fault tests (runs on a loader thread)
+    return FakeEncoder(spec.id, dimension, spec.max_seq_length or 128, batch_s=batch_s,
+                       batches_at_once=spec.fake_batches_at_once())  # nothing to calibrate
+
+
+def _torch_bi_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    model = open_torch_bi_encoder(spec, path, load.device).to(_torch_dtype(spec, load.device))
+    return _calibrated(wrap(spec, model, load.device))
+
+
+def _torch_cross_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    model = open_torch_cross_encoder(spec, path, load.device).to(
+        _torch_dtype(spec, load.device))
+    return _calibrated(wrap(spec, model, load.device))
+
+
+def _bf16(open_fp32: Callable[[ModelSpec, Path, str], Any]) -> Opener:
+    def opener(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+        return _calibrated(_checked_bf16(spec, open_fp32(spec, path, load.device),
+                                         load.device))
+    return opener
+
+
+def _onnx(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    if BUILD_IN_CHILD:
+        build_in_child(spec, path, load.cache_dir, timeout_s=load.time_left())
+    return _calibrated(wrap(spec, load_onnx(spec, path, load.cache_dir), load.device))
+
+
+def _calibrated(encoder: Encoder) -> Encoder:
+    """``encoder`` once it has measured what it needs to size its micro-batches."""
+    encoder.calibrate()
+    return encoder
+
+
+OPENERS: dict[tuple[str, str], Opener] = {
+    ("embedding", "fake"): _fake,
+    ("embedding", "torch"): _torch_bi_encoder,
+    ("embedding", "torch-bf16"): _bf16(open_torch_bi_encoder),
+    ("embedding", "onnx"): _onnx,
+    ("embedding", "onnx-int8"): _onnx,
+    ("cross-encoder", "fake"): _fake,
+    ("cross-encoder", "torch"): _torch_cross_encoder,
+    ("cross-encoder", "torch-bf16"): _bf16(open_torch_cross_encoder),
+    ("cross-encoder", "onnx"): _onnx,
+    ("cross-encoder", "onnx-int8"): _onnx,
+}
+
+
+def _checked_bf16(spec: ModelSpec, model: Any, device: str) -> Encoder:
+    """The bf16 guard: ``model`` (fp32) in bf16, refused when its probe answers stray
+    from fp32's further than ``spec.accuracy_threshold`` allows."""
+    import torch
+
+    if not cpu_supports_bf16():
+        logger.warning("model %r: this CPU has no native bf16 (avx512_bf16 or AMX); "
+                       "torch-bf16 runs, but slower than fp32", spec.id)
+    reference = accuracy.probe(wrap(spec, model, device))
+    encoder = wrap(spec, model.to(torch.bfloat16), device)
+    report = accuracy.compare(spec.kind, reference, accuracy.probe(encoder))
+    accuracy.enforce_accuracy(spec, "torch-bf16", report)
+    return encoder
+
+
+def _torch_dtype(spec: ModelSpec, device: str) -> Any:
+    import torch
+
+    if device.startswith("cuda"):
+        plan_free_attention(torch)
+        return {"float16": torch.float16, "bfloat16": torch.bfloat16,
+                "float32": torch.float32}[spec.gpu_dtype]
+    return torch.float32
+
+
+def plan_free_attention(torch: Any) -> None:
+    """Keep cuDNN out of torch's attention on CUDA, for this process.
+
+    torch (2.5 and later) sends a masked ``scaled_dot_product_attention`` to cuDNN first
+    on Hopper and newer GPUs, and cuDNN builds an execution plan for each new (batch,
+    length) shape it sees: ~0.2 s each on an H200. A GPU pool batches whatever requests
+    are waiting, so nearly every batch is a new shape, and the single profile served 154
+    texts/s at a 200 ms p50 (docs/benchmarks-history.md, "GPU pool on an NVIDIA H200").
+    The flash and memory-efficient kernels need no plan; torch falls back to them."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
