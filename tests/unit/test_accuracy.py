@@ -37,6 +37,7 @@ def test_numbers_are_cut_not_rounded():
     assert not report.passes(0.99998) and report.passes(0)  # 0 turns the check off
 
 
+@pytest.mark.slow  # bf16 emulated on a CPU without it: ~11 s
 def test_torch_bf16_is_checked_on_load(tiny_dir):
     spec = ModelSpec(id="tiny", source=str(tiny_dir), cpu_backend="torch-bf16")
     encoder = load_encoder(spec)

@@ -155,6 +155,7 @@ def fixed(tiny_dir, onnx_cache):
 
 # --- end to end -------------------------------------------------------------------------
 
+@pytest.mark.slow  # builds both ONNX graphs and times every candidate: ~45 s
 def test_auto_loads_end_to_end(tiny_dir, onnx_cache, fixed, monkeypatch, caplog):
     monkeypatch.setattr(auto, "MEASURE_SECONDS", 0.1)
     with caplog.at_level(logging.INFO, logger="blitz.encoders"):
@@ -169,6 +170,7 @@ def test_auto_loads_end_to_end(tiny_dir, onnx_cache, fixed, monkeypatch, caplog)
     assert fixed["torch"].backend == "torch" and fixed["onnx"].backend == "onnx"
 
 
+@pytest.mark.slow  # builds both ONNX graphs and times every candidate: ~40 s
 def test_cli_optimize_prints_what_auto_chose(tiny_dir, onnx_cache, tmp_path, monkeypatch,
                                              capsys):
     from blitz.cli import main
@@ -210,6 +212,7 @@ def test_a_choice_survives_the_trip_from_the_child():
     assert AutoChoice.from_json(choice.to_json()) == choice
 
 
+@pytest.mark.slow  # a child that builds and times every candidate: ~45 s
 def test_the_child_process_measures_and_chooses(tiny_dir, onnx_cache, caplog):
     with caplog.at_level(logging.INFO, logger="blitz.encoders"):
         choice = load_children.choose_in_child(_spec(tiny_dir), tiny_dir, onnx_cache, threads=1,
@@ -222,6 +225,7 @@ def test_the_child_process_measures_and_chooses(tiny_dir, onnx_cache, caplog):
     assert "measures its candidates in a child process" in caplog.text
 
 
+@pytest.mark.slow  # the child fails, then every candidate is built and timed here: ~35 s
 def test_a_child_that_fails_is_logged_and_answers_none(tmp_path, caplog):
     missing = ModelSpec(id="gone", source=str(tmp_path / "no-such-model"), cpu_backend="auto")
     with caplog.at_level(logging.WARNING, logger="blitz.encoders"):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 
 def _run(code: str) -> str:
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
@@ -16,6 +18,7 @@ def _run(code: str) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.slow  # two fresh processes importing sentence-transformers: ~12 s
 def test_sentence_transformers_loads_without_sklearn_and_answers_the_same():
     out = _run("""
         import sys

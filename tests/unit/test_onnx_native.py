@@ -191,7 +191,9 @@ print(type(encoder).__name__, encoder.backend, heavy, vector.shape)
 """
 
 
-@pytest.mark.parametrize("backend", ["onnx-int8", "auto"])
+@pytest.mark.parametrize("backend", [
+    pytest.param("onnx-int8", marks=pytest.mark.slow),  # a build and a fresh process: ~17 s
+    pytest.param("auto", marks=pytest.mark.slow)])  # every candidate built and timed: ~45 s
 def test_a_process_serving_a_cached_build_never_imports_torch(tiny_dir, tmp_path, backend):
     """What a pool replica does after the first start: the build (and auto's choice) in the
     cache, the model opened on onnxruntime alone."""

@@ -17,7 +17,9 @@ from tests.same_vector import OTHERS, TEXTS, min_cosine
 
 
 @pytest.mark.parametrize(("model", "backend"), [
-    ("tiny", "torch"), ("tiny", "onnx"), ("tiny", "onnx-int8"),
+    ("tiny", "torch"),
+    pytest.param("tiny", "onnx", marks=pytest.mark.slow),  # an ONNX build: ~15 s
+    pytest.param("tiny", "onnx-int8", marks=pytest.mark.slow),
     pytest.param("tiny", "auto", marks=pytest.mark.slow),  # measures every backend: ~30 s
     # the tiny model's int8 barely depends on the batch; MiniLM's does (~15 s)
     pytest.param("minilm", "onnx-int8", marks=pytest.mark.slow)])
