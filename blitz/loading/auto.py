@@ -323,7 +323,7 @@ def remember_choice(spec: ModelSpec, folder: Path, backends: Sequence[str], thre
     raises propagates and nothing is recorded.
     """
     key, parts = choice_key(spec, folder, backends, threads)
-    read: list[AutoChoice] = []
+    read: list[AutoChoice] = []  # check() reads every usable record, a fresh one included
 
     def build(tmp: Path) -> dict[str, Any]:
         read.append(measure())

@@ -10,7 +10,7 @@
       -> open_backend(load, path, backend)             a named backend (fake, torch,
                                                        torch-bf16, onnx, onnx-int8) opened
                                                        once (``blitz.loading.opening``), or
-         load_auto(spec, path, ...)                    ``auto``: the recorded choice, else
+         load_auto(spec, open_backend, folder=path)    ``auto``: the recorded choice, else
                                                        each candidate through
                                                        ``open_backend`` (in a child), timed,
                                                        recorded; the winner opened once

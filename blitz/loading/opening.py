@@ -1,7 +1,8 @@
 """Opening a model on a backend: the loader's one opener, the last stage of a load.
 
 ``open_backend(load, path, backend)`` looks the (kind, backend) pair up in ``OPENERS``
-and returns what that opener makes, an ``Encoder`` sized for the load's device:
+and returns what that opener makes, an ``Encoder`` sized for the load's device, once it
+has measured what it needs to size its micro-batches (``calibrate``):
 
     fake                      ``blitz.encoders.fake`` from the source's own parameters
     torch                     sentence-transformers in fp32 (a GPU: in ``spec.gpu_dtype``)
@@ -64,8 +65,9 @@ def open_backend(load: Load, path: Path | None, backend: str) -> Encoder:
     spec = load.spec
     if spec.cpu_backend == "auto" and backend != "fake":  # a candidate: its own builds
         spec = spec.model_copy(update={"cpu_backend": backend})
-    encoder = OPENERS[spec.kind, backend](spec, path, load)  # sized and calibrated
+    encoder = OPENERS[spec.kind, backend](spec, path, load)
     encoder.backend = backend
+    encoder.calibrate()
     return encoder
 
 
@@ -73,37 +75,30 @@ def _fake(spec: ModelSpec, path: None, load: Load) -> Encoder:
     dimension, load_s, batch_s = spec.fake_params()
     time.sleep(load_s)  # a slow load, for fault tests (runs on a loader thread)
     return FakeEncoder(spec.id, dimension, spec.max_seq_length or 128, batch_s=batch_s,
-                       batches_at_once=spec.fake_batches_at_once())  # nothing to calibrate
+                       batches_at_once=spec.fake_batches_at_once())
 
 
 def _torch_bi_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
     model = open_torch_bi_encoder(spec, path, load.device).to(_torch_dtype(spec, load.device))
-    return _calibrated(wrap(spec, model, load.device))
+    return wrap(spec, model, load.device)
 
 
 def _torch_cross_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
     model = open_torch_cross_encoder(spec, path, load.device).to(
         _torch_dtype(spec, load.device))
-    return _calibrated(wrap(spec, model, load.device))
+    return wrap(spec, model, load.device)
 
 
 def _bf16(open_fp32: Callable[[ModelSpec, Path, str], Any]) -> Opener:
     def opener(spec: ModelSpec, path: Path, load: Load) -> Encoder:
-        return _calibrated(_checked_bf16(spec, open_fp32(spec, path, load.device),
-                                         load.device))
+        return _checked_bf16(spec, open_fp32(spec, path, load.device), load.device)
     return opener
 
 
 def _onnx(spec: ModelSpec, path: Path, load: Load) -> Encoder:
     if BUILD_IN_CHILD:
         build_in_child(spec, path, load.cache_dir, timeout_s=load.time_left())
-    return _calibrated(wrap(spec, load_onnx(spec, path, load.cache_dir), load.device))
-
-
-def _calibrated(encoder: Encoder) -> Encoder:
-    """``encoder`` once it has measured what it needs to size its micro-batches."""
-    encoder.calibrate()
-    return encoder
+    return wrap(spec, load_onnx(spec, path, load.cache_dir), load.device)
 
 
 OPENERS: dict[tuple[str, str], Opener] = {
