@@ -9,9 +9,10 @@ from blitz.settings.deployment_options import merge_options
 from tests.tiny_models import build_tiny_bi_encoder
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def deploy(serve_instance):
-    """``deploy(name, args) -> base URL``: one app per fault, removed at the end."""
+    """``deploy(name, args) -> base URL``: one app per fault, removed when its module ends,
+    so that the next modules share the machine with no idle replicas of earlier faults."""
     from ray import serve
 
     from deployments.app import build_app
@@ -20,7 +21,8 @@ def deploy(serve_instance):
 
     def run(name: str, args: dict) -> str:
         serve.run(build_app(args), name=name, route_prefix=f"/{name}")
-        names.append(name)
+        if name not in names:
+            names.append(name)
         return f"{serve_instance}/{name}"
 
     yield run

@@ -249,6 +249,10 @@ def test_port_held_by_another_process_is_refused(serve_env, ports, tmp_path):
 
 
 def test_stop_restart_and_stale_haproxy(serve_env, ports, tmp_path):
+    """Four runs, one after another (each start of Ray costs ~30 s here, so one run checks
+    several things): the first is driver-less as the default is (``check_driverless``) and
+    SIGTERM stops all of it; the second is killed outright and its watchdog cleans up; the
+    third is killed with its watchdog, and the fourth start stops what it left."""
     runs: list[Run] = []
     timings: dict[str, float] = {}
     try:
@@ -257,7 +261,10 @@ def test_stop_restart_and_stale_haproxy(serve_env, ports, tmp_path):
         runs.append(first)
         timings["first ready"] = first.wait_ready()
         assert haproxies(first.nodes), "fast path on: HAProxy should be serving"
+        tree = check_driverless(first)  # the default: no driver, no monitors
         timings["first SIGTERM -> all gone"] = first.stop(signal.SIGTERM)
+        assert first.proc.returncode == 0
+        assert not [p for p in tree if alive(p)]
         assert all(port_free(p) for p in ports.values())
 
         # 2. The next start just works; then it is killed outright (no cleanup runs in
@@ -358,30 +365,23 @@ def scrape(target: str) -> str:
         return ""
 
 
-def test_driverless_run_leaves_out_the_driver_and_monitors(serve_env, ports, tmp_path):
+def check_driverless(run: Run) -> dict[int, str]:
     """Ray's daemons are serve.sh's descendants (lifecycle.py is their subreaper); no
     `serve run`, log monitor or autoscaler monitor runs; the discovery list names the
-    run's metrics export port; SIGTERM leaves no process of the run."""
-    run = Run("driverless", serve_env, ports["http"], tmp_path)
-    try:
-        run.wait_ready()
-        wait_until(lambda: "serving, with no driver" in run.tail(),
-                   "scripts/ray_up.py to exit after the deploy", 60, interval_s=0.5)
-        tree = {pid: " ".join(cmdline(pid)) for pid in descendants(run.proc.pid)}
-        names = " ".join(tree.values())
-        assert "gcs_server" in names and "/raylet" in names and "ray::ServeController" in names
-        for absent in ("log_monitor.py", "monitor.py", "serve_run.py", "ray_up.py",
-                       "ray.util.client.server"):
-            assert absent not in names, f"{absent} should not run: {tree}"
-        assert set(session(run.sid)) <= set(tree), "every Ray process is in serve.sh's tree"
-        discovery = json.loads(Path("/tmp/ray/prom_metrics_service_discovery.json").read_text())
-        wait_until(lambda: any("ray_serve_" in scrape(t) for t in discovery[0]["targets"]),
-                   f"Serve's metrics at a discovery target {discovery}", 60, interval_s=1)
-        run.stop(signal.SIGTERM)
-        assert run.proc.returncode == 0
-        assert not [p for p in tree if alive(p)]
-    finally:
-        run.kill()
+    run's metrics export port. The run's process tree, for the caller to see gone."""
+    wait_until(lambda: "serving, with no driver" in run.tail(),
+               "scripts/ray_up.py to exit after the deploy", 60, interval_s=0.5)
+    tree = {pid: " ".join(cmdline(pid)) for pid in descendants(run.proc.pid)}
+    names = " ".join(tree.values())
+    assert "gcs_server" in names and "/raylet" in names and "ray::ServeController" in names
+    for absent in ("log_monitor.py", "monitor.py", "serve_run.py", "ray_up.py",
+                   "ray.util.client.server"):
+        assert absent not in names, f"{absent} should not run: {tree}"
+    assert set(session(run.sid)) <= set(tree), "every Ray process is in serve.sh's tree"
+    discovery = json.loads(Path("/tmp/ray/prom_metrics_service_discovery.json").read_text())
+    wait_until(lambda: any("ray_serve_" in scrape(t) for t in discovery[0]["targets"]),
+               f"Serve's metrics at a discovery target {discovery}", 60, interval_s=1)
+    return tree
 
 
 def test_failed_deploy_ends_the_run(ports, tmp_path):
