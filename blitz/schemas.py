@@ -3,9 +3,10 @@ results the ingress answers with.
 
 - ``EmbedJob``, ``RerankJob``: ingress -> pool, over Serve's handle or the local hop,
   pickled either way; never larger than the pool's batch limit.
-- ``EmbedResult``, ``RerankResult`` (with ``RerankHit``, ``Usage``): what
-  ``handle.embed.remote(...)`` and ``handle.rerank.remote(...)`` return, and what the HTTP
-  routes write on the wire (``blitz.http.wire``).
+- ``EmbedResult``, ``RerankResult`` (with ``RerankHit``, ``Usage``), ``TokenizeResult``
+  (``Token``), ``DecodeResult``: what ``handle.embed.remote(...)``, ``handle.rerank``,
+  ``handle.tokenize`` and ``handle.decode`` return, and what the HTTP routes write on
+  the wire (``blitz.http.wire``).
 
 Plain dataclasses, pickled by reference to this module: a rolling redeploy runs two
 versions side by side, so the module keeps its name. The HTTP request bodies are
@@ -70,6 +71,35 @@ class RerankHit:
     index: int
     relevance_score: float
     document: str | None = None
+
+
+@dataclass(frozen=True)
+class Token:
+    """One token of ``/tokenize`` (Hugging Face TEI's ``SimpleToken``): ``text`` is the
+    input's own characters (a special token's name), ``start``/``stop`` its offsets (None
+    for a special token, or when offsets were not asked for)."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    """What ``handle.tokenize.remote(...)`` returns: each text's tokens."""
+
+    tokens: list[list[Token]]
+    model: str
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """What ``handle.decode.remote(...)`` returns: one text per row of ids."""
+
+    texts: list[str]
+    model: str
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,17 @@ from blitz.errors import Overloaded, Unavailable
 from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
 from blitz.ingress.service import EmbeddingService
+from blitz.ingress.tokenizing import OffsetUnit, TokenService
 from blitz.pool.batching import Batcher
 from blitz.pool.local_hop import HopLost
-from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
+from blitz.schemas import (
+    DecodeResult,
+    EmbedJob,
+    EmbedResult,
+    RerankJob,
+    RerankResult,
+    TokenizeResult,
+)
 from blitz.settings.config import BlitzSettings
 from deployments.local_hops import LocalHops
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
@@ -240,6 +248,7 @@ class _IngressMethods:
     settings: BlitzSettings
     dispatcher: ServeDispatcher
     service: EmbeddingService
+    tokens: TokenService
     api: HttpApi
 
     def _serve(self, dispatcher: ServeDispatcher) -> None:
@@ -247,7 +256,8 @@ class _IngressMethods:
         self.service = EmbeddingService(self.settings, dispatcher,
                                         observer=metrics.observe_request,
                                         route_observer=metrics.observe_route)
-        self.api = HttpApi(self.service)
+        self.tokens = TokenService(self.service)
+        self.api = HttpApi(self.service, self.tokens)
         warn_if_open(_http_host(), self.settings.auth)
         flush_replica_log()
 
@@ -272,6 +282,28 @@ class _IngressMethods:
         return await self.service.rerank(query, documents, model=model, top_n=top_n,
                                          return_documents=return_documents,
                                          truncate=truncate)
+
+
+    async def tokenize(self, texts: str | list[str], model: str | None = None, *,
+                       add_special_tokens: bool = True, prompt_name: str | None = None,
+                       return_offsets: bool = True,
+                       offsets: OffsetUnit = "chars") -> TokenizeResult:
+        """Handle API: ``await handle.tokenize.remote(texts, model=...)``; the options are
+        ``POST /tokenize``'s."""
+        return await self.tokens.tokenize(texts, model=model,
+                                          add_special_tokens=add_special_tokens,
+                                          prompt_name=prompt_name,
+                                          return_offsets=return_offsets, offsets=offsets)
+
+    async def decode(self, ids: list[int] | list[list[int]], model: str | None = None, *,
+                     skip_special_tokens: bool = True) -> DecodeResult:
+        """Handle API: ``await handle.decode.remote(ids, model=...)``; ``POST /decode``."""
+        return await self.tokens.decode(ids, model=model,
+                                        skip_special_tokens=skip_special_tokens)
+
+    async def info(self, model: str | None = None) -> dict[str, Any]:
+        """Handle API: ``await handle.info.remote()``; ``GET /info``."""
+        return self.service.info(model)
 
 
 @serve.deployment

@@ -19,17 +19,25 @@ from starlette.types import Receive, Scope, Send
 from blitz import codecs
 from blitz.errors import Overloaded, PayloadTooLarge, RequestTimeout
 from blitz.http import wire
-from blitz.http.bodies import EmbedRequest, OpenAIEmbeddingRequest, RerankRequest
+from blitz.http.bodies import (
+    DecodeRequest,
+    EmbedRequest,
+    OpenAIEmbeddingRequest,
+    RerankRequest,
+    TokenizeRequest,
+)
 from blitz.http.middleware import RECORD, RequestMiddleware
 from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
 from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.ingress.tokenizing import TokenService
 
 MODEL_HEADERS = ("serve_multiplexed_model_id", "serve-multiplexed-model-id")
 
 
 class HttpApi:
-    def __init__(self, service: EmbeddingService):
+    def __init__(self, service: EmbeddingService, tokens: TokenService | None = None):
         self.service = service
+        self.tokens = tokens or TokenService(service)
         self.settings = service.settings
         # a request body holds about one list or object per text (token-id rows, Cohere
         # documents, numpy arrays): more than this is refused before it is built
@@ -44,7 +52,10 @@ class HttpApi:
             Route("/v1/embeddings", self.openai_embeddings, methods=["POST"]),
             Route("/rerank", self.rerank, methods=["POST"]),
             Route("/v1/rerank", self.rerank, methods=["POST"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/decode", self.decode, methods=["POST"]),
             Route("/models", self.models, methods=["GET"]),
+            Route("/info", self.info, methods=["GET"]),
             Route("/v1/models", self.openai_models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/ready", self.ready, methods=["GET"]),
@@ -134,10 +145,28 @@ class HttpApi:
             req.query, req.documents, model=self._model_id(request, req.model),
             top_n=req.top_n, return_documents=req.return_documents, truncate=req.truncate,
             record=_record(request))
-        body = wire.rerank_reply(result)  # no arrays: portable in either msgpack layout
-        if fmt == "msgpack":
-            return MsgpackResponse(body)
-        return JSONBytesResponse(body)
+        return _plain(wire.rerank_reply(result), fmt)
+
+    async def tokenize(self, request: Request) -> Response:
+        req = TokenizeRequest.parse(await self._body(request), self.settings.limits)
+        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+        result = await self.tokens.tokenize(
+            req.texts, model=self._model_id(request, req.model),
+            add_special_tokens=req.add_special_tokens, prompt_name=req.prompt_name,
+            return_offsets=req.return_offsets, offsets=req.offsets, record=_record(request))
+        return _plain(wire.tokenize_reply(result), fmt)
+
+    async def decode(self, request: Request) -> Response:
+        req = DecodeRequest.parse(await self._body(request), self.settings.limits)
+        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+        result = await self.tokens.decode(
+            req.ids, model=self._model_id(request, req.model),
+            skip_special_tokens=req.skip_special_tokens, record=_record(request))
+        return _plain(wire.decode_reply(result), fmt)
+
+    async def info(self, request: Request) -> Response:
+        return JSONBytesResponse(self.service.info(
+            self._model_id(request, request.query_params.get("model"))))
 
     async def models(self, request: Request) -> Response:
         return JSONBytesResponse({"object": "list", "data": self.service.describe_models(
@@ -161,3 +190,9 @@ class HttpApi:
 def _record(request: Request) -> RequestRecord:
     """The request's record, made by the middleware; the service fills it in."""
     return request.scope[RECORD]
+
+
+def _plain(body: Any, fmt: str) -> Response:
+    """A reply with no arrays (the same in either msgpack layout): msgpack when asked for,
+    else JSON."""
+    return MsgpackResponse(body) if fmt == "msgpack" else JSONBytesResponse(body)

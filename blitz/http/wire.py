@@ -12,6 +12,8 @@ or raw bytes.
   float32).
 - ``rerank_reply``: ``POST /rerank`` and ``/v1/rerank`` (Cohere/Jina's shape): no
   arrays, so the same in either msgpack layout.
+- ``tokenize_reply``, ``decode_reply``: ``POST /tokenize`` and ``/decode``, Hugging Face
+  TEI's shapes: a list of lists of ``{id, text, special, start, stop}``, a list of texts.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ from typing import Any, Literal
 
 from blitz import codecs
 from blitz.codecs import ArrayLayout
-from blitz.schemas import EmbedResult, RerankHit, RerankResult, Usage
+from blitz.schemas import (
+    DecodeResult,
+    EmbedResult,
+    RerankHit,
+    RerankResult,
+    TokenizeResult,
+    Usage,
+)
 
 
 def usage_body(usage: Usage) -> dict[str, int]:
@@ -60,3 +69,12 @@ def rerank_hit(hit: RerankHit) -> dict[str, Any]:
 def rerank_reply(result: RerankResult) -> dict[str, Any]:
     return {"model": result.model, "results": [rerank_hit(h) for h in result.results],
             "usage": usage_body(result.usage)}
+
+
+def tokenize_reply(result: TokenizeResult) -> list[list[dict[str, Any]]]:
+    return [[{"id": t.id, "text": t.text, "special": t.special, "start": t.start,
+              "stop": t.stop} for t in row] for row in result.tokens]
+
+
+def decode_reply(result: DecodeResult) -> list[str]:
+    return result.texts
