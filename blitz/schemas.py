@@ -1,9 +1,10 @@
 """What crosses a hop, defined once: the jobs an ingress sends a pool replica, and the
 results the ingress answers with.
 
-- ``EmbedJob``, ``RerankJob``: ingress -> pool, over Serve's handle or the local hop,
+- ``EmbedJob``, ``RerankJob``, ``TokenEmbedJob``: ingress -> pool, over Serve's handle or the local hop,
   pickled either way; never larger than the pool's batch limit.
-- ``EmbedResult``, ``RerankResult`` (with ``RerankHit``, ``Usage``), ``TokenizeResult``
+- ``EmbedResult``, ``RerankResult`` (with ``RerankHit``, ``Usage``),
+  ``TokenEmbeddingsResult``, ``TokenizeResult``
   (``Token``), ``DecodeResult``: what ``handle.embed.remote(...)``, ``handle.rerank``,
   ``handle.tokenize`` and ``handle.decode`` return, and what the HTTP routes write on
   the wire (``blitz.http.wire``).
@@ -44,6 +45,18 @@ class RerankJob:
         return len(self.documents)
 
 
+@dataclass(frozen=True)
+class TokenEmbedJob:
+    """Texts whose per-token vectors are asked for (``/embed_all``); never larger than the
+    pool's batch limit."""
+
+    texts: list[str]
+    truncate: bool = True
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
 # ---- results (handle API and HTTP replies) -----------------------------------------------
 
 @dataclass(frozen=True)
@@ -71,6 +84,17 @@ class RerankHit:
     index: int
     relevance_score: float
     document: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenEmbeddingsResult:
+    """What ``handle.embed_all.remote(...)`` returns: per text, one float32 row per token
+    (special tokens included, padding left out), shape (tokens, hidden)."""
+
+    embeddings: list[np.ndarray]
+    model: str
+    usage: Usage
+    pool: str = "cpu"
 
 
 @dataclass(frozen=True)

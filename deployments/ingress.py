@@ -23,16 +23,19 @@ from blitz.encoders.postprocess import OutputDtype
 from blitz.errors import Overloaded, Unavailable
 from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
+from blitz.ingress.outputs import OutputService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizing import OffsetUnit, TokenService
 from blitz.pool.batching import Batcher
 from blitz.pool.local_hop import HopLost
+from blitz.pool.work import Job
 from blitz.schemas import (
     DecodeResult,
     EmbedJob,
     EmbedResult,
     RerankJob,
     RerankResult,
+    TokenEmbeddingsResult,
     TokenizeResult,
 )
 from blitz.settings.config import BlitzSettings
@@ -187,12 +190,12 @@ class ServeDispatcher:
         return lane
 
     async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded:
-        return await self._submit(pool, model_id, job)
+        return await self.submit(pool, model_id, job)
 
     async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded:
-        return await self._submit(pool, model_id, job)
+        return await self.submit(pool, model_id, job)
 
-    async def _submit(self, pool: str, model_id: str, job: EmbedJob | RerankJob) -> Encoded:
+    async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
         entered = time.perf_counter()
         result = await self._lane(pool, model_id).submit(job)
         timing.since([result], "ingress-queue", entered)
@@ -249,6 +252,7 @@ class _IngressMethods:
     dispatcher: ServeDispatcher
     service: EmbeddingService
     tokens: TokenService
+    outputs: OutputService
     api: HttpApi
 
     def _serve(self, dispatcher: ServeDispatcher) -> None:
@@ -257,7 +261,8 @@ class _IngressMethods:
                                         observer=metrics.observe_request,
                                         route_observer=metrics.observe_route)
         self.tokens = TokenService(self.service)
-        self.api = HttpApi(self.service, self.tokens)
+        self.outputs = OutputService(self.service)
+        self.api = HttpApi(self.service, self.tokens, self.outputs)
         warn_if_open(_http_host(), self.settings.auth)
         flush_replica_log()
 
@@ -283,6 +288,14 @@ class _IngressMethods:
                                          return_documents=return_documents,
                                          truncate=truncate)
 
+
+    async def embed_all(self, texts: str | list[str], model: str | None = None, *,
+                        truncate: bool = True,
+                        prompt_name: str | None = None) -> TokenEmbeddingsResult:
+        """Handle API: ``await handle.embed_all.remote(texts, model=...)``; the options are
+        ``POST /embed_all``'s."""
+        return await self.outputs.embed_all(texts, model=model, truncate=truncate,
+                                            prompt_name=prompt_name)
 
     async def tokenize(self, texts: str | list[str], model: str | None = None, *,
                        add_special_tokens: bool = True, prompt_name: str | None = None,

@@ -58,6 +58,13 @@ class Encoder(ABC):
         raise InvalidValue(
             f"model {self.model_id!r} does not take token ids", param="input")
 
+    def embed_all(self, texts: list[str], *, truncate: bool = True) -> Encoded:
+        """Per-token vectors: ``values`` holds each text's tokens' rows one text after the
+        other (special tokens included, no padding), ``token_counts`` how many per text."""
+        raise InvalidValue(
+            f"model {self.model_id!r} ({self.kind}, {self.backend}) does not give per-token "
+            "embeddings; use an embedding model", param="model")
+
     def score(self, query: str, documents: list[str], *, truncate: bool = True) -> Encoded:
         """Relevance of each document to ``query``; embedding models use cosine similarity."""
         encoded = self.embed([query, *documents], normalize=True, truncate=truncate)

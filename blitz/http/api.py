@@ -21,6 +21,7 @@ from blitz.errors import Overloaded, PayloadTooLarge, RequestTimeout
 from blitz.http import wire
 from blitz.http.bodies import (
     DecodeRequest,
+    EmbedAllRequest,
     EmbedRequest,
     OpenAIEmbeddingRequest,
     RerankRequest,
@@ -28,6 +29,7 @@ from blitz.http.bodies import (
 )
 from blitz.http.middleware import RECORD, RequestMiddleware
 from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
+from blitz.ingress.outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.tokenizing import TokenService
 
@@ -35,9 +37,11 @@ MODEL_HEADERS = ("serve_multiplexed_model_id", "serve-multiplexed-model-id")
 
 
 class HttpApi:
-    def __init__(self, service: EmbeddingService, tokens: TokenService | None = None):
+    def __init__(self, service: EmbeddingService, tokens: TokenService | None = None,
+                 outputs: OutputService | None = None):
         self.service = service
         self.tokens = tokens or TokenService(service)
+        self.outputs = outputs or OutputService(service)
         self.settings = service.settings
         # a request body holds about one list or object per text (token-id rows, Cohere
         # documents, numpy arrays): more than this is refused before it is built
@@ -52,6 +56,7 @@ class HttpApi:
             Route("/v1/embeddings", self.openai_embeddings, methods=["POST"]),
             Route("/rerank", self.rerank, methods=["POST"]),
             Route("/v1/rerank", self.rerank, methods=["POST"]),
+            Route("/embed_all", self.embed_all, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/decode", self.decode, methods=["POST"]),
             Route("/models", self.models, methods=["GET"]),
@@ -146,6 +151,17 @@ class HttpApi:
             top_n=req.top_n, return_documents=req.return_documents, truncate=req.truncate,
             record=_record(request))
         return _plain(wire.rerank_reply(result), fmt)
+
+    async def embed_all(self, request: Request) -> Response:
+        req = EmbedAllRequest.parse(await self._body(request), self.settings.limits)
+        fmt, accept_layout = codecs.choose_reply(request.headers.get("accept"), "json")
+        result = await self.outputs.embed_all(
+            req.texts, model=self._model_id(request, req.model), truncate=req.truncate,
+            prompt_name=req.prompt_name, record=_record(request))
+        if fmt == "msgpack":
+            return MsgpackResponse(wire.embed_all_reply(
+                result, req.layout or accept_layout or "numpy"))
+        return JSONBytesResponse(wire.embed_all_reply(result, None))
 
     async def tokenize(self, request: Request) -> Response:
         req = TokenizeRequest.parse(await self._body(request), self.settings.limits)

@@ -180,6 +180,19 @@ class RerankRequest(_Request):
         return value
 
 
+class EmbedAllRequest(_Request):
+    """``POST /embed_all`` (Hugging Face TEI's shape)."""
+
+    _list_keys = ("inputs", "texts")
+
+    texts: str | _Texts = Field(validation_alias=AliasChoices("inputs", "texts"),
+                                description="one text or a list")
+    model: str | None = None
+    truncate: StrictBool = True
+    prompt_name: str | None = None
+    layout: ArrayLayout | None = Field(None, description="msgpack reply's array layout")
+
+
 class TokenizeRequest(_Request):
     """``POST /tokenize`` (Hugging Face TEI's shape)."""
 

@@ -12,6 +12,9 @@ or raw bytes.
   float32).
 - ``rerank_reply``: ``POST /rerank`` and ``/v1/rerank`` (Cohere/Jina's shape): no
   arrays, so the same in either msgpack layout.
+- ``embed_all_reply``: ``POST /embed_all``: on JSON Hugging Face TEI's list (per text, per
+  token, a list of floats); on msgpack ``{model, embeddings: [array per text], usage}``
+  in either array layout.
 - ``tokenize_reply``, ``decode_reply``: ``POST /tokenize`` and ``/decode``, Hugging Face
   TEI's shapes: a list of lists of ``{id, text, special, start, stop}``, a list of texts.
 """
@@ -20,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import numpy as np
+
 from blitz import codecs
 from blitz.codecs import ArrayLayout
 from blitz.schemas import (
@@ -27,6 +32,7 @@ from blitz.schemas import (
     EmbedResult,
     RerankHit,
     RerankResult,
+    TokenEmbeddingsResult,
     TokenizeResult,
     Usage,
 )
@@ -78,3 +84,18 @@ def tokenize_reply(result: TokenizeResult) -> list[list[dict[str, Any]]]:
 
 def decode_reply(result: DecodeResult) -> list[str]:
     return result.texts
+
+
+def embed_all_reply(result: TokenEmbeddingsResult,
+                    layout: ArrayLayout | None) -> list[np.ndarray] | dict[str, Any]:
+    """``layout`` None: JSON, TEI's bare list; else the msgpack map in that layout."""
+    if layout is None:
+        return result.embeddings
+    if layout == "portable":
+        arrays: list[Any] = []
+        for rows in result.embeddings:
+            data, shape, dtype = codecs.portable_array(rows)
+            arrays.append({"data": data, "shape": shape, "dtype": dtype})
+    else:
+        arrays = result.embeddings
+    return {"model": result.model, "embeddings": arrays, "usage": usage_body(result.usage)}

@@ -31,6 +31,7 @@ from blitz.ingress import status
 from blitz.ingress.routing import Route, choose_pool
 from blitz.ingress.vector_cache import CachedEmbedder, Computed, Key, fingerprint
 from blitz.loading.fetch import read_dimension
+from blitz.pool.work import Job
 from blitz.schemas import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankResult, Usage
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec, apply_prompt
@@ -90,6 +91,10 @@ class Dispatcher(Protocol):
     async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded: ...
 
     async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded: ...
+
+    async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
+        """Any job (``blitz.pool.work.Job``) through the same queue as embed and rerank."""
+        ...
 
 
 class EmbeddingService:
@@ -243,7 +248,7 @@ class EmbeddingService:
                              token_ids=token_ids[i:i + size] if token_ids is not None else None,
                              normalize=normalize, truncate=truncate)
                     for i in range(0, count, size)]
-            parts = await self._gather(
+            parts = await self.gather(
                 [self.dispatcher.embed(pool, model_id, job) for job in jobs], size)
             if len(parts) == 1:
                 return parts[0].values, parts[0].token_counts, parts
@@ -285,7 +290,7 @@ class EmbeddingService:
                 param="dimensions")
 
     @staticmethod
-    async def _gather(calls: list, chunk_size: int) -> list[Encoded]:
+    async def gather(calls: list, chunk_size: int) -> list[Encoded]:
         """Run chunk calls in parallel; an over-long input is reported at its request index.
         One call (most requests) is awaited in the request's own task: no task of its own,
         one loop step less."""
@@ -337,7 +342,7 @@ class EmbeddingService:
             size = self.dispatcher.max_batch(pool)
             jobs = [RerankJob(query, documents[i:i + size], truncate)
                     for i in range(0, len(documents), size)]
-            parts = await self._gather(
+            parts = await self.gather(
                 [self.dispatcher.rerank(pool, spec.id, job) for job in jobs], size)
             scores = np.concatenate([p.values for p in parts])
             tokens = int(sum(int(p.token_counts.sum()) for p in parts))
