@@ -1,10 +1,10 @@
 """What crosses a hop, defined once: the jobs an ingress sends a pool replica, and the
 results the ingress answers with.
 
-- ``EmbedJob``, ``RerankJob``, ``TokenEmbedJob``: ingress -> pool, over Serve's handle or the local hop,
+- ``EmbedJob``, ``RerankJob``, ``TokenEmbedJob``, ``ClassifyJob``: ingress -> pool, over Serve's handle or the local hop,
   pickled either way; never larger than the pool's batch limit.
 - ``EmbedResult``, ``RerankResult`` (with ``RerankHit``, ``Usage``),
-  ``TokenEmbeddingsResult``, ``TokenizeResult``
+  ``TokenEmbeddingsResult``, ``ClassifyResult`` (``Prediction``), ``TokenizeResult``
   (``Token``), ``DecodeResult``: what ``handle.embed.remote(...)``, ``handle.rerank``,
   ``handle.tokenize`` and ``handle.decode`` return, and what the HTTP routes write on
   the wire (``blitz.http.wire``).
@@ -57,6 +57,18 @@ class TokenEmbedJob:
         return len(self.texts)
 
 
+@dataclass(frozen=True)
+class ClassifyJob:
+    """Inputs for a classifier (``/predict``, ``/classify``): each one text or a text
+    pair; never larger than the pool's batch limit."""
+
+    inputs: list[list[str]]
+    truncate: bool = True
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
 # ---- results (handle API and HTTP replies) -----------------------------------------------
 
 @dataclass(frozen=True)
@@ -92,6 +104,24 @@ class TokenEmbeddingsResult:
     (special tokens included, padding left out), shape (tokens, hidden)."""
 
     embeddings: list[np.ndarray]
+    model: str
+    usage: Usage
+    pool: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    score: float
+    label: str
+
+
+@dataclass(frozen=True)
+class ClassifyResult:
+    """What ``handle.classify.remote(...)`` returns: per input its labels' scores, best
+    first (probabilities: softmax over the labels, or a sigmoid for a one-label model;
+    the raw logits with ``raw_scores``)."""
+
+    predictions: list[list[Prediction]]
     model: str
     usage: Usage
     pool: str = "cpu"

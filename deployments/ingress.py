@@ -30,6 +30,7 @@ from blitz.pool.batching import Batcher
 from blitz.pool.local_hop import HopLost
 from blitz.pool.work import Job
 from blitz.schemas import (
+    ClassifyResult,
     DecodeResult,
     EmbedJob,
     EmbedResult,
@@ -296,6 +297,14 @@ class _IngressMethods:
         ``POST /embed_all``'s."""
         return await self.outputs.embed_all(texts, model=model, truncate=truncate,
                                             prompt_name=prompt_name)
+
+    async def classify(self, inputs: str | list[str] | list[list[str]],
+                       model: str | None = None, *, raw_scores: bool = False,
+                       top_k: int | None = None, truncate: bool = True) -> ClassifyResult:
+        """Handle API: ``await handle.classify.remote(texts, model=...)``: each text's (or
+        ``[text, text]`` pair's) label scores; ``POST /predict`` and ``/classify``."""
+        return await self.outputs.classify(inputs, model=model, raw_scores=raw_scores,
+                                           top_k=top_k, truncate=truncate)
 
     async def tokenize(self, texts: str | list[str], model: str | None = None, *,
                        add_special_tokens: bool = True, prompt_name: str | None = None,

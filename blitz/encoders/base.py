@@ -25,6 +25,7 @@ class Encoded:
     padded_tokens: int = 0  # tokens the model computed, padding included
     # where the call's time went, per hop, in seconds (blitz.timing): filled on the way out
     timings: dict[str, float] = field(default_factory=dict, compare=False)
+    labels: tuple[str, ...] | None = None  # a classifier's: what each column of values is
 
 
 class Encoder(ABC):
@@ -64,6 +65,11 @@ class Encoder(ABC):
         raise InvalidValue(
             f"model {self.model_id!r} ({self.kind}, {self.backend}) does not give per-token "
             "embeddings; use an embedding model", param="model")
+
+    def classify(self, inputs: list[list[str]], *, truncate: bool = True) -> Encoded:
+        """A classifier's raw logits per input (one text or a pair), ``labels`` set."""
+        raise InvalidValue(f"model {self.model_id!r} is a {self.kind}, not a classifier; "
+                           "use a model of kind classifier", param="model")
 
     def score(self, query: str, documents: list[str], *, truncate: bool = True) -> Encoded:
         """Relevance of each document to ``query``; embedding models use cosine similarity."""

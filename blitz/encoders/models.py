@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blitz.encoders.base import Encoder
-from blitz.encoders.cross_encoder import CrossEncoderEncoder
+from blitz.encoders.cross_encoder import ClassifierEncoder, CrossEncoderEncoder
 from blitz.encoders.onnx_native import NativeOnnxModel, OnnxEncoder, open_native
 from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
 from blitz.runtime import model_threads
-from blitz.settings.registry import ModelSpec
+from blitz.settings.registry import HEADED_KINDS, ModelSpec
 
 if TYPE_CHECKING:
     from sentence_transformers import CrossEncoder, SentenceTransformer
@@ -46,6 +46,10 @@ def wrap(spec: ModelSpec, model: Any, device: str) -> Encoder:
     if isinstance(model, NativeOnnxModel):
         return OnnxEncoder(spec.id, model, max_seq_length=spec.max_seq_length,
                            token_budget=CPU_TOKEN_BUDGET, rows_per_call=rows_per_call)
+    if spec.kind == "classifier":
+        return ClassifierEncoder(
+            spec.id, model, max_seq_length=spec.max_seq_length,
+            batch_size=CPU_PAIRS_PER_BATCH if on_cpu else GPU_PAIRS_PER_BATCH)
     if spec.kind == "cross-encoder":
         return CrossEncoderEncoder(
             spec.id, model, max_seq_length=spec.max_seq_length,
@@ -120,7 +124,7 @@ def open_onnx_file(spec: ModelSpec, directory: Path, file_name: str, *,
     from sentence_transformers import CrossEncoder, SentenceTransformer
 
     kwargs = onnx_model_kwargs(file_name)
-    if spec.kind == "cross-encoder":
+    if spec.kind in HEADED_KINDS:
         return CrossEncoder(str(directory), backend="onnx", device="cpu", local_files_only=True,
                             model_kwargs=kwargs, trust_remote_code=spec.trust_remote_code)
     return SentenceTransformer(str(directory), backend="onnx", device="cpu",

@@ -9,6 +9,8 @@ ids, API keys, error replies, timing headers and metrics are ``RequestMiddleware
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from typing import Any
 
 from starlette.requests import Request
@@ -20,10 +22,12 @@ from blitz import codecs
 from blitz.errors import Overloaded, PayloadTooLarge, RequestTimeout
 from blitz.http import wire
 from blitz.http.bodies import (
+    ClassifyRequest,
     DecodeRequest,
     EmbedAllRequest,
     EmbedRequest,
     OpenAIEmbeddingRequest,
+    PredictRequest,
     RerankRequest,
     TokenizeRequest,
 )
@@ -57,6 +61,8 @@ class HttpApi:
             Route("/rerank", self.rerank, methods=["POST"]),
             Route("/v1/rerank", self.rerank, methods=["POST"]),
             Route("/embed_all", self.embed_all, methods=["POST"]),
+            Route("/predict", self.predict, methods=["POST"]),
+            Route("/classify", self.classify, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
             Route("/decode", self.decode, methods=["POST"]),
             Route("/models", self.models, methods=["GET"]),
@@ -162,6 +168,25 @@ class HttpApi:
             return MsgpackResponse(wire.embed_all_reply(
                 result, req.layout or accept_layout or "numpy"))
         return JSONBytesResponse(wire.embed_all_reply(result, None))
+
+    async def predict(self, request: Request) -> Response:
+        req = PredictRequest.parse(await self._body(request), self.settings.limits)
+        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+        items, single = req.batch()
+        result = await self.outputs.classify(
+            items, model=self._model_id(request, req.model), raw_scores=req.raw_scores,
+            top_k=req.top_k, truncate=req.truncate, record=_record(request))
+        return _plain(wire.predict_reply(result, single), fmt)
+
+    async def classify(self, request: Request) -> Response:
+        req = ClassifyRequest.parse(await self._body(request), self.settings.limits)
+        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+        texts = [req.input] if isinstance(req.input, str) else req.input
+        result = await self.outputs.classify(
+            texts, model=self._model_id(request, req.model), raw_scores=req.raw_scores,
+            top_k=req.top_k, truncate=req.truncate, record=_record(request))
+        return _plain(wire.classify_reply(result, f"blitz-{uuid.uuid4().hex}",
+                                          int(time.time())), fmt)
 
     async def tokenize(self, request: Request) -> Response:
         req = TokenizeRequest.parse(await self._body(request), self.settings.limits)

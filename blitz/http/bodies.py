@@ -193,6 +193,41 @@ class EmbedAllRequest(_Request):
     layout: ArrayLayout | None = Field(None, description="msgpack reply's array layout")
 
 
+class PredictRequest(_Request):
+    """``POST /predict`` (Hugging Face TEI's shape): ``inputs`` is one text, ``[text]``,
+    one pair ``[text, text]``, or a batch ``[[text], [text, text], ...]``."""
+
+    _list_keys = ("inputs",)
+
+    inputs: str | Annotated[list[str], Field(min_length=1, max_length=2)] | Annotated[
+        list[Annotated[list[str], Field(min_length=1, max_length=2)]],
+        Field(min_length=1, fail_fast=True)]
+    model: str | None = None
+    raw_scores: StrictBool = False
+    truncate: StrictBool = True
+    top_k: StrictInt | None = Field(None, ge=1)
+
+    def batch(self) -> tuple[list[list[str]], bool]:
+        """(inputs as one-text or pair lists, whether the request was one input)."""
+        if isinstance(self.inputs, str):
+            return [[self.inputs]], True
+        if all(isinstance(i, str) for i in self.inputs):
+            return [list(self.inputs)], True  # type: ignore[arg-type]
+        return [list(i) for i in self.inputs], False
+
+
+class ClassifyRequest(_Request):
+    """``POST /classify`` (Infinity's shape)."""
+
+    _list_keys = ("input",)
+
+    input: str | _Texts
+    model: str | None = None
+    raw_scores: StrictBool = False
+    truncate: StrictBool = True
+    top_k: StrictInt | None = Field(None, ge=1)
+
+
 class TokenizeRequest(_Request):
     """``POST /tokenize`` (Hugging Face TEI's shape)."""
 

@@ -15,6 +15,9 @@ or raw bytes.
 - ``embed_all_reply``: ``POST /embed_all``: on JSON Hugging Face TEI's list (per text, per
   token, a list of floats); on msgpack ``{model, embeddings: [array per text], usage}``
   in either array layout.
+- ``predict_reply``: ``POST /predict``, TEI's: per input a list of ``{score, label}``
+  best first (a flat list for a one-input request); ``classify_reply``: ``POST
+  /classify``, Infinity's ``{object: "classify", data, model, usage, id, created}``.
 - ``tokenize_reply``, ``decode_reply``: ``POST /tokenize`` and ``/decode``, Hugging Face
   TEI's shapes: a list of lists of ``{id, text, special, start, stop}``, a list of texts.
 """
@@ -28,6 +31,7 @@ import numpy as np
 from blitz import codecs
 from blitz.codecs import ArrayLayout
 from blitz.schemas import (
+    ClassifyResult,
     DecodeResult,
     EmbedResult,
     RerankHit,
@@ -99,3 +103,17 @@ def embed_all_reply(result: TokenEmbeddingsResult,
     else:
         arrays = result.embeddings
     return {"model": result.model, "embeddings": arrays, "usage": usage_body(result.usage)}
+
+
+def predictions(result: ClassifyResult) -> list[list[dict[str, Any]]]:
+    return [[{"score": p.score, "label": p.label} for p in row] for row in result.predictions]
+
+
+def predict_reply(result: ClassifyResult, single: bool) -> list[Any]:
+    rows = predictions(result)
+    return rows[0] if single else rows
+
+
+def classify_reply(result: ClassifyResult, request_id: str, created: int) -> dict[str, Any]:
+    return {"object": "classify", "data": predictions(result), "model": result.model,
+            "usage": usage_body(result.usage), "id": request_id, "created": created}

@@ -112,7 +112,7 @@ def read_dimension(spec: ModelSpec) -> int | None:
         return spec.dimension
     if spec.is_fake:
         return spec.fake_params()[0]
-    if spec.kind == "cross-encoder" or not spec.location().is_local:
+    if spec.kind != "embedding" or not spec.location().is_local:
         return None
     try:
         path = resolve_source(spec)

@@ -74,8 +74,10 @@ def open_backend(load: Load, path: Path | None, backend: str) -> Encoder:
 def _fake(spec: ModelSpec, path: None, load: Load) -> Encoder:
     dimension, load_s, batch_s = spec.fake_params()
     time.sleep(load_s)  # a slow load, for fault tests (runs on a loader thread)
-    return FakeEncoder(spec.id, dimension, spec.max_seq_length or 128, batch_s=batch_s,
-                       batches_at_once=spec.fake_batches_at_once())
+    encoder = FakeEncoder(spec.id, dimension, spec.max_seq_length or 128, batch_s=batch_s,
+                          batches_at_once=spec.fake_batches_at_once())
+    encoder.kind = spec.kind
+    return encoder
 
 
 def _torch_bi_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
@@ -112,6 +114,11 @@ OPENERS: dict[tuple[str, str], Opener] = {
     ("cross-encoder", "torch-bf16"): _bf16(open_torch_cross_encoder),
     ("cross-encoder", "onnx"): _onnx,
     ("cross-encoder", "onnx-int8"): _onnx,
+    ("classifier", "fake"): _fake,
+    ("classifier", "torch"): _torch_cross_encoder,
+    ("classifier", "torch-bf16"): _bf16(open_torch_cross_encoder),
+    ("classifier", "onnx"): _onnx,
+    ("classifier", "onnx-int8"): _onnx,
 }
 
 
