@@ -1,10 +1,12 @@
 """What crosses a hop, defined once: the jobs an ingress sends a pool replica, and the
 results the ingress answers with.
 
-- ``EmbedJob``, ``RerankJob``, ``TokenEmbedJob``, ``ClassifyJob``: ingress -> pool, over Serve's handle or the local hop,
+- ``EmbedJob``, ``RerankJob``, ``TokenEmbedJob``, ``SparseEmbedJob``, ``ClassifyJob``:
+  ingress -> pool, over Serve's handle or the local hop,
   pickled either way; never larger than the pool's batch limit.
 - ``EmbedResult``, ``RerankResult`` (with ``RerankHit``, ``Usage``),
-  ``TokenEmbeddingsResult``, ``ClassifyResult`` (``Prediction``), ``TokenizeResult``
+  ``TokenEmbeddingsResult``, ``SparseResult`` (``SparseVector``), ``ClassifyResult``
+  (``Prediction``), ``TokenizeResult``
   (``Token``), ``DecodeResult``: what ``handle.embed.remote(...)``, ``handle.rerank``,
   ``handle.tokenize`` and ``handle.decode`` return, and what the HTTP routes write on
   the wire (``blitz.http.wire``).
@@ -49,6 +51,17 @@ class RerankJob:
 class TokenEmbedJob:
     """Texts whose per-token vectors are asked for (``/embed_all``); never larger than the
     pool's batch limit."""
+
+    texts: list[str]
+    truncate: bool = True
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@dataclass(frozen=True)
+class SparseEmbedJob:
+    """Texts for a sparse (SPLADE) model (``/embed_sparse``); at most the batch limit."""
 
     texts: list[str]
     truncate: bool = True
@@ -104,6 +117,26 @@ class TokenEmbeddingsResult:
     (special tokens included, padding left out), shape (tokens, hidden)."""
 
     embeddings: list[np.ndarray]
+    model: str
+    usage: Usage
+    pool: str = "cpu"
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    """One text's sparse embedding: vocabulary ids, ascending, and their weights."""
+
+    indices: np.ndarray  # int32
+    values: np.ndarray  # float32
+
+
+@dataclass(frozen=True)
+class SparseResult:
+    """What ``handle.embed_sparse.remote(...)`` returns: one ``SparseVector`` per text, over a
+    vocabulary of ``dimension`` ids."""
+
+    embeddings: list[SparseVector]
+    dimension: int | None  # None: a model whose files are not on the ingress's machine
     model: str
     usage: Usage
     pool: str = "cpu"

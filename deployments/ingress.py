@@ -36,6 +36,7 @@ from blitz.schemas import (
     EmbedResult,
     RerankJob,
     RerankResult,
+    SparseResult,
     TokenEmbeddingsResult,
     TokenizeResult,
 )
@@ -297,6 +298,14 @@ class _IngressMethods:
         ``POST /embed_all``'s."""
         return await self.outputs.embed_all(texts, model=model, truncate=truncate,
                                             prompt_name=prompt_name)
+
+    async def embed_sparse(self, texts: str | list[str], model: str | None = None, *,
+                           truncate: bool = True,
+                           prompt_name: str | None = None) -> SparseResult:
+        """Handle API: ``await handle.embed_sparse.remote(texts, model=...)``; the options
+        are ``POST /embed_sparse``'s."""
+        return await self.outputs.embed_sparse(texts, model=model, truncate=truncate,
+                                               prompt_name=prompt_name)
 
     async def classify(self, inputs: str | list[str] | list[list[str]],
                        model: str | None = None, *, raw_scores: bool = False,

@@ -145,3 +145,18 @@ def build_tiny_classifier(directory: str | Path, hidden: int = 32, max_seq_lengt
     BertForSequenceClassification(config).save_pretrained(str(directory))
     _copy_tokenizer(directory)
     return directory
+
+
+def build_tiny_splade(directory: str | Path, hidden: int = 32, max_seq_length: int = 128,
+                      seed: int = 0) -> Path:
+    """A masked-language model dir (BERT MLM head, random) at ``directory``: the shape of a
+    SPLADE checkpoint."""
+    import torch
+    from transformers import BertForMaskedLM
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    BertForMaskedLM(_bert_config(hidden, max_seq_length)).save_pretrained(str(directory))
+    _copy_tokenizer(directory)
+    return directory

@@ -105,8 +105,8 @@ class ClassifierEncoder(CrossEncoderEncoder):
                 if not rows:
                     continue
                 specials = self.tokenizer.num_special_tokens_to_add(pair=width == 2)
-                for part in range(width):
-                    ids = self._ids([inputs[i][part] for i in rows])
+                for side in range(width):
+                    ids = self._ids([inputs[i][side] for i in rows])
                     lengths[rows] += [len(row) for row in ids]
                 lengths[rows] += specials
             counts = check_lengths(lengths, self.max_seq_length, truncate)

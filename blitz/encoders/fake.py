@@ -70,6 +70,15 @@ class FakeEncoder(Encoder):
         out = self.embed([" ".join(item) for item in inputs], normalize=False, truncate=truncate)
         return dataclasses.replace(out, labels=self.labels)
 
+    def embed_sparse(self, texts: list[str], *, truncate: bool = True) -> Encoded:
+        """As a sparse model: each text's fake vector's positive entries, log1p'd."""
+        dense = self.embed(texts, normalize=False, truncate=truncate)
+        rows, cols = np.nonzero(dense.values > 0)
+        return dataclasses.replace(
+            dense, values=np.log1p(dense.values[rows, cols]).astype(np.float32),
+            indices=cols.astype(np.int32),
+            rows=np.bincount(rows, minlength=len(texts)).astype(np.int64))
+
     def embed_tokens(self, ids: list[list[int]], *, normalize: bool,
                      truncate: bool = True) -> Encoded:
         return self.embed([" ".join(map(str, row)) for row in ids], normalize=normalize,

@@ -26,6 +26,7 @@ from blitz.http.bodies import (
     DecodeRequest,
     EmbedAllRequest,
     EmbedRequest,
+    EmbedSparseRequest,
     OpenAIEmbeddingRequest,
     PredictRequest,
     RerankRequest,
@@ -61,6 +62,7 @@ class HttpApi:
             Route("/rerank", self.rerank, methods=["POST"]),
             Route("/v1/rerank", self.rerank, methods=["POST"]),
             Route("/embed_all", self.embed_all, methods=["POST"]),
+            Route("/embed_sparse", self.embed_sparse, methods=["POST"]),
             Route("/predict", self.predict, methods=["POST"]),
             Route("/classify", self.classify, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
@@ -168,6 +170,17 @@ class HttpApi:
             return MsgpackResponse(wire.embed_all_reply(
                 result, req.layout or accept_layout or "numpy"))
         return JSONBytesResponse(wire.embed_all_reply(result, None))
+
+    async def embed_sparse(self, request: Request) -> Response:
+        req = EmbedSparseRequest.parse(await self._body(request), self.settings.limits)
+        fmt, accept_layout = codecs.choose_reply(request.headers.get("accept"), "json")
+        result = await self.outputs.embed_sparse(
+            req.texts, model=self._model_id(request, req.model), truncate=req.truncate,
+            prompt_name=req.prompt_name, record=_record(request))
+        if fmt == "msgpack":
+            return MsgpackResponse(wire.embed_sparse_reply(
+                result, req.layout or accept_layout or "numpy"))
+        return JSONBytesResponse(wire.embed_sparse_reply(result, None))
 
     async def predict(self, request: Request) -> Response:
         req = PredictRequest.parse(await self._body(request), self.settings.limits)

@@ -193,6 +193,30 @@ class EmbedAllRequest(_Request):
     layout: ArrayLayout | None = Field(None, description="msgpack reply's array layout")
 
 
+class EmbedSparseRequest(_Request):
+    """``POST /embed_sparse`` (Hugging Face TEI's shape). ``dtype`` and ``dimensions`` do
+    not apply to sparse vectors: sent, they are a 422 saying so."""
+
+    _list_keys = ("inputs", "texts")
+
+    texts: str | _Texts = Field(validation_alias=AliasChoices("inputs", "texts"),
+                                description="one text or a list")
+    model: str | None = None
+    truncate: StrictBool = True
+    prompt_name: str | None = None
+    layout: ArrayLayout | None = Field(None, description="msgpack reply's array layout")
+    dtype: Any = None
+    dimensions: Any = None
+
+    @field_validator("dtype", "dimensions")
+    @classmethod
+    def _not_for_sparse(cls, value: Any, info: Any) -> Any:
+        if value is not None:
+            raise ValueError(f"{info.field_name} does not apply to sparse embeddings (their "
+                             "weights are float32 over the whole vocabulary); leave it out")
+        return value
+
+
 class PredictRequest(_Request):
     """``POST /predict`` (Hugging Face TEI's shape): ``inputs`` is one text, ``[text]``,
     one pair ``[text, text]``, or a batch ``[[text], [text, text], ...]``."""

@@ -15,6 +15,10 @@ or raw bytes.
 - ``embed_all_reply``: ``POST /embed_all``: on JSON Hugging Face TEI's list (per text, per
   token, a list of floats); on msgpack ``{model, embeddings: [array per text], usage}``
   in either array layout.
+- ``embed_sparse_reply``: ``POST /embed_sparse``: on JSON TEI's list, per text its
+  ``{index, value}`` entries in vocabulary order; on msgpack ``{model, dimension,
+  embeddings: [{indices, values}], usage}`` with int32 and float32 arrays in either
+  layout.
 - ``predict_reply``: ``POST /predict``, TEI's: per input a list of ``{score, label}``
   best first (a flat list for a one-input request); ``classify_reply``: ``POST
   /classify``, Infinity's ``{object: "classify", data, model, usage, id, created}``.
@@ -36,6 +40,7 @@ from blitz.schemas import (
     EmbedResult,
     RerankHit,
     RerankResult,
+    SparseResult,
     TokenEmbeddingsResult,
     TokenizeResult,
     Usage,
@@ -117,3 +122,22 @@ def predict_reply(result: ClassifyResult, single: bool) -> list[Any]:
 def classify_reply(result: ClassifyResult, request_id: str, created: int) -> dict[str, Any]:
     return {"object": "classify", "data": predictions(result), "model": result.model,
             "usage": usage_body(result.usage), "id": request_id, "created": created}
+
+
+def embed_sparse_reply(result: SparseResult,
+                       layout: ArrayLayout | None) -> list[Any] | dict[str, Any]:
+    """``layout`` None: JSON, TEI's bare list; else the msgpack map in that layout."""
+    if layout is None:
+        return [[{"index": int(i), "value": float(v)}
+                 for i, v in zip(e.indices.tolist(), e.values.tolist(), strict=True)]
+                for e in result.embeddings]
+    vectors: list[dict[str, Any]] = []
+    for e in result.embeddings:
+        if layout == "portable":
+            vectors.append({name: dict(zip(("data", "shape", "dtype"),
+                                           codecs.portable_array(array), strict=True))
+                            for name, array in (("indices", e.indices), ("values", e.values))})
+        else:
+            vectors.append({"indices": e.indices, "values": e.values})
+    return {"model": result.model, "dimension": result.dimension, "embeddings": vectors,
+            "usage": usage_body(result.usage)}

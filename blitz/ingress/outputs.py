@@ -1,5 +1,6 @@
 """A model's other outputs, beside its sentence embedding: per-token vectors
-(``/embed_all``, Hugging Face TEI's shape, for late-interaction retrieval) and a
+(``/embed_all``, Hugging Face TEI's shape, for late-interaction retrieval), a sparse
+model's vocabulary weights (``/embed_sparse``, TEI's shape, for hybrid search) and a
 classifier's label scores (``/predict``, TEI's shape; ``/classify``, Infinity's).
 
 Each runs as a job of its own kind (``blitz.schemas``) through the same queue, pool and
@@ -19,6 +20,9 @@ from blitz.schemas import (
     ClassifyJob,
     ClassifyResult,
     Prediction,
+    SparseEmbedJob,
+    SparseResult,
+    SparseVector,
     TokenEmbeddingsResult,
     TokenEmbedJob,
     Usage,
@@ -64,6 +68,38 @@ class OutputService:
             tokens = int(sum(int(p.token_counts.sum()) for p in parts))
             record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
             return TokenEmbeddingsResult(rows, spec.id, Usage.of(tokens), pool)
+
+    async def embed_sparse(self, texts: str | list[str], *, model: str | None = None,
+                           truncate: bool = True, prompt_name: str | None = None,
+                           record: RequestRecord | None = None) -> SparseResult:
+        """Each text's non-zero vocabulary weights from a sparse (SPLADE) model."""
+        service = self.service
+        with service.recorded(record, "handle.embed_sparse") as record:
+            items = [texts] if isinstance(texts, str) else list(texts or ())
+            record.texts, record.model = len(items), model or ""
+            spec = service.spec(model)
+            record.model = spec.id
+            if spec.kind != "sparse":
+                raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; /embed_sparse takes "
+                                   "a model of kind sparse", param="model")
+            service.check_texts(items)
+            items = apply_prompt(spec, items, prompt_name)
+            pool = service.route(spec.kind, len(items)).pool
+            size = service.dispatcher.max_batch(pool)
+            jobs = [SparseEmbedJob(items[i:i + size], truncate)
+                    for i in range(0, len(items), size)]
+            parts = await service.gather(
+                [service.dispatcher.submit(pool, spec.id, job) for job in jobs], size)
+            vectors: list[SparseVector] = []
+            for part in parts:
+                assert part.indices is not None and part.rows is not None
+                ends = np.cumsum(part.rows)[:-1]
+                vectors += [SparseVector(i, v) for i, v in zip(
+                    np.split(part.indices, ends), np.split(part.values, ends), strict=True)]
+            tokens = int(sum(int(p.token_counts.sum()) for p in parts))
+            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
+            dimension = service.dimension_of(spec)
+            return SparseResult(vectors, dimension, spec.id, Usage.of(tokens), pool)
 
     async def classify(self, inputs: str | list[str] | list[list[str]], *,
                        model: str | None = None, raw_scores: bool = False,

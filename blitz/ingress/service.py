@@ -278,12 +278,18 @@ class EmbeddingService:
                 f"{total} token ids in one request; the limit max_token_ids_per_request is "
                 f"{limits.max_token_ids_per_request}", param=what)
 
+    def dimension_of(self, spec: ModelSpec) -> int | None:
+        """``spec``'s vector size (a sparse model's: its vocabulary), once known: from the
+        files, or for a model whose files are remote, its first reply."""
+        known = self._dimensions.get(spec.id)
+        if known is None:
+            known = self._dimensions[spec.id] = read_dimension(spec)
+        return known
+
     def _check_dimensions(self, spec: ModelSpec, dimensions: int | None) -> None:
         if dimensions is None:
             return
-        known = self._dimensions.get(spec.id)
-        if known is None:  # from the files; a model whose files are remote: its first reply
-            known = self._dimensions[spec.id] = read_dimension(spec)
+        known = self.dimension_of(spec)
         if known is not None and dimensions > known:
             raise InvalidValue(
                 f"dimensions={dimensions} is larger than model {spec.id!r}'s dimension {known}",

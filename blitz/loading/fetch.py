@@ -112,8 +112,14 @@ def read_dimension(spec: ModelSpec) -> int | None:
         return spec.dimension
     if spec.is_fake:
         return spec.fake_params()[0]
-    if spec.kind != "embedding" or not spec.location().is_local:
+    if spec.kind not in ("embedding", "sparse") or not spec.location().is_local:
         return None
+    if spec.kind == "sparse":  # one weight per vocabulary token
+        try:
+            return int(json.loads((resolve_source(spec) / "config.json").read_text())
+                       ["vocab_size"])
+        except Exception:
+            return None
     try:
         path = resolve_source(spec)
         modules = json.loads((path / "modules.json").read_text()) if (

@@ -27,7 +27,12 @@ from typing import Any
 
 from blitz.encoders.base import Encoder
 from blitz.encoders.fake import FakeEncoder
-from blitz.encoders.models import open_torch_bi_encoder, open_torch_cross_encoder, wrap
+from blitz.encoders.models import (
+    open_sparse,
+    open_torch_bi_encoder,
+    open_torch_cross_encoder,
+    wrap,
+)
 from blitz.loading import accuracy
 from blitz.loading.children import build_in_child
 from blitz.loading.onnx_export import load_onnx
@@ -91,6 +96,10 @@ def _torch_cross_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
     return wrap(spec, model, load.device)
 
 
+def _torch_sparse(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    return open_sparse(spec, path, load.device, _torch_dtype(spec, load.device))
+
+
 def _bf16(open_fp32: Callable[[ModelSpec, Path, str], Any]) -> Opener:
     def opener(spec: ModelSpec, path: Path, load: Load) -> Encoder:
         return _checked_bf16(spec, open_fp32(spec, path, load.device), load.device)
@@ -119,6 +128,8 @@ OPENERS: dict[tuple[str, str], Opener] = {
     ("classifier", "torch-bf16"): _bf16(open_torch_cross_encoder),
     ("classifier", "onnx"): _onnx,
     ("classifier", "onnx-int8"): _onnx,
+    ("sparse", "fake"): _fake,
+    ("sparse", "torch"): _torch_sparse,
 }
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import cast
 
 from blitz.encoders.base import Encoded, Encoder
-from blitz.schemas import ClassifyJob, EmbedJob, RerankJob, TokenEmbedJob
+from blitz.schemas import ClassifyJob, EmbedJob, RerankJob, SparseEmbedJob, TokenEmbedJob
 
-Job = EmbedJob | RerankJob | TokenEmbedJob | ClassifyJob
+Job = EmbedJob | RerankJob | TokenEmbedJob | ClassifyJob | SparseEmbedJob
 
 
 def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
@@ -38,6 +38,8 @@ def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
                 results[k] = encoder.embed_all(job.texts, truncate=job.truncate)
             elif isinstance(job, ClassifyJob):
                 results[k] = encoder.classify(job.inputs, truncate=job.truncate)
+            elif isinstance(job, SparseEmbedJob):
+                results[k] = encoder.embed_sparse(job.texts, truncate=job.truncate)
             else:
                 assert job.token_ids is not None
                 results[k] = encoder.embed_tokens(job.token_ids, normalize=job.normalize,

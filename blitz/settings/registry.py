@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from blitz.errors import InvalidValue, UnknownModel, echo
 
-Kind = Literal["embedding", "cross-encoder", "classifier"]
+Kind = Literal["embedding", "cross-encoder", "classifier", "sparse"]
 HEADED_KINDS = ("cross-encoder", "classifier")
 """Kinds whose models are a sequence-classification head (``AutoModelForSequenceClassification``):
 loaded, exported to ONNX and checked alike."""
@@ -80,8 +80,9 @@ class ModelSpec(BaseModel):
     source: str = Field(description="package:<module> | <dir> | hf:<org>/<name>[@<revision>] "
                         "| s3://... | fake:<dim>")
     kind: Kind = Field("embedding", description="embedding (a bi-encoder: /embed, "
-                       "/v1/embeddings, /embed_all), cross-encoder (/rerank) or classifier "
-                       "(a sequence classifier: /predict, /classify)")
+                       "/v1/embeddings, /embed_all), cross-encoder (/rerank), classifier "
+                       "(a sequence classifier: /predict, /classify) or sparse (a SPLADE "
+                       "masked-language model: /embed_sparse; torch)")
     cpu_backend: CpuBackend = Field(
         "torch", description="how CPU pools run it; auto (bi-encoders): at load, the fastest "
         "backend that passes the accuracy guard on this CPU, one per model (never per "
@@ -132,6 +133,13 @@ class ModelSpec(BaseModel):
             raise ValueError(f"fake: source {value!r} must be fake:<dimension>[:<load "
                              "seconds>[:<seconds per batch>[:<batches at once>]]]")
         return value
+
+    @model_validator(mode="after")
+    def _sparse_runs_on_torch(self) -> ModelSpec:
+        if self.kind == "sparse" and self.cpu_backend != "torch" and not self.is_fake:
+            raise ValueError(f"model {self.id!r}: sparse models run on torch; set cpu_backend "
+                             "to torch")
+        return self
 
     @model_validator(mode="after")
     def _auto_is_for_bi_encoders(self) -> ModelSpec:
