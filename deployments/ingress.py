@@ -23,6 +23,7 @@ from blitz.encoders.postprocess import OutputDtype
 from blitz.errors import Overloaded, Unavailable
 from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
+from blitz.ingress import status
 from blitz.ingress.outputs import OutputService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizing import OffsetUnit, TokenService
@@ -334,7 +335,7 @@ class _IngressMethods:
 
     async def info(self, model: str | None = None) -> dict[str, Any]:
         """Handle API: ``await handle.info.remote()``; ``GET /info``."""
-        return self.service.info(model)
+        return status.info(self.service, model)
 
 
 @serve.deployment

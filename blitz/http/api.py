@@ -34,6 +34,7 @@ from blitz.http.bodies import (
 )
 from blitz.http.middleware import RECORD, RequestMiddleware
 from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
+from blitz.ingress import status
 from blitz.ingress.outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.tokenizing import TokenService
@@ -219,12 +220,12 @@ class HttpApi:
         return _plain(wire.decode_reply(result), fmt)
 
     async def info(self, request: Request) -> Response:
-        return JSONBytesResponse(self.service.info(
+        return JSONBytesResponse(status.info(self.service,
             self._model_id(request, request.query_params.get("model"))))
 
     async def models(self, request: Request) -> Response:
-        return JSONBytesResponse({"object": "list", "data": self.service.describe_models(
-            sources=self._show_sources)})
+        return JSONBytesResponse({"object": "list", "data": status.describe_models(
+            self.service, sources=self._show_sources)})
 
     async def openai_models(self, request: Request) -> Response:
         created = self.service.started
@@ -232,13 +233,13 @@ class HttpApi:
             {"id": m["id"], "object": "model", "created": created, "owned_by": "blitz",
              "kind": m["kind"], "dimension": m["dimension"],
              "max_seq_length": m["max_seq_length"]}
-            for m in self.service.describe_models()]})
+            for m in status.describe_models(self.service)]})
 
     async def health(self, request: Request) -> Response:
         return JSONBytesResponse({"status": "ok"})
 
     async def ready(self, request: Request) -> Response:
-        return JSONBytesResponse(self.service.check_ready())
+        return JSONBytesResponse(status.check_ready(self.service))
 
 
 def _record(request: Request) -> RequestRecord:

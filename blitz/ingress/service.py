@@ -27,7 +27,6 @@ from blitz.errors import (
     PayloadTooLarge,
     as_blitz_error,
 )
-from blitz.ingress import status
 from blitz.ingress.routing import Route, choose_pool
 from blitz.ingress.vector_cache import CachedEmbedder, Computed, Key, fingerprint
 from blitz.loading.fetch import read_dimension
@@ -357,17 +356,3 @@ class EmbeddingService:
                               documents[i] if return_documents else None) for i in order]
             record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
             return RerankResult(hits, spec.id, Usage.of(tokens), pool)
-
-    # ---- readiness, models, info (blitz.ingress.status) ---------------------------------
-
-    def check_ready(self) -> dict[str, object]:
-        """``blitz.ingress.status.check_ready``: the facts, or ``NotReady``."""
-        return status.check_ready(self)
-
-    def describe_models(self, sources: bool = False) -> list[dict]:
-        """``blitz.ingress.status.describe_models``: the registry as ``GET /models`` shows it."""
-        return status.describe_models(self, sources)
-
-    def info(self, model: str | None = None) -> dict[str, object]:
-        """``blitz.ingress.status.info``: ``GET /info``."""
-        return status.info(self, model)

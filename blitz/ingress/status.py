@@ -94,6 +94,13 @@ def info(service: EmbeddingService, model: str | None = None) -> dict[str, objec
     kind: dict[str, object]
     if spec.kind == "cross-encoder":
         kind = {"reranker": {}}
+    elif spec.kind == "classifier":
+        found = facts.get("id2label")
+        id2label: dict[str, str] = found if isinstance(found, dict) else {}
+        kind = {"classifier": {"id2label": id2label,
+                               "label2id": {v: int(k) for k, v in id2label.items()}}}
+    elif spec.kind == "sparse":
+        kind = {"embedding": {"pooling": "splade"}}
     else:
         kind = {"embedding": {"pooling": facts["pooling"]}}
     return {

@@ -150,6 +150,8 @@ def read_facts(spec: ModelSpec) -> dict[str, object]:
         config = _read_json(path / "config.json")
         facts["max_input_length"] = (spec.max_seq_length or sbert.get("max_seq_length")
                                      or config.get("max_position_embeddings"))
+        if isinstance(config.get("id2label"), dict):
+            facts["id2label"] = {str(k): str(v) for k, v in config["id2label"].items()}
         if facts["pooling"] is None:
             modules = _read_json(path / "modules.json") or []
             pool_dir = next((m.get("path", "") for m in modules

@@ -31,11 +31,12 @@ NEED_A_FAULT = {"blitz_rejected", "blitz_pool_failures", "blitz_503_replies",
                 # a gauge set every 10 s: checked by tests/integration/test_unplaced_pool.py
                 "blitz_pool_unplaced"}
 NEED_A_GPU = {"blitz_gpu_memory_bytes"}  # set only by replicas on CUDA: unit-tested on a fake
-# the vector cache is off in this app: tests/integration/test_vector_cache.py checks them
+# the vector cache is off in this app: tests/integration/test_more_routes.py checks them
 NEED_THE_CACHE = {"blitz_vector_cache_texts", "blitz_vector_cache_bytes"}
-ROUTES = {"/embed", "/v1/embeddings", "/rerank", "/v1/rerank", "/tokenize", "/decode",
-          "/models", "/info", "/v1/models", "/health", "/ready", "other", "handle.embed",
-          "handle.rerank", "handle.tokenize", "handle.decode"}
+ROUTES = {"/embed", "/v1/embeddings", "/rerank", "/v1/rerank", "/embed_all", "/embed_sparse",
+          "/predict", "/classify", "/tokenize", "/decode", "/models", "/info", "/v1/models",
+          "/health", "/ready", "other", "handle.embed", "handle.rerank", "handle.embed_all",
+          "handle.embed_sparse", "handle.classify", "handle.tokenize", "handle.decode"}
 MODELS = {"minilm", "minilm-int8", "tiny-a", "tiny-b", "tiny-c", "tiny-ce", "broken", "slow",
           "busy"}  # every id the integration registry holds (tests/integration/conftest.py)
 BOUNDED = {"route": ROUTES, "model": MODELS | {"other", "-"}, "pool": {"cpu", "gpu", "-"},
