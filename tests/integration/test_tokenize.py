@@ -48,7 +48,7 @@ async def test_handle_api(blitz_app):
     handle = serve.get_app_handle("it-main")
     tokens = await handle.tokenize.remote(TEXTS, model="minilm")
     assert tokens.model == "minilm" and len(tokens.tokens) == 2
-    assert tokens.tokens[0][1].text == "a" and tokens.tokens[0][1].start == 0
+    assert tokens.tokens[0][1].text == "A" and tokens.tokens[0][1].start == 0  # its own text
     decoded = await handle.decode.remote([[t.id for t in row] for row in tokens.tokens],
                                          model="minilm")
     assert decoded.texts == [t.lower() for t in TEXTS]
