@@ -1,11 +1,15 @@
 """What crosses a hop, defined once: the jobs an ingress sends a pool replica, and the
 results the ingress answers with.
 
-- ``EmbedJob``, ``RerankJob``: ingress -> pool, over Serve's handle or the local hop,
+- ``EmbedJob``, ``RerankJob``, ``TokenEmbedJob``, ``SparseEmbedJob``, ``ClassifyJob``:
+  ingress -> pool, over Serve's handle or the local hop,
   pickled either way; never larger than the pool's batch limit.
-- ``EmbedResult``, ``RerankResult`` (with ``RerankHit``, ``Usage``): what
-  ``handle.embed.remote(...)`` and ``handle.rerank.remote(...)`` return, and what the HTTP
-  routes write on the wire (``blitz.http.wire``).
+- ``EmbedResult``, ``RerankResult`` (with ``RerankHit``, ``Usage``),
+  ``TokenEmbeddingsResult``, ``SparseResult`` (``SparseVector``), ``ClassifyResult``
+  (``Prediction``), ``TokenizeResult``
+  (``Token``), ``DecodeResult``: what ``handle.embed.remote(...)``, ``handle.rerank``,
+  ``handle.tokenize`` and ``handle.decode`` return, and what the HTTP routes write on
+  the wire (``blitz.http.wire``).
 
 Plain dataclasses, pickled by reference to this module: a rolling redeploy runs two
 versions side by side, so the module keeps its name. The HTTP request bodies are
@@ -43,6 +47,41 @@ class RerankJob:
         return len(self.documents)
 
 
+@dataclass(frozen=True)
+class TokenEmbedJob:
+    """Texts whose per-token vectors are asked for (``/embed_all``); never larger than the
+    pool's batch limit."""
+
+    texts: list[str]
+    truncate: bool = True
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@dataclass(frozen=True)
+class SparseEmbedJob:
+    """Texts for a sparse (SPLADE) model (``/embed_sparse``); at most the batch limit."""
+
+    texts: list[str]
+    truncate: bool = True
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@dataclass(frozen=True)
+class ClassifyJob:
+    """Inputs for a classifier (``/predict``, ``/classify``): each one text or a text
+    pair; never larger than the pool's batch limit."""
+
+    inputs: list[list[str]]
+    truncate: bool = True
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
 # ---- results (handle API and HTTP replies) -----------------------------------------------
 
 @dataclass(frozen=True)
@@ -70,6 +109,84 @@ class RerankHit:
     index: int
     relevance_score: float
     document: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenEmbeddingsResult:
+    """What ``handle.embed_all.remote(...)`` returns: per text, one float32 row per token
+    (special tokens included, padding left out), shape (tokens, hidden)."""
+
+    embeddings: list[np.ndarray]
+    model: str
+    usage: Usage
+    pool: str = "cpu"
+
+
+@dataclass(frozen=True)
+class SparseVector:
+    """One text's sparse embedding: vocabulary ids, ascending, and their weights."""
+
+    indices: np.ndarray  # int32
+    values: np.ndarray  # float32
+
+
+@dataclass(frozen=True)
+class SparseResult:
+    """What ``handle.embed_sparse.remote(...)`` returns: one ``SparseVector`` per text, over a
+    vocabulary of ``dimension`` ids."""
+
+    embeddings: list[SparseVector]
+    dimension: int | None  # None: a model whose files are not on the ingress's machine
+    model: str
+    usage: Usage
+    pool: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    score: float
+    label: str
+
+
+@dataclass(frozen=True)
+class ClassifyResult:
+    """What ``handle.classify.remote(...)`` returns: per input its labels' scores, best
+    first (probabilities: softmax over the labels, or a sigmoid for a one-label model;
+    the raw logits with ``raw_scores``)."""
+
+    predictions: list[list[Prediction]]
+    model: str
+    usage: Usage
+    pool: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Token:
+    """One token of ``/tokenize`` (Hugging Face TEI's ``SimpleToken``): ``text`` is the
+    input's own characters (a special token's name), ``start``/``stop`` its offsets (None
+    for a special token, or when offsets were not asked for)."""
+
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+@dataclass(frozen=True)
+class TokenizeResult:
+    """What ``handle.tokenize.remote(...)`` returns: each text's tokens."""
+
+    tokens: list[list[Token]]
+    model: str
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    """What ``handle.decode.remote(...)`` returns: one text per row of ids."""
+
+    texts: list[str]
+    model: str
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,9 @@ three derived entries: ``handle``, the handle hop both ways (Serve's routing,
 serialization, transport: ``call - pool``); ``pool-other``, the rest of the replica's
 time (the result's way back from the worker thread to the replica's event loop:
 ``pool - pool-queue - worker-wait - model``); ``ingress``, the ingress's own work (HTTP
-parsing, checks, encoding the reply: ``total - ingress-queue - call``). What the client
+parsing, checks, encoding the reply: ``total - ingress-queue - call``), of which ``cache``
+is the vector cache's lookups and stores (``ingress.vector_cache_mb``; its ``desc`` says
+how many of the request's texts it answered: ``hit 3 of 4``). What the client
 measures beyond ``total`` is the HTTP proxy and the network.
 """
 
@@ -25,8 +27,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 HEADER = "server-timing"
-ENTRIES = ("total", "ingress", "ingress-queue", "handle", "pool-queue", "worker-wait",
-           "model", "pool-other")  # the header's order: outside in
+ENTRIES = ("total", "ingress", "cache", "ingress-queue", "handle", "pool-queue",
+           "worker-wait", "model", "pool-other")  # the header's order: outside in
 _START = "start:"  # a mark: an absolute time.perf_counter() in this process, made a duration
 
 
@@ -83,9 +85,13 @@ def breakdown(timings: Mapping[str, float], total_s: float) -> dict[str, float]:
     return {k: max(0.0, out[k]) for k in ENTRIES if k in out}
 
 
-def header_value(timings: Mapping[str, float], total_s: float) -> str:
-    """The ``server-timing`` value: ``total;dur=4.210, ingress;dur=0.910, ...`` (ms)."""
+def header_value(timings: Mapping[str, float], total_s: float,
+                 descriptions: Mapping[str, str] | None = None) -> str:
+    """The ``server-timing`` value: ``total;dur=4.210, ingress;dur=0.910, ...`` (ms); an
+    entry in ``descriptions`` gets its ``desc`` (``cache;dur=0.012;desc="hit 3 of 4"``)."""
+    notes = descriptions or {}
     return ", ".join(f"{name};dur={seconds * 1000:.3f}"
+                     + (f';desc="{notes[name]}"' if name in notes else "")
                      for name, seconds in breakdown(timings, total_s).items())
 
 

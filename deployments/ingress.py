@@ -23,10 +23,24 @@ from blitz.encoders.postprocess import OutputDtype
 from blitz.errors import Overloaded, Unavailable
 from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
+from blitz.ingress import status
+from blitz.ingress.outputs import OutputService
 from blitz.ingress.service import EmbeddingService
+from blitz.ingress.tokenizing import OffsetUnit, TokenService
 from blitz.pool.batching import Batcher
 from blitz.pool.local_hop import HopLost
-from blitz.schemas import EmbedJob, EmbedResult, RerankJob, RerankResult
+from blitz.pool.work import Job
+from blitz.schemas import (
+    ClassifyResult,
+    DecodeResult,
+    EmbedJob,
+    EmbedResult,
+    RerankJob,
+    RerankResult,
+    SparseResult,
+    TokenEmbeddingsResult,
+    TokenizeResult,
+)
 from blitz.settings.config import BlitzSettings
 from deployments.local_hops import LocalHops
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
@@ -179,12 +193,12 @@ class ServeDispatcher:
         return lane
 
     async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded:
-        return await self._submit(pool, model_id, job)
+        return await self.submit(pool, model_id, job)
 
     async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded:
-        return await self._submit(pool, model_id, job)
+        return await self.submit(pool, model_id, job)
 
-    async def _submit(self, pool: str, model_id: str, job: EmbedJob | RerankJob) -> Encoded:
+    async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
         entered = time.perf_counter()
         result = await self._lane(pool, model_id).submit(job)
         timing.since([result], "ingress-queue", entered)
@@ -240,6 +254,8 @@ class _IngressMethods:
     settings: BlitzSettings
     dispatcher: ServeDispatcher
     service: EmbeddingService
+    tokens: TokenService
+    outputs: OutputService
     api: HttpApi
 
     def _serve(self, dispatcher: ServeDispatcher) -> None:
@@ -247,7 +263,9 @@ class _IngressMethods:
         self.service = EmbeddingService(self.settings, dispatcher,
                                         observer=metrics.observe_request,
                                         route_observer=metrics.observe_route)
-        self.api = HttpApi(self.service)
+        self.tokens = TokenService(self.service)
+        self.outputs = OutputService(self.service)
+        self.api = HttpApi(self.service, self.tokens, self.outputs)
         warn_if_open(_http_host(), self.settings.auth)
         flush_replica_log()
 
@@ -272,6 +290,52 @@ class _IngressMethods:
         return await self.service.rerank(query, documents, model=model, top_n=top_n,
                                          return_documents=return_documents,
                                          truncate=truncate)
+
+
+    async def embed_all(self, texts: str | list[str], model: str | None = None, *,
+                        truncate: bool = True,
+                        prompt_name: str | None = None) -> TokenEmbeddingsResult:
+        """Handle API: ``await handle.embed_all.remote(texts, model=...)``; the options are
+        ``POST /embed_all``'s."""
+        return await self.outputs.embed_all(texts, model=model, truncate=truncate,
+                                            prompt_name=prompt_name)
+
+    async def embed_sparse(self, texts: str | list[str], model: str | None = None, *,
+                           truncate: bool = True,
+                           prompt_name: str | None = None) -> SparseResult:
+        """Handle API: ``await handle.embed_sparse.remote(texts, model=...)``; the options
+        are ``POST /embed_sparse``'s."""
+        return await self.outputs.embed_sparse(texts, model=model, truncate=truncate,
+                                               prompt_name=prompt_name)
+
+    async def classify(self, inputs: str | list[str] | list[list[str]],
+                       model: str | None = None, *, raw_scores: bool = False,
+                       top_k: int | None = None, truncate: bool = True) -> ClassifyResult:
+        """Handle API: ``await handle.classify.remote(texts, model=...)``: each text's (or
+        ``[text, text]`` pair's) label scores; ``POST /predict`` and ``/classify``."""
+        return await self.outputs.classify(inputs, model=model, raw_scores=raw_scores,
+                                           top_k=top_k, truncate=truncate)
+
+    async def tokenize(self, texts: str | list[str], model: str | None = None, *,
+                       add_special_tokens: bool = True, prompt_name: str | None = None,
+                       return_offsets: bool = True,
+                       offsets: OffsetUnit = "chars") -> TokenizeResult:
+        """Handle API: ``await handle.tokenize.remote(texts, model=...)``; the options are
+        ``POST /tokenize``'s."""
+        return await self.tokens.tokenize(texts, model=model,
+                                          add_special_tokens=add_special_tokens,
+                                          prompt_name=prompt_name,
+                                          return_offsets=return_offsets, offsets=offsets)
+
+    async def decode(self, ids: list[int] | list[list[int]], model: str | None = None, *,
+                     skip_special_tokens: bool = True) -> DecodeResult:
+        """Handle API: ``await handle.decode.remote(ids, model=...)``; ``POST /decode``."""
+        return await self.tokens.decode(ids, model=model,
+                                        skip_special_tokens=skip_special_tokens)
+
+    async def info(self, model: str | None = None) -> dict[str, Any]:
+        """Handle API: ``await handle.info.remote()``; ``GET /info``."""
+        return status.info(self.service, model)
 
 
 @serve.deployment

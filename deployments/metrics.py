@@ -51,7 +51,7 @@ class BlitzMetrics:
     def requests(self) -> Counter:
         return Counter("blitz_requests",
                        description="requests answered: HTTP by route, handle calls as "
-                       "handle.embed and handle.rerank",
+                       "handle.embed, handle.rerank, handle.tokenize, handle.decode",
                        tag_keys=_tag_keys("route", "model", "pool", "status"))
 
     @cached_property
@@ -93,6 +93,19 @@ class BlitzMetrics:
     def texts(self) -> Counter:
         return Counter("blitz_texts", description="texts (or rerank documents) received",
                        tag_keys=_tag_keys("route", "model", "pool"))
+
+    @cached_property
+    def vector_cache_texts(self) -> Counter:
+        return Counter("blitz_vector_cache_texts",
+                       description="texts looked up in the ingress's vector cache, by "
+                       "outcome: hit (answered from memory) or miss (sent to a pool)",
+                       tag_keys=_tag_keys("model", "outcome"))
+
+    @cached_property
+    def vector_cache_bytes(self) -> Gauge:
+        return Gauge("blitz_vector_cache_bytes",
+                     description="bytes the ingress replica's vector cache holds",
+                     tag_keys=_tag_keys())
 
     @cached_property
     def route_decisions(self) -> Counter:
@@ -170,6 +183,12 @@ class BlitzMetrics:
             self.buffer.inc(self.texts, record.texts, tags)
         if record.tokens:
             self.buffer.inc(self.tokens, record.tokens, tags)
+        if record.cache_hits or record.cache_misses:
+            for outcome, n in (("hit", record.cache_hits), ("miss", record.cache_misses)):
+                if n:
+                    self.buffer.inc(self.vector_cache_texts, n,
+                                    {"model": tags["model"], "outcome": outcome})
+            self.buffer.set(self.vector_cache_bytes, record.cache_bytes, {})
         if status == 503:
             reason = record.error if record.error in RETRY_LATER_REASONS else "other"
             self.buffer.inc(self.unavailable_replies, 1,

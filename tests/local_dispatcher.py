@@ -59,5 +59,8 @@ class LocalDispatcher:
     async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded:
         return await self._run(model_id, job)
 
+    async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
+        return await self._run(model_id, job)
+
     def close(self) -> None:
         self._executor.shutdown(wait=False)

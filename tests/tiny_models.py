@@ -124,3 +124,39 @@ def build_code_carrying_model(model_dir: str | Path, directory: str | Path,
     (folder / "modules.json").write_text(json.dumps(modules))
     (folder / "modeling_evil.py").write_text(_CODE_CARRYING_MODULE.format(marker=str(marker)))
     return folder
+
+
+CLASSIFIER_LABELS = ("negative", "neutral", "positive")
+
+
+def build_tiny_classifier(directory: str | Path, hidden: int = 32, max_seq_length: int = 128,
+                          seed: int = 0) -> Path:
+    """A sequence classifier dir (BERT, three named labels) at ``directory``: a plain
+    transformers checkpoint, as classifiers on the hub are."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    config = _bert_config(hidden, max_seq_length, num_labels=len(CLASSIFIER_LABELS))
+    config.id2label = dict(enumerate(CLASSIFIER_LABELS))
+    config.label2id = {label: i for i, label in enumerate(CLASSIFIER_LABELS)}
+    BertForSequenceClassification(config).save_pretrained(str(directory))
+    _copy_tokenizer(directory)
+    return directory
+
+
+def build_tiny_splade(directory: str | Path, hidden: int = 32, max_seq_length: int = 128,
+                      seed: int = 0) -> Path:
+    """A masked-language model dir (BERT MLM head, random) at ``directory``: the shape of a
+    SPLADE checkpoint."""
+    import torch
+    from transformers import BertForMaskedLM
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    BertForMaskedLM(_bert_config(hidden, max_seq_length)).save_pretrained(str(directory))
+    _copy_tokenizer(directory)
+    return directory

@@ -25,6 +25,11 @@ class Encoded:
     padded_tokens: int = 0  # tokens the model computed, padding included
     # where the call's time went, per hop, in seconds (blitz.timing): filled on the way out
     timings: dict[str, float] = field(default_factory=dict, compare=False)
+    labels: tuple[str, ...] | None = None  # a classifier's: what each column of values is
+    # sparse embeddings: ``values`` are the non-zero weights of every input in turn, at
+    # vocabulary ids ``indices``; ``rows`` says how many belong to each input
+    indices: np.ndarray | None = None
+    rows: np.ndarray | None = None
 
 
 class Encoder(ABC):
@@ -57,6 +62,24 @@ class Encoder(ABC):
         """Embeddings for pre-tokenized inputs (the model's own token ids, no specials)."""
         raise InvalidValue(
             f"model {self.model_id!r} does not take token ids", param="input")
+
+    def embed_all(self, texts: list[str], *, truncate: bool = True) -> Encoded:
+        """Per-token vectors: ``values`` holds each text's tokens' rows one text after the
+        other (special tokens included, no padding), ``token_counts`` how many per text."""
+        raise InvalidValue(
+            f"model {self.model_id!r} ({self.kind}, {self.backend}) does not give per-token "
+            "embeddings; use an embedding model", param="model")
+
+    def embed_sparse(self, texts: list[str], *, truncate: bool = True) -> Encoded:
+        """A sparse (SPLADE) model's non-zero vocabulary weights per text (``indices``,
+        ``rows`` set)."""
+        raise InvalidValue(f"model {self.model_id!r} is a {self.kind}, not a sparse model; "
+                           "use a model of kind sparse", param="model")
+
+    def classify(self, inputs: list[list[str]], *, truncate: bool = True) -> Encoded:
+        """A classifier's raw logits per input (one text or a pair), ``labels`` set."""
+        raise InvalidValue(f"model {self.model_id!r} is a {self.kind}, not a classifier; "
+                           "use a model of kind classifier", param="model")
 
     def score(self, query: str, documents: list[str], *, truncate: bool = True) -> Encoded:
         """Relevance of each document to ``query``; embedding models use cosine similarity."""

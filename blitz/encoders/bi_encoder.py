@@ -58,6 +58,12 @@ class BiEncoder(Encoder):
         sentence embeddings as the model's own modules give them (normalized if the model
         ends in normalization)."""
 
+    def _forward_tokens(self, rows: list[list[int]], width: int) -> np.ndarray:
+        """One model call's token vectors (len(rows), width, hidden), before pooling; a
+        backend that cannot give them keeps this refusal."""
+        raise InvalidValue(f"model {self.model_id!r} on backend {self.backend} does not give "
+                           "per-token embeddings", param="model")
+
     def token_ids(self, texts: list[str], truncate: bool) -> tuple[list[list[int]], np.ndarray]:
         """Ids with special tokens, truncated to max_seq_length, and billed token counts."""
         ids = self.tokens.ids(texts, self.max_seq_length)
@@ -96,6 +102,24 @@ class BiEncoder(Encoder):
                 results[k] = Encoded(l2_normalize(values) if normalize else values, counts,
                                      share)
         return results
+
+    def embed_all(self, texts: list[str], *, truncate: bool = True) -> Encoded:
+        ids, counts = self.token_ids(texts, truncate)
+        lengths = [len(row) for row in ids]
+        starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        out: np.ndarray | None = None
+        padded = 0
+        for batch in self._calls(lengths, math.inf):
+            width = max(lengths[i] for i in batch)
+            padded += width * len(batch)
+            hidden = self._forward_tokens([ids[i] for i in batch], width)
+            if out is None:
+                out = np.empty((int(starts[-1]), hidden.shape[2]), dtype=np.float32)
+            for j, i in enumerate(batch):
+                out[starts[i]:starts[i + 1]] = hidden[j, :lengths[i]]
+        assert out is not None or not ids
+        values = out if out is not None else np.empty((0, 0), dtype=np.float32)
+        return Encoded(values, np.asarray(lengths, dtype=np.int64), padded)
 
     def embed_tokens(self, ids: list[list[int]], *, normalize: bool,
                      truncate: bool = True) -> Encoded:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import time
@@ -58,6 +59,25 @@ class FakeEncoder(Encoder):
         with self._device:
             time.sleep(self._batch_s)
         return results
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """As a classifier (``kind`` classifier): one label per dimension."""
+        return tuple(f"LABEL_{i}" for i in range(self._dimension))
+
+    def classify(self, inputs: list[list[str]], *, truncate: bool = True) -> Encoded:
+        """As a classifier: the text's (or pair's joined) fake vector as logits."""
+        out = self.embed([" ".join(item) for item in inputs], normalize=False, truncate=truncate)
+        return dataclasses.replace(out, labels=self.labels)
+
+    def embed_sparse(self, texts: list[str], *, truncate: bool = True) -> Encoded:
+        """As a sparse model: each text's fake vector's positive entries, log1p'd."""
+        dense = self.embed(texts, normalize=False, truncate=truncate)
+        rows, cols = np.nonzero(dense.values > 0)
+        return dataclasses.replace(
+            dense, values=np.log1p(dense.values[rows, cols]).astype(np.float32),
+            indices=cols.astype(np.int32),
+            rows=np.bincount(rows, minlength=len(texts)).astype(np.int64))
 
     def embed_tokens(self, ids: list[list[int]], *, normalize: bool,
                      truncate: bool = True) -> Encoded:

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blitz.encoders.base import Encoder
-from blitz.encoders.cross_encoder import CrossEncoderEncoder
+from blitz.encoders.cross_encoder import ClassifierEncoder, CrossEncoderEncoder
 from blitz.encoders.onnx_native import NativeOnnxModel, OnnxEncoder, open_native
 from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
+from blitz.encoders.sparse import SparseEncoder
 from blitz.runtime import model_threads
-from blitz.settings.registry import ModelSpec
+from blitz.settings.registry import HEADED_KINDS, ModelSpec
 
 if TYPE_CHECKING:
     from sentence_transformers import CrossEncoder, SentenceTransformer
@@ -46,6 +47,10 @@ def wrap(spec: ModelSpec, model: Any, device: str) -> Encoder:
     if isinstance(model, NativeOnnxModel):
         return OnnxEncoder(spec.id, model, max_seq_length=spec.max_seq_length,
                            token_budget=CPU_TOKEN_BUDGET, rows_per_call=rows_per_call)
+    if spec.kind == "classifier":
+        return ClassifierEncoder(
+            spec.id, model, max_seq_length=spec.max_seq_length,
+            batch_size=CPU_PAIRS_PER_BATCH if on_cpu else GPU_PAIRS_PER_BATCH)
     if spec.kind == "cross-encoder":
         return CrossEncoderEncoder(
             spec.id, model, max_seq_length=spec.max_seq_length,
@@ -120,9 +125,24 @@ def open_onnx_file(spec: ModelSpec, directory: Path, file_name: str, *,
     from sentence_transformers import CrossEncoder, SentenceTransformer
 
     kwargs = onnx_model_kwargs(file_name)
-    if spec.kind == "cross-encoder":
+    if spec.kind in HEADED_KINDS:
         return CrossEncoder(str(directory), backend="onnx", device="cpu", local_files_only=True,
                             model_kwargs=kwargs, trust_remote_code=spec.trust_remote_code)
     return SentenceTransformer(str(directory), backend="onnx", device="cpu",
                                local_files_only=True, model_kwargs=kwargs,
                                trust_remote_code=spec.trust_remote_code)
+
+
+def open_sparse(spec: ModelSpec, path: Path, device: str = "cpu",
+                dtype: Any = None) -> SparseEncoder:
+    """``spec``'s SPLADE model (a masked-language model) in torch, as a ``SparseEncoder``."""
+    model_threads.torch_module()
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    trust = spec.trust_remote_code
+    tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust)
+    model = AutoModelForMaskedLM.from_pretrained(str(path), trust_remote_code=trust)
+    model = model.to(device=device, **({"dtype": dtype} if dtype is not None else {})).eval()
+    return SparseEncoder(spec.id, model, tokenizer, max_seq_length=spec.max_seq_length,
+                         device=device,
+                         token_budget=CPU_TOKEN_BUDGET if device == "cpu" else GPU_TOKEN_BUDGET)

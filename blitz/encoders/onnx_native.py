@@ -81,11 +81,15 @@ class NativeOnnxModel:
         self.folder = folder
 
     def forward(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        hidden = self.hidden(input_ids, mask)
+        return pool(hidden, mask, self.layout.pooling, self.layout.normalize)
+
+    def hidden(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The graph's token vectors (rows, width, hidden), before pooling."""
         feed = {"input_ids": input_ids, "attention_mask": mask}
         if self.layout.type_ids:
             feed["token_type_ids"] = np.zeros_like(input_ids)
-        hidden = self.session.run([self.output], feed)[0]
-        return pool(hidden, mask, self.layout.pooling, self.layout.normalize)
+        return self.session.run([self.output], feed)[0]
 
 
 class OnnxEncoder(BiEncoder):
@@ -105,6 +109,12 @@ class OnnxEncoder(BiEncoder):
             raise RuntimeError(f"model {self.model_id!r} was closed")
         input_ids, mask = padded(rows, width, self.tokens.pad_id)
         return self.model.forward(input_ids, mask)
+
+    def _forward_tokens(self, rows: list[list[int]], width: int) -> np.ndarray:
+        if self.model is None:
+            raise RuntimeError(f"model {self.model_id!r} was closed")
+        input_ids, mask = padded(rows, width, self.tokens.pad_id)
+        return self.model.hidden(input_ids, mask).astype(np.float32, copy=False)
 
     def close(self) -> None:
         self.model = None

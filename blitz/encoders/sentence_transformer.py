@@ -29,14 +29,22 @@ class SentenceTransformerEncoder(BiEncoder):
         self._torch = model_threads.torch_module()
 
     def _forward(self, rows: list[list[int]], width: int) -> np.ndarray:
+        return self._run_model(rows, width, "sentence_embedding")
+
+    def _forward_tokens(self, rows: list[list[int]], width: int) -> np.ndarray:
+        return self._run_model(rows, width, "token_embeddings")
+
+    def _run_model(self, rows: list[list[int]], width: int, output: str) -> np.ndarray:
         torch = self._torch
+        if self.model is None:
+            raise RuntimeError(f"model {self.model_id!r} was closed")
         input_ids, mask = padded(rows, width, self.tokens.pad_id)
         features = {"input_ids": torch.from_numpy(input_ids).to(self.device),
                     "attention_mask": torch.from_numpy(mask).to(self.device)}
         if self.tokens.type_ids:
             features["token_type_ids"] = torch.zeros_like(features["input_ids"])
         with torch.inference_mode():
-            emb = self.model(features)["sentence_embedding"]
+            emb = self.model(features)[output]
         return emb.float().cpu().numpy()
 
     def close(self) -> None:

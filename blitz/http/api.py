@@ -9,6 +9,8 @@ ids, API keys, error replies, timing headers and metrics are ``RequestMiddleware
 from __future__ import annotations
 
 import asyncio
+import time
+import uuid
 from typing import Any
 
 from starlette.requests import Request
@@ -19,17 +21,33 @@ from starlette.types import Receive, Scope, Send
 from blitz import codecs
 from blitz.errors import Overloaded, PayloadTooLarge, RequestTimeout
 from blitz.http import wire
-from blitz.http.bodies import EmbedRequest, OpenAIEmbeddingRequest, RerankRequest
+from blitz.http.bodies import (
+    ClassifyRequest,
+    DecodeRequest,
+    EmbedAllRequest,
+    EmbedRequest,
+    EmbedSparseRequest,
+    OpenAIEmbeddingRequest,
+    PredictRequest,
+    RerankRequest,
+    TokenizeRequest,
+)
 from blitz.http.middleware import RECORD, RequestMiddleware
 from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
+from blitz.ingress import status
+from blitz.ingress.outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.ingress.tokenizing import TokenService
 
 MODEL_HEADERS = ("serve_multiplexed_model_id", "serve-multiplexed-model-id")
 
 
 class HttpApi:
-    def __init__(self, service: EmbeddingService):
+    def __init__(self, service: EmbeddingService, tokens: TokenService | None = None,
+                 outputs: OutputService | None = None):
         self.service = service
+        self.tokens = tokens or TokenService(service)
+        self.outputs = outputs or OutputService(service)
         self.settings = service.settings
         # a request body holds about one list or object per text (token-id rows, Cohere
         # documents, numpy arrays): more than this is refused before it is built
@@ -44,7 +62,14 @@ class HttpApi:
             Route("/v1/embeddings", self.openai_embeddings, methods=["POST"]),
             Route("/rerank", self.rerank, methods=["POST"]),
             Route("/v1/rerank", self.rerank, methods=["POST"]),
+            Route("/embed_all", self.embed_all, methods=["POST"]),
+            Route("/embed_sparse", self.embed_sparse, methods=["POST"]),
+            Route("/predict", self.predict, methods=["POST"]),
+            Route("/classify", self.classify, methods=["POST"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/decode", self.decode, methods=["POST"]),
             Route("/models", self.models, methods=["GET"]),
+            Route("/info", self.info, methods=["GET"]),
             Route("/v1/models", self.openai_models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/ready", self.ready, methods=["GET"]),
@@ -134,14 +159,73 @@ class HttpApi:
             req.query, req.documents, model=self._model_id(request, req.model),
             top_n=req.top_n, return_documents=req.return_documents, truncate=req.truncate,
             record=_record(request))
-        body = wire.rerank_reply(result)  # no arrays: portable in either msgpack layout
+        return _plain(wire.rerank_reply(result), fmt)
+
+    async def embed_all(self, request: Request) -> Response:
+        req = EmbedAllRequest.parse(await self._body(request), self.settings.limits)
+        fmt, accept_layout = codecs.choose_reply(request.headers.get("accept"), "json")
+        result = await self.outputs.embed_all(
+            req.texts, model=self._model_id(request, req.model), truncate=req.truncate,
+            prompt_name=req.prompt_name, record=_record(request))
         if fmt == "msgpack":
-            return MsgpackResponse(body)
-        return JSONBytesResponse(body)
+            return MsgpackResponse(wire.embed_all_reply(
+                result, req.layout or accept_layout or "numpy"))
+        return JSONBytesResponse(wire.embed_all_reply(result, None))
+
+    async def embed_sparse(self, request: Request) -> Response:
+        req = EmbedSparseRequest.parse(await self._body(request), self.settings.limits)
+        fmt, accept_layout = codecs.choose_reply(request.headers.get("accept"), "json")
+        result = await self.outputs.embed_sparse(
+            req.texts, model=self._model_id(request, req.model), truncate=req.truncate,
+            prompt_name=req.prompt_name, record=_record(request))
+        if fmt == "msgpack":
+            return MsgpackResponse(wire.embed_sparse_reply(
+                result, req.layout or accept_layout or "numpy"))
+        return JSONBytesResponse(wire.embed_sparse_reply(result, None))
+
+    async def predict(self, request: Request) -> Response:
+        req = PredictRequest.parse(await self._body(request), self.settings.limits)
+        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+        items, single = req.batch()
+        result = await self.outputs.classify(
+            items, model=self._model_id(request, req.model), raw_scores=req.raw_scores,
+            top_k=req.top_k, truncate=req.truncate, record=_record(request))
+        return _plain(wire.predict_reply(result, single), fmt)
+
+    async def classify(self, request: Request) -> Response:
+        req = ClassifyRequest.parse(await self._body(request), self.settings.limits)
+        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+        texts = [req.input] if isinstance(req.input, str) else req.input
+        result = await self.outputs.classify(
+            texts, model=self._model_id(request, req.model), raw_scores=req.raw_scores,
+            top_k=req.top_k, truncate=req.truncate, record=_record(request))
+        return _plain(wire.classify_reply(result, f"blitz-{uuid.uuid4().hex}",
+                                          int(time.time())), fmt)
+
+    async def tokenize(self, request: Request) -> Response:
+        req = TokenizeRequest.parse(await self._body(request), self.settings.limits)
+        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+        result = await self.tokens.tokenize(
+            req.texts, model=self._model_id(request, req.model),
+            add_special_tokens=req.add_special_tokens, prompt_name=req.prompt_name,
+            return_offsets=req.return_offsets, offsets=req.offsets, record=_record(request))
+        return _plain(wire.tokenize_reply(result), fmt)
+
+    async def decode(self, request: Request) -> Response:
+        req = DecodeRequest.parse(await self._body(request), self.settings.limits)
+        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+        result = await self.tokens.decode(
+            req.ids, model=self._model_id(request, req.model),
+            skip_special_tokens=req.skip_special_tokens, record=_record(request))
+        return _plain(wire.decode_reply(result), fmt)
+
+    async def info(self, request: Request) -> Response:
+        return JSONBytesResponse(status.info(self.service,
+            self._model_id(request, request.query_params.get("model"))))
 
     async def models(self, request: Request) -> Response:
-        return JSONBytesResponse({"object": "list", "data": self.service.describe_models(
-            sources=self._show_sources)})
+        return JSONBytesResponse({"object": "list", "data": status.describe_models(
+            self.service, sources=self._show_sources)})
 
     async def openai_models(self, request: Request) -> Response:
         created = self.service.started
@@ -149,15 +233,21 @@ class HttpApi:
             {"id": m["id"], "object": "model", "created": created, "owned_by": "blitz",
              "kind": m["kind"], "dimension": m["dimension"],
              "max_seq_length": m["max_seq_length"]}
-            for m in self.service.describe_models()]})
+            for m in status.describe_models(self.service)]})
 
     async def health(self, request: Request) -> Response:
         return JSONBytesResponse({"status": "ok"})
 
     async def ready(self, request: Request) -> Response:
-        return JSONBytesResponse(self.service.check_ready())
+        return JSONBytesResponse(status.check_ready(self.service))
 
 
 def _record(request: Request) -> RequestRecord:
     """The request's record, made by the middleware; the service fills it in."""
     return request.scope[RECORD]
+
+
+def _plain(body: Any, fmt: str) -> Response:
+    """A reply with no arrays (the same in either msgpack layout): msgpack when asked for,
+    else JSON."""
+    return MsgpackResponse(body) if fmt == "msgpack" else JSONBytesResponse(body)

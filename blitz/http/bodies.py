@@ -178,3 +178,132 @@ class RerankRequest(_Request):
         if isinstance(value, list):
             return [d["text"] if isinstance(d, dict) and "text" in d else d for d in value]
         return value
+
+
+class EmbedAllRequest(_Request):
+    """``POST /embed_all`` (Hugging Face TEI's shape)."""
+
+    _list_keys = ("inputs", "texts")
+
+    texts: str | _Texts = Field(validation_alias=AliasChoices("inputs", "texts"),
+                                description="one text or a list")
+    model: str | None = None
+    truncate: StrictBool = True
+    prompt_name: str | None = None
+    layout: ArrayLayout | None = Field(None, description="msgpack reply's array layout")
+
+
+class EmbedSparseRequest(_Request):
+    """``POST /embed_sparse`` (Hugging Face TEI's shape). ``dtype`` and ``dimensions`` do
+    not apply to sparse vectors: sent, they are a 422 saying so."""
+
+    _list_keys = ("inputs", "texts")
+
+    texts: str | _Texts = Field(validation_alias=AliasChoices("inputs", "texts"),
+                                description="one text or a list")
+    model: str | None = None
+    truncate: StrictBool = True
+    prompt_name: str | None = None
+    layout: ArrayLayout | None = Field(None, description="msgpack reply's array layout")
+    dtype: Any = None
+    dimensions: Any = None
+
+    @field_validator("dtype", "dimensions")
+    @classmethod
+    def _not_for_sparse(cls, value: Any, info: Any) -> Any:
+        if value is not None:
+            raise ValueError(f"{info.field_name} does not apply to sparse embeddings (their "
+                             "weights are float32 over the whole vocabulary); leave it out")
+        return value
+
+
+class PredictRequest(_Request):
+    """``POST /predict`` (Hugging Face TEI's shape): ``inputs`` is one text, ``[text]``,
+    one pair ``[text, text]``, or a batch ``[[text], [text, text], ...]``."""
+
+    _list_keys = ("inputs",)
+
+    inputs: str | Annotated[list[str], Field(min_length=1, max_length=2)] | Annotated[
+        list[Annotated[list[str], Field(min_length=1, max_length=2)]],
+        Field(min_length=1, fail_fast=True)]
+    model: str | None = None
+    raw_scores: StrictBool = False
+    truncate: StrictBool = True
+    top_k: StrictInt | None = Field(None, ge=1)
+
+    def batch(self) -> tuple[list[list[str]], bool]:
+        """(inputs as one-text or pair lists, whether the request was one input)."""
+        if isinstance(self.inputs, str):
+            return [[self.inputs]], True
+        if all(isinstance(i, str) for i in self.inputs):
+            return [list(self.inputs)], True  # type: ignore[arg-type]
+        return [list(i) for i in self.inputs], False
+
+
+class ClassifyRequest(_Request):
+    """``POST /classify`` (Infinity's shape)."""
+
+    _list_keys = ("input",)
+
+    input: str | _Texts
+    model: str | None = None
+    raw_scores: StrictBool = False
+    truncate: StrictBool = True
+    top_k: StrictInt | None = Field(None, ge=1)
+
+
+class TokenizeRequest(_Request):
+    """``POST /tokenize`` (Hugging Face TEI's shape)."""
+
+    _list_keys = ("inputs", "texts")
+
+    texts: str | _Texts = Field(validation_alias=AliasChoices("inputs", "texts"),
+                                description="one text or a list")
+    model: str | None = None
+    add_special_tokens: StrictBool = True
+    prompt_name: str | None = None
+    return_offsets: StrictBool = Field(True, description="each token's start and stop")
+    offsets: Literal["chars", "bytes"] = Field(
+        "chars", description="offsets in characters, or UTF-8 bytes as TEI counts them")
+
+
+class DecodeRequest(_Request):
+    """``POST /decode`` (Hugging Face TEI's shape)."""
+
+    _list_keys = ("ids",)
+
+    ids: _TokenIds | _TokenIdRows = Field(description="token ids, or a list of such lists")
+    model: str | None = None
+    skip_special_tokens: StrictBool = True
+
+    @classmethod
+    def _check_sizes(cls, payload: dict, limits: Limits) -> None:
+        ids = payload.get("ids")
+        if isinstance(ids, list) and ids and isinstance(ids[0], list):
+            if len(ids) > limits.max_texts_per_request:
+                raise PayloadTooLarge(
+                    f"{len(ids)} rows of ids in one request; the limit max_texts_per_request "
+                    f"is {limits.max_texts_per_request}", param="ids")
+            total = sum(len(row) if isinstance(row, list) else 1 for row in ids)
+        else:
+            total = len(ids) if isinstance(ids, list) else 0
+        if total > limits.max_token_ids_per_request:
+            raise PayloadTooLarge(
+                f"{total} token ids in one request; the limit max_token_ids_per_request is "
+                f"{limits.max_token_ids_per_request}", param="ids")
+
+    @field_validator("ids", mode="before")
+    @classmethod
+    def _one_shape(cls, value: Any) -> Any:
+        """One pass that stops at the first bad item (booleans are not token ids)."""
+        if not isinstance(value, list) or not value:
+            return value
+        if type(value[0]) is list:
+            bad = next((i for i, row in enumerate(value)
+                        if type(row) is not list or not all(type(t) is int for t in row)), None)
+        else:
+            bad = next((i for i, v in enumerate(value) if type(v) is not int), None)
+        if bad is not None:
+            raise ValueError(f"item {bad} does not fit: ids must be a list of token ids "
+                             "(integers) or a list of token-id lists")
+        return value

@@ -89,8 +89,11 @@ class RequestMiddleware:
                 if record.pool:
                     extra.append((b"x-blitz-pool", record.pool.encode()))
                 if self.server_timing:
+                    looked_up = record.cache_hits + record.cache_misses
+                    notes = ({"cache": f"hit {record.cache_hits} of {looked_up}"}
+                             if looked_up else None)
                     extra.append((timing.HEADER.encode(),
-                                  timing.header_value(record.timings, total).encode()))
+                                  timing.header_value(record.timings, total, notes).encode()))
                 message["headers"] = [*message.get("headers", ()), *extra]
             await send(message)
 

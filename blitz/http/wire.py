@@ -12,15 +12,39 @@ or raw bytes.
   float32).
 - ``rerank_reply``: ``POST /rerank`` and ``/v1/rerank`` (Cohere/Jina's shape): no
   arrays, so the same in either msgpack layout.
+- ``embed_all_reply``: ``POST /embed_all``: on JSON Hugging Face TEI's list (per text, per
+  token, a list of floats); on msgpack ``{model, embeddings: [array per text], usage}``
+  in either array layout.
+- ``embed_sparse_reply``: ``POST /embed_sparse``: on JSON TEI's list, per text its
+  ``{index, value}`` entries in vocabulary order; on msgpack ``{model, dimension,
+  embeddings: [{indices, values}], usage}`` with int32 and float32 arrays in either
+  layout.
+- ``predict_reply``: ``POST /predict``, TEI's: per input a list of ``{score, label}``
+  best first (a flat list for a one-input request); ``classify_reply``: ``POST
+  /classify``, Infinity's ``{object: "classify", data, model, usage, id, created}``.
+- ``tokenize_reply``, ``decode_reply``: ``POST /tokenize`` and ``/decode``, Hugging Face
+  TEI's shapes: a list of lists of ``{id, text, special, start, stop}``, a list of texts.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
+import numpy as np
+
 from blitz import codecs
 from blitz.codecs import ArrayLayout
-from blitz.schemas import EmbedResult, RerankHit, RerankResult, Usage
+from blitz.schemas import (
+    ClassifyResult,
+    DecodeResult,
+    EmbedResult,
+    RerankHit,
+    RerankResult,
+    SparseResult,
+    TokenEmbeddingsResult,
+    TokenizeResult,
+    Usage,
+)
 
 
 def usage_body(usage: Usage) -> dict[str, int]:
@@ -59,4 +83,61 @@ def rerank_hit(hit: RerankHit) -> dict[str, Any]:
 
 def rerank_reply(result: RerankResult) -> dict[str, Any]:
     return {"model": result.model, "results": [rerank_hit(h) for h in result.results],
+            "usage": usage_body(result.usage)}
+
+
+def tokenize_reply(result: TokenizeResult) -> list[list[dict[str, Any]]]:
+    return [[{"id": t.id, "text": t.text, "special": t.special, "start": t.start,
+              "stop": t.stop} for t in row] for row in result.tokens]
+
+
+def decode_reply(result: DecodeResult) -> list[str]:
+    return result.texts
+
+
+def embed_all_reply(result: TokenEmbeddingsResult,
+                    layout: ArrayLayout | None) -> list[np.ndarray] | dict[str, Any]:
+    """``layout`` None: JSON, TEI's bare list; else the msgpack map in that layout."""
+    if layout is None:
+        return result.embeddings
+    if layout == "portable":
+        arrays: list[Any] = []
+        for rows in result.embeddings:
+            data, shape, dtype = codecs.portable_array(rows)
+            arrays.append({"data": data, "shape": shape, "dtype": dtype})
+    else:
+        arrays = result.embeddings
+    return {"model": result.model, "embeddings": arrays, "usage": usage_body(result.usage)}
+
+
+def predictions(result: ClassifyResult) -> list[list[dict[str, Any]]]:
+    return [[{"score": p.score, "label": p.label} for p in row] for row in result.predictions]
+
+
+def predict_reply(result: ClassifyResult, single: bool) -> list[Any]:
+    rows = predictions(result)
+    return rows[0] if single else rows
+
+
+def classify_reply(result: ClassifyResult, request_id: str, created: int) -> dict[str, Any]:
+    return {"object": "classify", "data": predictions(result), "model": result.model,
+            "usage": usage_body(result.usage), "id": request_id, "created": created}
+
+
+def embed_sparse_reply(result: SparseResult,
+                       layout: ArrayLayout | None) -> list[Any] | dict[str, Any]:
+    """``layout`` None: JSON, TEI's bare list; else the msgpack map in that layout."""
+    if layout is None:
+        return [[{"index": int(i), "value": float(v)}
+                 for i, v in zip(e.indices.tolist(), e.values.tolist(), strict=True)]
+                for e in result.embeddings]
+    vectors: list[dict[str, Any]] = []
+    for e in result.embeddings:
+        if layout == "portable":
+            vectors.append({name: dict(zip(("data", "shape", "dtype"),
+                                           codecs.portable_array(array), strict=True))
+                            for name, array in (("indices", e.indices), ("values", e.values))})
+        else:
+            vectors.append({"indices": e.indices, "values": e.values})
+    return {"model": result.model, "dimension": result.dimension, "embeddings": vectors,
             "usage": usage_body(result.usage)}

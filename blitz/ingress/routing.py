@@ -30,7 +30,7 @@ def choose_pool(kind: str, n_items: int, pools: Collection[str], running: Collec
 
     - no GPU pool -> cpu (``no_gpu``);
     - cross-encoders -> ``policy.cross_encoder_pool`` (gpu by default), whatever the size
-      (``kind``);
+      (``kind``); embedding, sparse and classifier models go by size, as below;
     - fewer than ``policy.gpu_min_batch`` texts -> cpu (``small``);
     - everything else -> gpu (``size``);
     - but a request bound for a GPU pool with no running replica goes to the CPU pool

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,12 +24,13 @@ from blitz.errors import (
     InputTooLong,
     InvalidValue,
     ModelLoadFailed,
-    NotReady,
     PayloadTooLarge,
     as_blitz_error,
 )
 from blitz.ingress.routing import Route, choose_pool
+from blitz.ingress.vector_cache import CachedEmbedder, Computed, Key, fingerprint
 from blitz.loading.fetch import read_dimension
+from blitz.pool.work import Job
 from blitz.schemas import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankResult, Usage
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec, apply_prompt
@@ -56,6 +57,9 @@ class RequestRecord:
     texts: int = 0
     tokens: int = 0
     error: str = ""
+    cache_hits: int = 0  # texts answered by the vector cache (ingress.vector_cache_mb)
+    cache_misses: int = 0  # texts the cache sent on to a pool
+    cache_bytes: int = 0  # what the cache holds after this request
     timings: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
     started: float = field(default_factory=time.perf_counter, compare=False, repr=False)
 
@@ -87,6 +91,10 @@ class Dispatcher(Protocol):
 
     async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded: ...
 
+    async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
+        """Any job (``blitz.pool.work.Job``) through the same queue as embed and rerank."""
+        ...
+
 
 class EmbeddingService:
     def __init__(self, settings: BlitzSettings, dispatcher: Dispatcher,
@@ -98,8 +106,11 @@ class EmbeddingService:
         self.route_observer = route_observer
         self.started = int(time.time())
         self._dimensions: dict[str, int | None] = {}
-        self._default_failed_at: float | None = None  # when the default model last got a 424
-        self._not_ready_logged: str | None = None
+        cache_mb = settings.ingress.vector_cache_mb
+        self.vectors = CachedEmbedder(int(cache_mb * 2**20)) if cache_mb > 0 else None
+        self._fingerprints = {spec.id: fingerprint(spec) for spec in self.registry}
+        self.default_failed_at: float | None = None  # when the default model last got a 424
+        self.not_ready_logged: str | None = None
 
     # ---- model id --------------------------------------------------------------------
 
@@ -115,9 +126,9 @@ class EmbeddingService:
         """Hand one finished request to the observer; an unknown model id is "other"."""
         if record.model == self.settings.default_model:  # what /ready knows of it
             if record.error == ModelLoadFailed.code:
-                self._default_failed_at = time.monotonic()
+                self.default_failed_at = time.monotonic()
             elif status == 200:
-                self._default_failed_at = None
+                self.default_failed_at = None
         if self.observer is None:
             return
         if record.model and record.model not in self.registry:
@@ -125,7 +136,7 @@ class EmbeddingService:
         self.observer(record, status, time.perf_counter() - record.started)
 
     @contextmanager
-    def _recorded(self, record: RequestRecord | None, route: str) -> Iterator[RequestRecord]:
+    def recorded(self, record: RequestRecord | None, route: str) -> Iterator[RequestRecord]:
         """The caller's record, or for a handle call a new one, observed here on exit."""
         if record is not None:
             yield record
@@ -185,7 +196,7 @@ class EmbeddingService:
 
         ``record`` is the HTTP request's record; without one (a handle call) the call is
         observed here as route ``handle.embed``."""
-        with self._recorded(record, "handle.embed") as record:
+        with self.recorded(record, "handle.embed") as record:
             record.texts = (len(token_ids) if token_ids is not None else
                             1 if isinstance(texts, str) else len(texts or ()))
             record.model = model or ""  # observed as "other" if it is unknown
@@ -197,7 +208,7 @@ class EmbeddingService:
             normalize = spec.normalize if normalize is None else normalize
             items: list[str] | None = None
             if token_ids is not None:
-                self._check_token_ids(token_ids)
+                self.check_token_ids(token_ids)
                 count = len(token_ids)
             else:
                 items = [texts] if isinstance(texts, str) else list(texts or [])
@@ -207,49 +218,84 @@ class EmbeddingService:
             self._check_dimensions(spec, dimensions)
 
             pool = self.route(spec.kind, count).pool
-            size = self.dispatcher.max_batch(pool)
-            jobs = [EmbedJob(texts=items[i:i + size] if items is not None else None,
+            compute = self._computer(pool, spec.id, token_ids, normalize, truncate)
+            cache_s = None
+            if self.vectors is not None and items is not None:
+                values, counts, parts, cache_s = await self.vectors.embed(
+                    Key(self._fingerprints[spec.id], pool, normalize, truncate, ""), items,
+                    compute, record)
+            else:
+                values, counts, parts = await compute(items)
+            self._dimensions[spec.id] = int(values.shape[1])  # known now, if it was not
+            tokens = int(counts.sum())
+            values = quantize(truncate_dimensions(values, dimensions, normalize), dtype)
+            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
+            if cache_s is not None:
+                record.timings["cache"] = cache_s
+            return EmbedResult(values, spec.id, Usage.of(tokens), pool)
+
+    def _computer(self, pool: str, model_id: str, token_ids: list[list[int]] | None,
+                  normalize: bool, truncate: bool,
+                  ) -> Callable[[list[str] | None], Awaitable[Computed]]:
+        """``compute(texts)``: the rows, token counts and parts of ``texts`` (or of
+        ``token_ids`` when texts is None) from ``pool``, in chunks of its batch limit."""
+        size = self.dispatcher.max_batch(pool)
+
+        async def compute(texts: list[str] | None) -> Computed:
+            count = len(texts) if texts is not None else len(token_ids or ())
+            jobs = [EmbedJob(texts=texts[i:i + size] if texts is not None else None,
                              token_ids=token_ids[i:i + size] if token_ids is not None else None,
                              normalize=normalize, truncate=truncate)
                     for i in range(0, count, size)]
-            parts = await self._gather(
-                [self.dispatcher.embed(pool, spec.id, job) for job in jobs], size)
-            values = parts[0].values if len(parts) == 1 else np.concatenate(
-                [p.values for p in parts])
-            self._dimensions[spec.id] = int(values.shape[1])  # known now, if it was not
-            tokens = int(sum(int(p.token_counts.sum()) for p in parts))
-            values = quantize(truncate_dimensions(values, dimensions, normalize), dtype)
-            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
-            return EmbedResult(values, spec.id, Usage.of(tokens), pool)
+            parts = await self.gather(
+                [self.dispatcher.embed(pool, model_id, job) for job in jobs], size)
+            if len(parts) == 1:
+                return parts[0].values, parts[0].token_counts, parts
+            return (np.concatenate([p.values for p in parts]),
+                    np.concatenate([p.token_counts for p in parts]), parts)
 
-    def _check_token_ids(self, token_ids: list[list[int]]) -> None:
+        return compute
+
+    def check_token_ids(self, token_ids: list[list[int]], what: str = "input") -> None:
         limits = self.settings.limits
         if not token_ids or any(len(row) == 0 for row in token_ids):
-            raise InvalidValue("input must contain at least one token id per item",
-                               param="input")
+            raise InvalidValue(f"{what} must contain at least one token id per item",
+                               param=what)
         if len(token_ids) > limits.max_texts_per_request:
             raise PayloadTooLarge(
                 f"{len(token_ids)} inputs in one request; the limit max_texts_per_request is "
-                f"{limits.max_texts_per_request}", param="input")
+                f"{limits.max_texts_per_request}", param=what)
+        total = 0
         for i, row in enumerate(token_ids):
             if len(row) > limits.max_chars_per_text:
                 raise PayloadTooLarge(
-                    f"input[{i}] has {len(row)} token ids; the limit max_chars_per_text is "
-                    f"{limits.max_chars_per_text}", param="input")
+                    f"{what}[{i}] has {len(row)} token ids; the limit max_chars_per_text is "
+                    f"{limits.max_chars_per_text}", param=what)
+            total += len(row)
+        if total > limits.max_token_ids_per_request:
+            raise PayloadTooLarge(
+                f"{total} token ids in one request; the limit max_token_ids_per_request is "
+                f"{limits.max_token_ids_per_request}", param=what)
+
+    def dimension_of(self, spec: ModelSpec) -> int | None:
+        """``spec``'s vector size (a sparse model's: its vocabulary), once known: from the
+        files, or for a model whose files are remote, its first reply."""
+        known = self._dimensions.get(spec.id)
+        if known is None:
+            known = self._dimensions[spec.id] = read_dimension(spec)
+        return known
 
     def _check_dimensions(self, spec: ModelSpec, dimensions: int | None) -> None:
         if dimensions is None:
             return
-        known = self._dimensions.get(spec.id)
-        if known is None:  # from the files; a model whose files are remote: its first reply
-            known = self._dimensions[spec.id] = read_dimension(spec)
+        known = self.dimension_of(spec)
         if known is not None and dimensions > known:
             raise InvalidValue(
                 f"dimensions={dimensions} is larger than model {spec.id!r}'s dimension {known}",
                 param="dimensions")
 
     @staticmethod
-    async def _gather(calls: list, chunk_size: int) -> list[Encoded]:
+    async def gather(calls: list, chunk_size: int) -> list[Encoded]:
         """Run chunk calls in parallel; an over-long input is reported at its request index.
         One call (most requests) is awaited in the request's own task: no task of its own,
         one loop step less."""
@@ -277,7 +323,7 @@ class EmbeddingService:
                      top_n: int | None = None, return_documents: bool = False,
                      truncate: bool = True, record: RequestRecord | None = None) -> RerankResult:
         """Score ``documents`` against ``query``, best first; ``record`` as for ``embed``."""
-        with self._recorded(record, "handle.rerank") as record:
+        with self.recorded(record, "handle.rerank") as record:
             record.texts = len(documents or ())
             record.model = model or ""  # observed as "other" if it is unknown
             spec = self.spec(model)
@@ -301,7 +347,7 @@ class EmbeddingService:
             size = self.dispatcher.max_batch(pool)
             jobs = [RerankJob(query, documents[i:i + size], truncate)
                     for i in range(0, len(documents), size)]
-            parts = await self._gather(
+            parts = await self.gather(
                 [self.dispatcher.rerank(pool, spec.id, job) for job in jobs], size)
             scores = np.concatenate([p.values for p in parts])
             tokens = int(sum(int(p.token_counts.sum()) for p in parts))
@@ -310,62 +356,3 @@ class EmbeddingService:
                               documents[i] if return_documents else None) for i in order]
             record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
             return RerankResult(hits, spec.id, Usage.of(tokens), pool)
-
-    # ---- readiness -------------------------------------------------------------------
-
-    def check_ready(self) -> dict[str, object]:
-        """Raise ``NotReady`` unless the default model can be served now; else the facts.
-
-        Answered from state this process already has, with no call and no wait, so a probe
-        that gives up after half a second still gets its answer, no probe can leave a
-        check half done, and readiness neither loads a model nor queues behind traffic:
-
-        - the CPU pool has a running replica (Serve starts routing to a replica only once
-          its constructor, the ``preload`` included, has finished), unless it may scale
-          to zero (``min_replicas: 0`` in ``cpu_pool.deployment.autoscaling_config``);
-        - the default model has not failed to load within the pool's
-          ``load_failure_ttl_s`` (the last request for it answered 424; a later 200
-          clears it).
-
-        The cause of a failure goes to the log; the client reads only that the default
-        model is not ready, unless the cause is the operator's to fix: a CPU pool replica
-        the cluster cannot place (``unplaced``, also listed when ready for other pools).
-        """
-        default = self.settings.default_model
-        cpu = self.settings.cpu_pool
-        running = self.dispatcher.running_pools()
-        problem = None
-        unplaced = self.dispatcher.unplaced_pools()
-        if "cpu" not in running and cpu.min_replicas > 0:
-            problem = "the CPU pool has no running replica yet"
-            if "cpu" in unplaced:  # the operator's to fix: the probe says so
-                raise NotReady(f"default model {default!r} is not ready: {unplaced['cpu']}")
-        elif (self._default_failed_at is not None
-              and time.monotonic() - self._default_failed_at < cpu.load_failure_ttl_s):
-            problem = f"the default model {default!r} failed to load"
-        if problem is not None:
-            if problem != self._not_ready_logged:
-                logger.warning("readiness: %s", problem)
-            self._not_ready_logged = problem
-            raise NotReady(f"default model {default!r} is not ready; retry shortly")
-        self._not_ready_logged = None
-        return {"status": "ready", "default_model": default, "pools": sorted(running),
-                **({"unplaced": dict(unplaced)} if unplaced else {})}
-
-    # ---- models ----------------------------------------------------------------------
-
-    def describe_models(self, sources: bool = False) -> list[dict]:
-        """The registry as ``GET /models`` shows it; each model's ``source`` (bucket URIs,
-        paths: for operators) only when ``sources``; ``unplaced``: pools whose replica the
-        cluster cannot place, and why."""
-        unplaced = self.dispatcher.unplaced_pools()
-        return [
-            {"id": s.id, "kind": s.kind, "dimension": read_dimension(s),
-             "max_seq_length": s.max_seq_length,
-             **({"source": s.source} if sources else {}),
-             "cpu_backend": s.cpu_backend, "gpu_dtype": s.gpu_dtype,
-             "default": s.id == self.settings.default_model,
-             "pools": sorted(self.dispatcher.pools),
-             **({"unplaced": dict(unplaced)} if unplaced else {})}
-            for s in self.registry
-        ]

@@ -68,12 +68,15 @@ def probe(encoder: Encoder) -> np.ndarray:
     if encoder.kind == "cross-encoder":
         return np.stack([encoder.score(query, list(PROBE_TEXTS)).values
                          for query in PROBE_QUERIES])
+    if encoder.kind == "classifier":  # (labels, sentences): each label's logits over the set
+        logits = encoder.classify([[t] for t in PROBE_TEXTS]).values
+        return np.ascontiguousarray(logits.T)
     return encoder.embed(list(PROBE_TEXTS), normalize=True).values
 
 
 def compare(kind: str, reference: np.ndarray, candidate: np.ndarray) -> AccuracyReport:
     """How closely ``candidate``'s probe answers follow ``reference``'s (both from ``probe``)."""
-    if kind == "cross-encoder":
+    if kind in ("cross-encoder", "classifier"):
         return compare_scores(reference, candidate)
     return compare_embeddings(reference, candidate)
 

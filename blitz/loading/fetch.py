@@ -16,6 +16,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from blitz.errors import LoadProblem
 from blitz.settings.registry import OBJECT_STORES, ModelSpec, hub_repo
@@ -111,8 +112,14 @@ def read_dimension(spec: ModelSpec) -> int | None:
         return spec.dimension
     if spec.is_fake:
         return spec.fake_params()[0]
-    if spec.kind == "cross-encoder" or not spec.location().is_local:
+    if spec.kind not in ("embedding", "sparse") or not spec.location().is_local:
         return None
+    if spec.kind == "sparse":  # one weight per vocabulary token
+        try:
+            return int(json.loads((resolve_source(spec) / "config.json").read_text())
+                       ["vocab_size"])
+        except Exception:
+            return None
     try:
         path = resolve_source(spec)
         modules = json.loads((path / "modules.json").read_text()) if (
@@ -124,3 +131,38 @@ def read_dimension(spec: ModelSpec) -> int | None:
         return int(json.loads((path / "config.json").read_text())["hidden_size"])
     except Exception:
         return None
+
+
+POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
+                 "pooling_mode_max_tokens": "max", "pooling_mode_lasttoken": "last_token"}
+
+
+def read_facts(spec: ModelSpec) -> dict[str, object]:
+    """A local model's max input length and pooling, from its files (no weights loaded);
+    None where the files do not say or are not on this machine."""
+    facts: dict[str, object] = {"max_input_length": spec.max_seq_length,
+                                "pooling": spec.pooling}
+    if spec.is_fake or not spec.location().is_local:
+        return facts
+    try:
+        path = resolve_source(spec)
+        sbert = _read_json(path / "sentence_bert_config.json")
+        config = _read_json(path / "config.json")
+        facts["max_input_length"] = (spec.max_seq_length or sbert.get("max_seq_length")
+                                     or config.get("max_position_embeddings"))
+        if isinstance(config.get("id2label"), dict):
+            facts["id2label"] = {str(k): str(v) for k, v in config["id2label"].items()}
+        if facts["pooling"] is None:
+            modules = _read_json(path / "modules.json") or []
+            pool_dir = next((m.get("path", "") for m in modules
+                             if str(m.get("type", "")).endswith("Pooling")), None)
+            pooling = _read_json(path / pool_dir / "config.json") if pool_dir else {}
+            facts["pooling"] = next((name for key, name in POOLING_MODES.items()
+                                     if pooling.get(key)), None)
+    except Exception:  # facts for /info: never worth failing a request over
+        pass
+    return facts
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else {}

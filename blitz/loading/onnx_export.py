@@ -47,7 +47,7 @@ from blitz.encoders.onnx_native import verify
 from blitz.loading.accuracy import AccuracyReport, compare, cut, enforce_accuracy, probe
 from blitz.loading.model_trust import check_model_folder
 from blitz.runtime.cpu_features import quantization_target
-from blitz.settings.registry import ModelSpec
+from blitz.settings.registry import HEADED_KINDS, ModelSpec
 from blitz.sources import model_cache
 
 logger = logging.getLogger("blitz.onnx_export")
@@ -185,7 +185,7 @@ def _build_onnx(spec: ModelSpec, path: Path, tmp: Path, quantization: str | None
     model.save_pretrained(str(tmp))
     del model
     say("running torch fp32 on the probe set")
-    torch_model = (open_torch_cross_encoder if spec.kind == "cross-encoder"
+    torch_model = (open_torch_cross_encoder if spec.kind in HEADED_KINDS
                    else open_torch_bi_encoder)(spec, path)
     reference = _probe(spec, torch_model)
     if not quantization:
@@ -252,7 +252,7 @@ def _export_onnx(spec: ModelSpec, path: Path) -> Any:
 
     kwargs = {**onnx_model_kwargs(), "export": True}
     with _quiet_export():
-        if spec.kind == "cross-encoder":
+        if spec.kind in HEADED_KINDS:
             return CrossEncoder(str(path), backend="onnx", device="cpu", local_files_only=True,
                                 model_kwargs=kwargs, trust_remote_code=spec.trust_remote_code)
         if (path / "modules.json").exists():

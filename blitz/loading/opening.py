@@ -27,7 +27,12 @@ from typing import Any
 
 from blitz.encoders.base import Encoder
 from blitz.encoders.fake import FakeEncoder
-from blitz.encoders.models import open_torch_bi_encoder, open_torch_cross_encoder, wrap
+from blitz.encoders.models import (
+    open_sparse,
+    open_torch_bi_encoder,
+    open_torch_cross_encoder,
+    wrap,
+)
 from blitz.loading import accuracy
 from blitz.loading.children import build_in_child
 from blitz.loading.onnx_export import load_onnx
@@ -74,8 +79,10 @@ def open_backend(load: Load, path: Path | None, backend: str) -> Encoder:
 def _fake(spec: ModelSpec, path: None, load: Load) -> Encoder:
     dimension, load_s, batch_s = spec.fake_params()
     time.sleep(load_s)  # a slow load, for fault tests (runs on a loader thread)
-    return FakeEncoder(spec.id, dimension, spec.max_seq_length or 128, batch_s=batch_s,
-                       batches_at_once=spec.fake_batches_at_once())
+    encoder = FakeEncoder(spec.id, dimension, spec.max_seq_length or 128, batch_s=batch_s,
+                          batches_at_once=spec.fake_batches_at_once())
+    encoder.kind = spec.kind
+    return encoder
 
 
 def _torch_bi_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
@@ -87,6 +94,10 @@ def _torch_cross_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
     model = open_torch_cross_encoder(spec, path, load.device).to(
         _torch_dtype(spec, load.device))
     return wrap(spec, model, load.device)
+
+
+def _torch_sparse(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    return open_sparse(spec, path, load.device, _torch_dtype(spec, load.device))
 
 
 def _bf16(open_fp32: Callable[[ModelSpec, Path, str], Any]) -> Opener:
@@ -112,6 +123,13 @@ OPENERS: dict[tuple[str, str], Opener] = {
     ("cross-encoder", "torch-bf16"): _bf16(open_torch_cross_encoder),
     ("cross-encoder", "onnx"): _onnx,
     ("cross-encoder", "onnx-int8"): _onnx,
+    ("classifier", "fake"): _fake,
+    ("classifier", "torch"): _torch_cross_encoder,
+    ("classifier", "torch-bf16"): _bf16(open_torch_cross_encoder),
+    ("classifier", "onnx"): _onnx,
+    ("classifier", "onnx-int8"): _onnx,
+    ("sparse", "fake"): _fake,
+    ("sparse", "torch"): _torch_sparse,
 }
 
 

@@ -23,6 +23,8 @@ def measure_throughput(encoder: Encoder, texts: list[str], batch_size: int, *,
         batch = [texts[(start + i) % len(texts)] for i in range(batch_size)]
         if encoder.kind == "cross-encoder":
             encoder.score(texts[start % len(texts)], batch)
+        elif encoder.kind == "classifier":
+            encoder.classify([[t] for t in batch])
         else:
             encoder.embed(batch, normalize=True)
 

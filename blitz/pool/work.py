@@ -3,7 +3,8 @@
 Every kind of job (texts to embed, token ids to embed, a query and documents to score)
 enters a pool replica's one queue per model (``blitz.pool.batching.Batcher``) and leaves it in
 batches; this runs one such batch on the model. Text jobs share one padded model call
-(``Encoder.embed_many``); token-id and rerank jobs run one call each, in the same worker
+(``Encoder.embed_many``); token-id, per-token (``embed_all``) and rerank jobs run one
+call each, in the same worker
 turn. Each job gets its own result or exception, so one bad job fails alone.
 """
 
@@ -12,9 +13,9 @@ from __future__ import annotations
 from typing import cast
 
 from blitz.encoders.base import Encoded, Encoder
-from blitz.schemas import EmbedJob, RerankJob
+from blitz.schemas import ClassifyJob, EmbedJob, RerankJob, SparseEmbedJob, TokenEmbedJob
 
-Job = EmbedJob | RerankJob
+Job = EmbedJob | RerankJob | TokenEmbedJob | ClassifyJob | SparseEmbedJob
 
 
 def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
@@ -33,6 +34,12 @@ def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
         try:
             if isinstance(job, RerankJob):
                 results[k] = encoder.score(job.query, job.documents, truncate=job.truncate)
+            elif isinstance(job, TokenEmbedJob):
+                results[k] = encoder.embed_all(job.texts, truncate=job.truncate)
+            elif isinstance(job, ClassifyJob):
+                results[k] = encoder.classify(job.inputs, truncate=job.truncate)
+            elif isinstance(job, SparseEmbedJob):
+                results[k] = encoder.embed_sparse(job.texts, truncate=job.truncate)
             else:
                 assert job.token_ids is not None
                 results[k] = encoder.embed_tokens(job.token_ids, normalize=job.normalize,

@@ -217,6 +217,10 @@ class IngressSettings(_Settings):
         "auto", description="how the ingress calls a pool replica. `auto`: a pool of one "
         "fixed replica on the ingress's node over a local socket (mode 600; ~3 ms less for "
         "one user), any other over Serve's handle; `serve`: always Serve's handle")
+    vector_cache_mb: float = Field(
+        0, ge=0, description="memory for the vector cache, per ingress replica, in MiB (0: "
+        "off): a text embedded before with the same model, pool and options is answered "
+        "from it, bit for bit the vector the model gave (README, \"Vector cache\")")
     deployment: dict[str, Any] = Field(
         default_factory=dict, description="Ray Serve deployment options of the ingress, as "
         "`cpu_pool.deployment`; merged over Blitz's defaults (below)")

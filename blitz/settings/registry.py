@@ -30,7 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from blitz.errors import InvalidValue, UnknownModel, echo
 
-Kind = Literal["embedding", "cross-encoder"]
+Kind = Literal["embedding", "cross-encoder", "classifier", "sparse"]
+HEADED_KINDS = ("cross-encoder", "classifier")
+"""Kinds whose models are a sequence-classification head (``AutoModelForSequenceClassification``):
+loaded, exported to ONNX and checked alike."""
 CpuBackend = Literal["torch", "torch-bf16", "onnx", "onnx-int8", "auto"]
 GpuDtype = Literal["float16", "bfloat16", "float32"]
 OBJECT_STORES = ("s3", "gs", "az", "abfs")
@@ -77,7 +80,9 @@ class ModelSpec(BaseModel):
     source: str = Field(description="package:<module> | <dir> | hf:<org>/<name>[@<revision>] "
                         "| s3://... | fake:<dim>")
     kind: Kind = Field("embedding", description="embedding (a bi-encoder: /embed, "
-                       "/v1/embeddings) or cross-encoder (/rerank)")
+                       "/v1/embeddings, /embed_all), cross-encoder (/rerank), classifier "
+                       "(a sequence classifier: /predict, /classify) or sparse (a SPLADE "
+                       "masked-language model: /embed_sparse; torch)")
     cpu_backend: CpuBackend = Field(
         "torch", description="how CPU pools run it; auto (bi-encoders): at load, the fastest "
         "backend that passes the accuracy guard on this CPU, one per model (never per "
@@ -130,10 +135,17 @@ class ModelSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
+    def _sparse_runs_on_torch(self) -> ModelSpec:
+        if self.kind == "sparse" and self.cpu_backend != "torch" and not self.is_fake:
+            raise ValueError(f"model {self.id!r}: sparse models run on torch; set cpu_backend "
+                             "to torch")
+        return self
+
+    @model_validator(mode="after")
     def _auto_is_for_bi_encoders(self) -> ModelSpec:
         if self.cpu_backend == "auto" and self.kind != "embedding":
-            raise ValueError("cpu_backend auto is for embedding models; name a cross-encoder's "
-                             "backend (torch, torch-bf16, onnx or onnx-int8)")
+            raise ValueError("cpu_backend auto is for embedding models; name a cross-encoder's or "
+                             "classifier's backend (torch, torch-bf16, onnx or onnx-int8)")
         return self
 
     def location(self) -> Location:

@@ -14,7 +14,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from blitz.errors import BlitzError
-from blitz.http.bodies import EmbedRequest, OpenAIEmbeddingRequest, RerankRequest
+from blitz.http.bodies import (
+    ClassifyRequest,
+    DecodeRequest,
+    EmbedAllRequest,
+    EmbedRequest,
+    EmbedSparseRequest,
+    OpenAIEmbeddingRequest,
+    PredictRequest,
+    RerankRequest,
+    TokenizeRequest,
+)
 from blitz.settings.config import Limits
 from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
 
@@ -34,7 +44,8 @@ VALUES = st.recursive(
     max_leaves=25)
 FIELDS = ["texts", "inputs", "input", "model", "normalize", "truncate", "dimensions", "dtype",
           "prompt_name", "layout", "encoding_format", "user", "query", "documents", "top_n",
-          "return_documents"]
+          "return_documents", "ids", "add_special_tokens", "skip_special_tokens",
+          "return_offsets", "offsets", "raw_scores", "top_k"]
 # the values each field takes, and values it refuses, in lists of every shape
 FIELD_VALUES = (VALUES | st.lists(st.text(max_size=4), max_size=12)
                 | st.lists(st.integers(-3, 2**40) | st.booleans(), max_size=25)
@@ -79,6 +90,31 @@ def test_any_body_is_a_rerank_request_or_refused(body, limits):
         assert type(request.query) is str and all(type(d) is str for d in request.documents)
 
 
+@given(BODIES, st.sampled_from([LIMITS, SERVER_LIMITS, None]))
+def test_any_body_is_a_tokenize_decode_or_text_request_or_refused(body, limits):
+    for parse in (TokenizeRequest.parse, EmbedAllRequest.parse, EmbedSparseRequest.parse):
+        request = parsed_or_refused(parse, body, limits)
+        if request is not None:
+            texts = request.texts
+            assert isinstance(texts, str) or all(type(t) is str for t in texts)
+    request = parsed_or_refused(DecodeRequest.parse, body, limits)
+    if request is not None:
+        rows = request.ids if request.ids and isinstance(request.ids[0], list) else [request.ids]
+        assert all(type(t) is int for row in rows for t in row)
+
+
+@given(BODIES, st.sampled_from([LIMITS, SERVER_LIMITS, None]))
+def test_any_body_is_a_predict_or_classify_request_or_refused(body, limits):
+    request = parsed_or_refused(PredictRequest.parse, body, limits)
+    if request is not None:
+        items, _ = request.batch()
+        assert items and all(1 <= len(i) <= 2 and all(type(t) is str for t in i)
+                             for i in items)
+    request = parsed_or_refused(ClassifyRequest.parse, body, limits)
+    if request is not None:
+        assert isinstance(request.input, str) or all(type(t) is str for t in request.input)
+
+
 def _parse(parse: Any) -> Any:
     return lambda body: parsed_or_refused(parse, body, SERVER_LIMITS)
 
@@ -98,6 +134,19 @@ FAMILIES: dict[str, tuple[Any, Any, int]] = {
                           _parse(OpenAIEmbeddingRequest.parse), 20_000),
     "rerank: document objects": (lambda n: {"query": "q", "documents": [{"text": "d"}] * n},
                                  _parse(RerankRequest.parse), 1_000),
+    "decode: ids": (lambda n: {"ids": list(range(n))}, _parse(DecodeRequest.parse), 20_000),
+    "decode: ids, bad last": (lambda n: {"ids": [*range(n), True]},
+                              _parse(DecodeRequest.parse), 20_000),
+    "decode: id rows": (lambda n: {"ids": [list(range(n // 1000))] * 1000},
+                        _parse(DecodeRequest.parse), 50_000),
+    "tokenize: texts": (lambda n: {"inputs": ["a"] * n}, _parse(TokenizeRequest.parse), 1_000),
+    "predict: pairs": (lambda n: {"inputs": [["q", "d"]] * n}, _parse(PredictRequest.parse),
+                       1_000),
+    "predict: pairs over the limit": (lambda n: {"inputs": [["q", "d"]] * n},
+                                      _parse(PredictRequest.parse), 200_000),
+    "classify: texts": (lambda n: {"input": ["a"] * n}, _parse(ClassifyRequest.parse), 1_000),
+    "embed_sparse: texts": (lambda n: {"inputs": ["a"] * n}, _parse(EmbedSparseRequest.parse),
+                            1_000),
 }
 
 

@@ -1,0 +1,165 @@
+"""A model's other outputs, beside its sentence embedding: per-token vectors
+(``/embed_all``, Hugging Face TEI's shape, for late-interaction retrieval), a sparse
+model's vocabulary weights (``/embed_sparse``, TEI's shape, for hybrid search) and a
+classifier's label scores (``/predict``, TEI's shape; ``/classify``, Infinity's).
+
+Each runs as a job of its own kind (``blitz.schemas``) through the same queue, pool and
+batcher as embeddings, routed and limited by the same rules, and answered one result per
+text.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from blitz import timing
+from blitz.errors import InvalidValue, PayloadTooLarge
+from blitz.schemas import (
+    ClassifyJob,
+    ClassifyResult,
+    Prediction,
+    SparseEmbedJob,
+    SparseResult,
+    SparseVector,
+    TokenEmbeddingsResult,
+    TokenEmbedJob,
+    Usage,
+)
+from blitz.settings.registry import apply_prompt
+
+if TYPE_CHECKING:
+    from blitz.ingress.service import EmbeddingService, RequestRecord
+
+
+class OutputService:
+    """``embed_all`` for HTTP and handle calls, on ``service``'s dispatcher."""
+
+    def __init__(self, service: EmbeddingService):
+        self.service = service
+
+    async def embed_all(self, texts: str | list[str], *, model: str | None = None,
+                        truncate: bool = True, prompt_name: str | None = None,
+                        record: RequestRecord | None = None) -> TokenEmbeddingsResult:
+        """Each text's token vectors (special tokens included, no padding) from an
+        embedding model's last layer before pooling."""
+        service = self.service
+        with service.recorded(record, "handle.embed_all") as record:
+            items = [texts] if isinstance(texts, str) else list(texts or ())
+            record.texts, record.model = len(items), model or ""
+            spec = service.spec(model)
+            record.model = spec.id
+            if spec.kind != "embedding":
+                raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; per-token "
+                                   "embeddings come from embedding models", param="model")
+            service.check_texts(items)
+            items = apply_prompt(spec, items, prompt_name)
+            pool = service.route(spec.kind, len(items)).pool
+            size = service.dispatcher.max_batch(pool)
+            jobs = [TokenEmbedJob(items[i:i + size], truncate)
+                    for i in range(0, len(items), size)]
+            parts = await service.gather(
+                [service.dispatcher.submit(pool, spec.id, job) for job in jobs], size)
+            rows: list[np.ndarray] = []
+            for part in parts:
+                ends = np.cumsum(part.token_counts)
+                rows += np.split(part.values, ends[:-1])
+            tokens = int(sum(int(p.token_counts.sum()) for p in parts))
+            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
+            return TokenEmbeddingsResult(rows, spec.id, Usage.of(tokens), pool)
+
+    async def embed_sparse(self, texts: str | list[str], *, model: str | None = None,
+                           truncate: bool = True, prompt_name: str | None = None,
+                           record: RequestRecord | None = None) -> SparseResult:
+        """Each text's non-zero vocabulary weights from a sparse (SPLADE) model."""
+        service = self.service
+        with service.recorded(record, "handle.embed_sparse") as record:
+            items = [texts] if isinstance(texts, str) else list(texts or ())
+            record.texts, record.model = len(items), model or ""
+            spec = service.spec(model)
+            record.model = spec.id
+            if spec.kind != "sparse":
+                raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; /embed_sparse takes "
+                                   "a model of kind sparse", param="model")
+            service.check_texts(items)
+            items = apply_prompt(spec, items, prompt_name)
+            pool = service.route(spec.kind, len(items)).pool
+            size = service.dispatcher.max_batch(pool)
+            jobs = [SparseEmbedJob(items[i:i + size], truncate)
+                    for i in range(0, len(items), size)]
+            parts = await service.gather(
+                [service.dispatcher.submit(pool, spec.id, job) for job in jobs], size)
+            vectors: list[SparseVector] = []
+            for part in parts:
+                assert part.indices is not None and part.rows is not None
+                ends = np.cumsum(part.rows)[:-1]
+                vectors += [SparseVector(i, v) for i, v in zip(
+                    np.split(part.indices, ends), np.split(part.values, ends), strict=True)]
+            tokens = int(sum(int(p.token_counts.sum()) for p in parts))
+            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
+            dimension = service.dimension_of(spec)
+            return SparseResult(vectors, dimension, spec.id, Usage.of(tokens), pool)
+
+    async def classify(self, inputs: str | list[str] | list[list[str]], *,
+                       model: str | None = None, raw_scores: bool = False,
+                       top_k: int | None = None, truncate: bool = True,
+                       record: RequestRecord | None = None) -> ClassifyResult:
+        """Each input's (a text, or a ``[text, text]`` pair) label scores, best first:
+        softmax over the labels (a sigmoid for a one-label model), or the raw logits."""
+        service = self.service
+        with service.recorded(record, "handle.classify") as record:
+            items = _classify_inputs(inputs)
+            record.texts, record.model = len(items), model or ""
+            spec = service.spec(model)
+            record.model = spec.id
+            if spec.kind != "classifier":
+                raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; /predict and "
+                                   "/classify take a model of kind classifier", param="model")
+            if len(items) > service.settings.limits.max_texts_per_request:
+                raise PayloadTooLarge(
+                    f"{len(items)} inputs in one request; the limit max_texts_per_request "
+                    f"is {service.settings.limits.max_texts_per_request}", param="inputs")
+            service.check_texts([text for item in items for text in item], "inputs")
+            if top_k is not None and top_k < 1:
+                raise InvalidValue("top_k must be at least 1", param="top_k")
+            pool = service.route(spec.kind, len(items)).pool
+            size = service.dispatcher.max_batch(pool)
+            jobs = [ClassifyJob(items[i:i + size], truncate)
+                    for i in range(0, len(items), size)]
+            parts = await service.gather(
+                [service.dispatcher.submit(pool, spec.id, job) for job in jobs], size)
+            logits = np.concatenate([p.values for p in parts])
+            labels = parts[0].labels or tuple(f"LABEL_{i}" for i in range(logits.shape[1]))
+            scores = logits if raw_scores else probabilities(logits)
+            order = np.argsort(-scores, axis=1, kind="stable")[:, :top_k]
+            predictions = [[Prediction(float(row[j]), labels[j]) for j in ranks]
+                           for row, ranks in zip(scores, order, strict=True)]
+            tokens = int(sum(int(p.token_counts.sum()) for p in parts))
+            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
+            return ClassifyResult(predictions, spec.id, Usage.of(tokens), pool)
+
+
+def probabilities(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the labels; a sigmoid for a one-label model (as TEI and transformers'
+    text-classification pipeline do)."""
+    logits = logits.astype(np.float64)
+    if logits.shape[1] == 1:
+        return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return (shifted / shifted.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def _classify_inputs(inputs: object) -> list[list[str]]:
+    """Inputs as a list of one-text or two-text lists: a string is one input, a list of
+    strings one input each, a list of lists (one text or a pair each) as given."""
+    if isinstance(inputs, str):
+        return [[inputs]]
+    if isinstance(inputs, list) and inputs and all(isinstance(i, str) for i in inputs):
+        return [[text] for text in inputs]
+    if (isinstance(inputs, list) and inputs and all(
+            isinstance(i, list) and len(i) in (1, 2) and all(isinstance(t, str) for t in i)
+            for i in inputs)):
+        return [list(i) for i in inputs]
+    raise InvalidValue("inputs must be a text, a list of texts, or a list of [text] and "
+                       "[text, text] pairs", param="inputs")

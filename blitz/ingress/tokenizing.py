@@ -1,0 +1,221 @@
+"""``/tokenize`` and ``/decode``: each model's own tokenizer, on the ingress.
+
+The ingress answers these itself, with no pool call: tokenizing a sentence costs tens of
+microseconds, a hop to a pool replica a few milliseconds (docs/ray-notes.md, "Request
+path cost"). The tokenizer is the model folder's ``tokenizer.json`` on the ``tokenizers``
+library (a folder without one is converted once through transformers' fast tokenizer),
+loaded off the event loop on a model's first request, once per model id (registry ids
+only: their number bounds what is held).
+
+It is the tokenizer the model runs with, untruncated and unpadded: ``/tokenize`` with
+``add_special_tokens: false`` gives the ids ``/v1/embeddings`` takes as token-id input
+for the same vector. Offsets are character offsets into the text (the prompt included
+when ``prompt_name`` is given), or, with ``offsets: "bytes"``, UTF-8 byte offsets as
+Hugging Face TEI counts them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from blitz.errors import InvalidValue, LoadProblem, ModelLoadFailed
+from blitz.loading.fetch import resolve_source
+from blitz.schemas import DecodeResult, Token, TokenizeResult
+from blitz.settings.registry import ModelSpec, apply_prompt
+
+if TYPE_CHECKING:
+    from blitz.ingress.service import EmbeddingService, RequestRecord
+
+OffsetUnit = Literal["chars", "bytes"]
+# tokenize or decode more than this many characters (ids) in a thread, not on the loop
+INLINE_WORK = 4096
+
+
+class NoTokenizer(LoadProblem):
+    """The model has no tokenizer to show (a fake model), or its files have none."""
+
+
+def open_tokenizer(folder: Path) -> Any:
+    """``folder``'s fast tokenizer (a ``tokenizers.Tokenizer``), untruncated and unpadded."""
+    from tokenizers import Tokenizer
+
+    path = folder / "tokenizer.json"
+    if path.is_file():
+        tokenizer = Tokenizer.from_file(str(path))
+    else:  # a slow tokenizer's files: transformers converts them once
+        try:
+            from transformers import AutoTokenizer
+
+            converted = AutoTokenizer.from_pretrained(str(folder), use_fast=True)
+        except Exception as exc:
+            raise NoTokenizer(f"no tokenizer in the model's files ({type(exc).__name__})") \
+                from exc
+        if not getattr(converted, "is_fast", False):
+            raise NoTokenizer("the model's tokenizer has no fast version")
+        tokenizer = converted.backend_tokenizer
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
+class Tokenizers:
+    """One tokenizer per model id, opened on first use (``open_folder(model_id)`` gives its
+    folder). A failed open is not remembered: the next request tries again."""
+
+    def __init__(self, open_folder: Callable[[str], Path]):
+        self._open_folder = open_folder
+        self._held: dict[str, Any] = {}
+        self._opening: dict[str, asyncio.Future] = {}
+        self._lock = threading.Lock()
+
+    async def get(self, model_id: str) -> Any:
+        held = self._held.get(model_id)
+        if held is not None:
+            return held
+        opening = self._opening.get(model_id)
+        if opening is None:  # the first caller opens it; later ones wait on the same open
+            opening = asyncio.ensure_future(asyncio.to_thread(self._open, model_id))
+            self._opening[model_id] = opening
+            opening.add_done_callback(lambda _: self._opening.pop(model_id, None))
+        # shielded: a caller that leaves does not cancel the open the others wait for
+        return await asyncio.shield(opening)
+
+    def _open(self, model_id: str) -> Any:
+        with self._lock:
+            if model_id not in self._held:
+                self._held[model_id] = open_tokenizer(self._open_folder(model_id))
+            return self._held[model_id]
+
+
+async def off_loop(work: Callable[[], Any], size: int) -> Any:
+    """``work()`` inline when small, else in a thread: the loop keeps serving."""
+    if size <= INLINE_WORK:
+        return work()
+    return await asyncio.to_thread(work)
+
+
+def tokenize(tokenizer: Any, texts: list[str], add_special_tokens: bool,
+             offsets: OffsetUnit | None = "chars") -> list[list[Token]]:
+    """Each text's tokens: id, text (the text's own characters; a special token's name),
+    whether it is special, and its offsets (None for special tokens, and for all with
+    ``offsets=None``)."""
+    encodings = tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+    out = []
+    for text, encoding in zip(texts, encodings, strict=True):
+        to_bytes = _byte_offsets(text) if offsets == "bytes" else None
+        row = []
+        for tid, (start, stop), special, name in zip(
+                encoding.ids, encoding.offsets, encoding.special_tokens_mask, encoding.tokens,
+                strict=True):
+            if special:
+                row.append(Token(tid, name, True, None, None))
+            elif offsets is None:
+                row.append(Token(tid, text[start:stop], False, None, None))
+            elif to_bytes is None:
+                row.append(Token(tid, text[start:stop], False, start, stop))
+            else:
+                row.append(Token(tid, text[start:stop], False, to_bytes[start], to_bytes[stop]))
+        out.append(row)
+    return out
+
+
+def _byte_offsets(text: str) -> list[int]:
+    """The UTF-8 byte offset of each character position of ``text`` (and its end)."""
+    if text.isascii():
+        return list(range(len(text) + 1))
+    out, at = [0], 0
+    for char in text:
+        at += len(char.encode("utf-8", "surrogatepass"))
+        out.append(at)
+    return out
+
+
+def decode(tokenizer: Any, rows: list[list[int]], skip_special_tokens: bool) -> list[str]:
+    """The text of each row of ids; an id outside the vocabulary is a 422 naming it."""
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64)
+    bad = np.flatnonzero((flat < 0) | (flat >= size))
+    if bad.size:
+        ends = np.cumsum([len(row) for row in rows])
+        i = int(np.searchsorted(ends, bad[0], side="right"))
+        j = int(bad[0] - (ends[i - 1] if i else 0))
+        raise InvalidValue(f"ids[{i}][{j}] = {int(flat[bad[0]])} is not a token id of this "
+                           f"model (0 to {size - 1})", param="ids")
+    return list(tokenizer.decode_batch(rows, skip_special_tokens=skip_special_tokens))
+
+
+class TokenService:
+    """``tokenize`` and ``decode`` for HTTP and handle calls: the model id, limits and
+    metrics as ``EmbeddingService`` does them, then the model's tokenizer here."""
+
+    def __init__(self, service: EmbeddingService, tokenizers: Tokenizers | None = None):
+        self.service = service
+        self.tokenizers = tokenizers or Tokenizers(self._folder)
+
+    def _folder(self, model_id: str) -> Path:
+        spec = self.service.spec(model_id)
+        if spec.is_fake:  # the request's to change: a 422, not a load failure
+            raise InvalidValue(f"model {spec.id!r} is a test stand-in and has no tokenizer",
+                               param="model")
+        return resolve_source(spec, self.service.settings.cache_dir)
+
+    async def _tokenizer(self, spec: ModelSpec) -> Any:
+        try:
+            return await self.tokenizers.get(spec.id)
+        except LoadProblem as exc:
+            raise ModelLoadFailed(f"model {spec.id!r}: its tokenizer could not be opened: "
+                                  f"{exc}", param="model", model=spec.id) from exc
+
+    async def tokenize(self, texts: str | list[str], *, model: str | None = None,
+                       add_special_tokens: bool = True, prompt_name: str | None = None,
+                       return_offsets: bool = True, offsets: OffsetUnit = "chars",
+                       record: RequestRecord | None = None) -> TokenizeResult:
+        """Each text's tokens with ``model``'s tokenizer (the default model when None)."""
+        with self.service.recorded(record, "handle.tokenize") as record:
+            items = [texts] if isinstance(texts, str) else list(texts or ())
+            record.texts, record.model = len(items), model or ""
+            spec = self.service.spec(model)
+            record.model = spec.id
+            self.service.check_texts(items)
+            items = apply_prompt(spec, items, prompt_name)
+            tokenizer = await self._tokenizer(spec)
+            rows = await off_loop(lambda: tokenize(tokenizer, items, add_special_tokens,
+                                                   offsets if return_offsets else None),
+                                  sum(map(len, items)))
+            record.tokens = sum(map(len, rows))
+            return TokenizeResult(rows, spec.id)
+
+    async def decode(self, ids: list[int] | list[list[int]], *, model: str | None = None,
+                     skip_special_tokens: bool = True,
+                     record: RequestRecord | None = None) -> DecodeResult:
+        """The text of each row of ``ids`` (one row: a list of ints) with ``model``'s
+        tokenizer."""
+        with self.service.recorded(record, "handle.decode") as record:
+            rows = _id_rows(ids)
+            record.texts, record.model = len(rows), model or ""
+            spec = self.service.spec(model)
+            record.model = spec.id
+            self.service.check_token_ids(rows, "ids")
+            tokenizer = await self._tokenizer(spec)
+            texts = await off_loop(lambda: decode(tokenizer, rows, skip_special_tokens),
+                                   sum(map(len, rows)))
+            record.tokens = sum(map(len, rows))
+            return DecodeResult(texts, spec.id)
+
+
+def _id_rows(ids: Any) -> list[list[int]]:
+    """``ids`` as rows: one list of ints is one row; anything else is a 422."""
+    if isinstance(ids, list) and ids and all(type(i) is int for i in ids):
+        return [ids]
+    if (isinstance(ids, list) and ids and all(isinstance(row, list) for row in ids)
+            and all(type(i) is int for row in ids for i in row)):
+        return ids
+    raise InvalidValue("ids must be a non-empty list of token ids (integers) or of such "
+                       "lists", param="ids")
