@@ -90,9 +90,12 @@ def bit_for_bit(base: str, text: str) -> dict[str, Any]:
 
     off, _ = embed("/off")
     first, _ = embed("/on")
-    again, header = embed("/on")
+    for _ in range(8):  # with several ingress replicas, until the one that holds it answers
+        again, header = embed("/on")
+        if 'desc="hit 1 of 1"' in header:
+            break
     return {"cached_equals_computed": again == off == first,
-            "second_reply_was_a_hit": 'desc="hit 1 of 1"' in header}
+            "a_later_reply_was_a_hit": 'desc="hit 1 of 1"' in header}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cache-mb", type=float, default=256.0)
+    parser.add_argument("--ingress-replicas", type=int, default=1,
+                        help="each holds a cache of its own")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
@@ -127,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             "deployment": {"ray_actor_options": {"num_cpus": cores}}}  # as auto on this node
     base_args: dict[str, Any] = {"models": [model], "gpu": "off", "cpu_pool": pool}
     for name, mb in (("off", 0.0), ("on", args.cache_mb)):
-        serve.run(build_app({**base_args, "ingress": {"vector_cache_mb": mb}}),
+        # one ingress replica, as `auto` sizes it on a 2-core node: the cache is per replica
+        ingress = {"vector_cache_mb": mb, "deployment": {"num_replicas": args.ingress_replicas}}
+        serve.run(build_app({**base_args, "ingress": ingress}),
                   name=f"cache-{name}", route_prefix=f"/{name}")
     base = f"http://127.0.0.1:{PORT}"
     texts = sentences(args.vocabulary, seed=7)
