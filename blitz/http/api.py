@@ -162,26 +162,25 @@ class HttpApi:
         return _plain(wire.rerank_reply(result), fmt)
 
     async def embed_all(self, request: Request) -> Response:
-        req = EmbedAllRequest.parse(await self._body(request), self.settings.limits)
-        fmt, accept_layout = codecs.choose_reply(request.headers.get("accept"), "json")
-        result = await self.outputs.embed_all(
-            req.texts, model=self._model_id(request, req.model), truncate=req.truncate,
-            prompt_name=req.prompt_name, record=_record(request))
-        if fmt == "msgpack":
-            return MsgpackResponse(wire.embed_all_reply(
-                result, req.layout or accept_layout or "numpy"))
-        return JSONBytesResponse(wire.embed_all_reply(result, None))
+        return await self._arrays(request, EmbedAllRequest, self.outputs.embed_all,
+                                  wire.embed_all_reply)
 
     async def embed_sparse(self, request: Request) -> Response:
-        req = EmbedSparseRequest.parse(await self._body(request), self.settings.limits)
+        return await self._arrays(request, EmbedSparseRequest, self.outputs.embed_sparse,
+                                  wire.embed_sparse_reply)
+
+    async def _arrays(self, request: Request, body: type[EmbedAllRequest], run: Any,
+                      reply: Any) -> Response:
+        """A route of texts in, arrays out: JSON (TEI's lists) unless msgpack is asked for,
+        then in the body's or Accept's array layout."""
+        req = body.parse(await self._body(request), self.settings.limits)
         fmt, accept_layout = codecs.choose_reply(request.headers.get("accept"), "json")
-        result = await self.outputs.embed_sparse(
-            req.texts, model=self._model_id(request, req.model), truncate=req.truncate,
-            prompt_name=req.prompt_name, record=_record(request))
+        result = await run(req.texts, model=self._model_id(request, req.model),
+                           truncate=req.truncate, prompt_name=req.prompt_name,
+                           record=_record(request))
         if fmt == "msgpack":
-            return MsgpackResponse(wire.embed_sparse_reply(
-                result, req.layout or accept_layout or "numpy"))
-        return JSONBytesResponse(wire.embed_sparse_reply(result, None))
+            return MsgpackResponse(reply(result, req.layout or accept_layout or "numpy"))
+        return JSONBytesResponse(reply(result, None))
 
     async def predict(self, request: Request) -> Response:
         req = PredictRequest.parse(await self._body(request), self.settings.limits)

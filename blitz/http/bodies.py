@@ -193,18 +193,11 @@ class EmbedAllRequest(_Request):
     layout: ArrayLayout | None = Field(None, description="msgpack reply's array layout")
 
 
-class EmbedSparseRequest(_Request):
-    """``POST /embed_sparse`` (Hugging Face TEI's shape). ``dtype`` and ``dimensions`` do
-    not apply to sparse vectors: sent, they are a 422 saying so."""
+class EmbedSparseRequest(EmbedAllRequest):
+    """``POST /embed_sparse`` (Hugging Face TEI's shape), ``/embed_all``'s fields.
+    ``dtype`` and ``dimensions`` do not apply to sparse vectors: sent, they are a 422
+    saying so."""
 
-    _list_keys = ("inputs", "texts")
-
-    texts: str | _Texts = Field(validation_alias=AliasChoices("inputs", "texts"),
-                                description="one text or a list")
-    model: str | None = None
-    truncate: StrictBool = True
-    prompt_name: str | None = None
-    layout: ArrayLayout | None = Field(None, description="msgpack reply's array layout")
     dtype: Any = None
     dimensions: Any = None
 

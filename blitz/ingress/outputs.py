@@ -10,12 +10,15 @@ text.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from blitz import timing
+from blitz.encoders.base import Encoded
 from blitz.errors import InvalidValue, PayloadTooLarge
+from blitz.pool.work import Job
 from blitz.schemas import (
     ClassifyJob,
     ClassifyResult,
@@ -27,79 +30,82 @@ from blitz.schemas import (
     TokenEmbedJob,
     Usage,
 )
-from blitz.settings.registry import apply_prompt
+from blitz.settings.registry import ModelSpec, apply_prompt
 
 if TYPE_CHECKING:
     from blitz.ingress.service import EmbeddingService, RequestRecord
 
 
 class OutputService:
-    """``embed_all`` for HTTP and handle calls, on ``service``'s dispatcher."""
+    """``embed_all``, ``embed_sparse`` and ``classify`` for HTTP and handle calls, on
+    ``service``'s dispatcher: each checks the model's kind and the limits, routes, splits
+    the inputs into jobs of the pool's batch size and gathers their parts."""
 
     def __init__(self, service: EmbeddingService):
         self.service = service
+
+    async def _run(self, record: RequestRecord, model: str | None, kind: str, use: str,
+                   items: list[Any], make_job: Callable[[list[Any]], Job],
+                   ) -> tuple[ModelSpec, str, list[Encoded]]:
+        """(the spec, the pool, one part per job) for ``items`` on a model of ``kind``;
+        ``use`` names the route in the error for a model of another kind."""
+        service = self.service
+        record.texts, record.model = len(items), model or ""
+        spec = service.spec(model)
+        record.model = spec.id
+        if spec.kind != kind:
+            raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; {use} takes a model of "
+                               f"kind {kind}", param="model")
+        pool = service.route(spec.kind, len(items)).pool
+        size = service.dispatcher.max_batch(pool)
+        parts = await service.gather(
+            [service.dispatcher.submit(pool, spec.id, make_job(items[i:i + size]))
+             for i in range(0, len(items), size)], size)
+        record.pool, record.timings = pool, timing.slowest(parts)
+        record.tokens = int(sum(int(p.token_counts.sum()) for p in parts))
+        return spec, pool, parts
+
+    def _texts(self, texts: str | list[str], model: str | None,
+               prompt_name: str | None) -> list[str]:
+        """``texts`` checked against the limits, behind the model's prompt if named."""
+        items = [texts] if isinstance(texts, str) else list(texts or ())
+        self.service.check_texts(items)
+        return apply_prompt(self.service.spec(model), items, prompt_name)
 
     async def embed_all(self, texts: str | list[str], *, model: str | None = None,
                         truncate: bool = True, prompt_name: str | None = None,
                         record: RequestRecord | None = None) -> TokenEmbeddingsResult:
         """Each text's token vectors (special tokens included, no padding) from an
         embedding model's last layer before pooling."""
-        service = self.service
-        with service.recorded(record, "handle.embed_all") as record:
-            items = [texts] if isinstance(texts, str) else list(texts or ())
-            record.texts, record.model = len(items), model or ""
-            spec = service.spec(model)
-            record.model = spec.id
-            if spec.kind != "embedding":
-                raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; per-token "
-                                   "embeddings come from embedding models", param="model")
-            service.check_texts(items)
-            items = apply_prompt(spec, items, prompt_name)
-            pool = service.route(spec.kind, len(items)).pool
-            size = service.dispatcher.max_batch(pool)
-            jobs = [TokenEmbedJob(items[i:i + size], truncate)
-                    for i in range(0, len(items), size)]
-            parts = await service.gather(
-                [service.dispatcher.submit(pool, spec.id, job) for job in jobs], size)
+        with self.service.recorded(record, "handle.embed_all") as record:
+            record.model = model or ""
+            items = self._texts(texts, model, prompt_name)
+            spec, pool, parts = await self._run(
+                record, model, "embedding", "/embed_all", items,
+                lambda chunk: TokenEmbedJob(chunk, truncate))
             rows: list[np.ndarray] = []
             for part in parts:
-                ends = np.cumsum(part.token_counts)
-                rows += np.split(part.values, ends[:-1])
-            tokens = int(sum(int(p.token_counts.sum()) for p in parts))
-            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
-            return TokenEmbeddingsResult(rows, spec.id, Usage.of(tokens), pool)
+                rows += np.split(part.values, np.cumsum(part.token_counts)[:-1])
+            return TokenEmbeddingsResult(rows, spec.id, Usage.of(record.tokens), pool)
 
     async def embed_sparse(self, texts: str | list[str], *, model: str | None = None,
                            truncate: bool = True, prompt_name: str | None = None,
                            record: RequestRecord | None = None) -> SparseResult:
         """Each text's non-zero vocabulary weights from a sparse (SPLADE) model."""
-        service = self.service
-        with service.recorded(record, "handle.embed_sparse") as record:
-            items = [texts] if isinstance(texts, str) else list(texts or ())
-            record.texts, record.model = len(items), model or ""
-            spec = service.spec(model)
-            record.model = spec.id
-            if spec.kind != "sparse":
-                raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; /embed_sparse takes "
-                                   "a model of kind sparse", param="model")
-            service.check_texts(items)
-            items = apply_prompt(spec, items, prompt_name)
-            pool = service.route(spec.kind, len(items)).pool
-            size = service.dispatcher.max_batch(pool)
-            jobs = [SparseEmbedJob(items[i:i + size], truncate)
-                    for i in range(0, len(items), size)]
-            parts = await service.gather(
-                [service.dispatcher.submit(pool, spec.id, job) for job in jobs], size)
+        with self.service.recorded(record, "handle.embed_sparse") as record:
+            record.model = model or ""
+            items = self._texts(texts, model, prompt_name)
+            spec, pool, parts = await self._run(
+                record, model, "sparse", "/embed_sparse", items,
+                lambda chunk: SparseEmbedJob(chunk, truncate))
             vectors: list[SparseVector] = []
             for part in parts:
                 assert part.indices is not None and part.rows is not None
                 ends = np.cumsum(part.rows)[:-1]
                 vectors += [SparseVector(i, v) for i, v in zip(
                     np.split(part.indices, ends), np.split(part.values, ends), strict=True)]
-            tokens = int(sum(int(p.token_counts.sum()) for p in parts))
-            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
-            dimension = service.dimension_of(spec)
-            return SparseResult(vectors, dimension, spec.id, Usage.of(tokens), pool)
+            return SparseResult(vectors, self.service.dimension_of(spec), spec.id,
+                                Usage.of(record.tokens), pool)
 
     async def classify(self, inputs: str | list[str] | list[list[str]], *,
                        model: str | None = None, raw_scores: bool = False,
@@ -109,13 +115,8 @@ class OutputService:
         softmax over the labels (a sigmoid for a one-label model), or the raw logits."""
         service = self.service
         with service.recorded(record, "handle.classify") as record:
+            record.model = model or ""
             items = _classify_inputs(inputs)
-            record.texts, record.model = len(items), model or ""
-            spec = service.spec(model)
-            record.model = spec.id
-            if spec.kind != "classifier":
-                raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; /predict and "
-                                   "/classify take a model of kind classifier", param="model")
             if len(items) > service.settings.limits.max_texts_per_request:
                 raise PayloadTooLarge(
                     f"{len(items)} inputs in one request; the limit max_texts_per_request "
@@ -123,21 +124,16 @@ class OutputService:
             service.check_texts([text for item in items for text in item], "inputs")
             if top_k is not None and top_k < 1:
                 raise InvalidValue("top_k must be at least 1", param="top_k")
-            pool = service.route(spec.kind, len(items)).pool
-            size = service.dispatcher.max_batch(pool)
-            jobs = [ClassifyJob(items[i:i + size], truncate)
-                    for i in range(0, len(items), size)]
-            parts = await service.gather(
-                [service.dispatcher.submit(pool, spec.id, job) for job in jobs], size)
+            spec, pool, parts = await self._run(
+                record, model, "classifier", "/predict and /classify", items,
+                lambda chunk: ClassifyJob(chunk, truncate))
             logits = np.concatenate([p.values for p in parts])
             labels = parts[0].labels or tuple(f"LABEL_{i}" for i in range(logits.shape[1]))
             scores = logits if raw_scores else probabilities(logits)
             order = np.argsort(-scores, axis=1, kind="stable")[:, :top_k]
             predictions = [[Prediction(float(row[j]), labels[j]) for j in ranks]
                            for row, ranks in zip(scores, order, strict=True)]
-            tokens = int(sum(int(p.token_counts.sum()) for p in parts))
-            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
-            return ClassifyResult(predictions, spec.id, Usage.of(tokens), pool)
+            return ClassifyResult(predictions, spec.id, Usage.of(record.tokens), pool)
 
 
 def probabilities(logits: np.ndarray) -> np.ndarray:
