@@ -5,7 +5,8 @@ results the ingress answers with.
   ingress -> pool, over Serve's handle or the local hop,
   pickled either way; never larger than the pool's batch limit.
 - ``EmbedResult``, ``RerankResult`` (with ``RerankHit``, ``Usage``),
-  ``TokenEmbeddingsResult``, ``SparseResult`` (``SparseVector``), ``ClassifyResult``
+  ``TokenEmbeddingsResult``, ``SparseResult`` (``SparseVector``), ``SimilarityResult``,
+  ``ClassifyResult``
   (``Prediction``), ``TokenizeResult``
   (``Token``), ``DecodeResult``: what ``handle.embed.remote(...)``, ``handle.rerank``,
   ``handle.tokenize`` and ``handle.decode`` return, and what the HTTP routes write on
@@ -137,6 +138,17 @@ class SparseResult:
 
     embeddings: list[SparseVector]
     dimension: int | None  # None: a model whose files are not on the ingress's machine
+    model: str
+    usage: Usage
+    pool: str = "cpu"
+
+
+@dataclass(frozen=True)
+class SimilarityResult:
+    """What ``handle.similarity.remote(...)`` returns: the cosine similarity of the source
+    text to each sentence, in order."""
+
+    scores: list[float]
     model: str
     usage: Usage
     pool: str = "cpu"

@@ -37,6 +37,7 @@ from blitz.schemas import (
     EmbedResult,
     RerankJob,
     RerankResult,
+    SimilarityResult,
     SparseResult,
     TokenEmbeddingsResult,
     TokenizeResult,
@@ -307,6 +308,14 @@ class _IngressMethods:
         are ``POST /embed_sparse``'s."""
         return await self.outputs.embed_sparse(texts, model=model, truncate=truncate,
                                                prompt_name=prompt_name)
+
+    async def similarity(self, source: str, sentences: list[str], model: str | None = None,
+                         *, truncate: bool = True,
+                         prompt_name: str | None = None) -> SimilarityResult:
+        """Handle API: ``await handle.similarity.remote(source, sentences, model=...)``;
+        ``POST /similarity``."""
+        return await self.outputs.similarity(source, sentences, model=model,
+                                             truncate=truncate, prompt_name=prompt_name)
 
     async def classify(self, inputs: str | list[str] | list[list[str]],
                        model: str | None = None, *, raw_scores: bool = False,

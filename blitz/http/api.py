@@ -30,6 +30,7 @@ from blitz.http.bodies import (
     OpenAIEmbeddingRequest,
     PredictRequest,
     RerankRequest,
+    SimilarityRequest,
     TokenizeRequest,
 )
 from blitz.http.middleware import RECORD, RequestMiddleware
@@ -64,6 +65,7 @@ class HttpApi:
             Route("/v1/rerank", self.rerank, methods=["POST"]),
             Route("/embed_all", self.embed_all, methods=["POST"]),
             Route("/embed_sparse", self.embed_sparse, methods=["POST"]),
+            Route("/similarity", self.similarity, methods=["POST"]),
             Route("/predict", self.predict, methods=["POST"]),
             Route("/classify", self.classify, methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
@@ -181,6 +183,17 @@ class HttpApi:
         if fmt == "msgpack":
             return MsgpackResponse(reply(result, req.layout or accept_layout or "numpy"))
         return JSONBytesResponse(reply(result, None))
+
+    async def similarity(self, request: Request) -> Response:
+        req = SimilarityRequest.parse(await self._body(request), self.settings.limits)
+        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+        options = req.parameters
+        result = await self.outputs.similarity(
+            req.inputs.source_sentence, req.inputs.sentences,
+            model=self._model_id(request, req.model),
+            truncate=True if options is None or options.truncate is None else options.truncate,
+            prompt_name=options.prompt_name if options else None, record=_record(request))
+        return _plain(wire.similarity_reply(result), fmt)
 
     async def predict(self, request: Request) -> Response:
         req = PredictRequest.parse(await self._body(request), self.settings.limits)

@@ -210,6 +210,39 @@ class EmbedSparseRequest(EmbedAllRequest):
         return value
 
 
+class SimilarityInputs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    source_sentence: str
+    sentences: _Texts
+
+
+class SimilarityParameters(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    truncate: StrictBool | None = None
+    prompt_name: str | None = None
+
+
+class SimilarityRequest(_Request):
+    """``POST /similarity`` (Hugging Face TEI's shape): ``{inputs: {source_sentence,
+    sentences}, parameters?: {truncate, prompt_name}, model?}``."""
+
+    inputs: SimilarityInputs
+    parameters: SimilarityParameters | None = None
+    model: str | None = None
+
+    @classmethod
+    def _check_sizes(cls, payload: dict, limits: Limits) -> None:
+        inputs = payload.get("inputs")
+        sentences = inputs.get("sentences") if isinstance(inputs, dict) else None
+        if isinstance(sentences, list) and len(sentences) + 1 > limits.max_texts_per_request:
+            raise PayloadTooLarge(
+                f"{len(sentences)} sentences and a source in one request; the limit "
+                f"max_texts_per_request is {limits.max_texts_per_request}",
+                param="inputs.sentences")
+
+
 class PredictRequest(_Request):
     """``POST /predict`` (Hugging Face TEI's shape): ``inputs`` is one text, ``[text]``,
     one pair ``[text, text]``, or a batch ``[[text], [text, text], ...]``."""

@@ -19,6 +19,7 @@ or raw bytes.
   ``{index, value}`` entries in vocabulary order; on msgpack ``{model, dimension,
   embeddings: [{indices, values}], usage}`` with int32 and float32 arrays in either
   layout.
+- ``similarity_reply``: ``POST /similarity``, TEI's: one cosine per sentence.
 - ``predict_reply``: ``POST /predict``, TEI's: per input a list of ``{score, label}``
   best first (a flat list for a one-input request); ``classify_reply``: ``POST
   /classify``, Infinity's ``{object: "classify", data, model, usage, id, created}``.
@@ -40,6 +41,7 @@ from blitz.schemas import (
     EmbedResult,
     RerankHit,
     RerankResult,
+    SimilarityResult,
     SparseResult,
     TokenEmbeddingsResult,
     TokenizeResult,
@@ -141,3 +143,7 @@ def embed_sparse_reply(result: SparseResult,
             vectors.append({"indices": e.indices, "values": e.values})
     return {"model": result.model, "dimension": result.dimension, "embeddings": vectors,
             "usage": usage_body(result.usage)}
+
+
+def similarity_reply(result: SimilarityResult) -> list[float]:
+    return result.scores

@@ -1,7 +1,8 @@
 """A model's other outputs, beside its sentence embedding: per-token vectors
 (``/embed_all``, Hugging Face TEI's shape, for late-interaction retrieval), a sparse
 model's vocabulary weights (``/embed_sparse``, TEI's shape, for hybrid search) and a
-classifier's label scores (``/predict``, TEI's shape; ``/classify``, Infinity's).
+classifier's label scores (``/predict``, TEI's shape; ``/classify``, Infinity's), and
+the similarity of one text to others (``/similarity``, TEI's).
 
 Each runs as a job of its own kind (``blitz.schemas``) through the same queue, pool and
 batcher as embeddings, routed and limited by the same rules, and answered one result per
@@ -23,6 +24,7 @@ from blitz.schemas import (
     ClassifyJob,
     ClassifyResult,
     Prediction,
+    SimilarityResult,
     SparseEmbedJob,
     SparseResult,
     SparseVector,
@@ -106,6 +108,23 @@ class OutputService:
                     np.split(part.indices, ends), np.split(part.values, ends), strict=True)]
             return SparseResult(vectors, self.service.dimension_of(spec), spec.id,
                                 Usage.of(record.tokens), pool)
+
+    async def similarity(self, source: str, sentences: list[str], *,
+                         model: str | None = None, truncate: bool = True,
+                         prompt_name: str | None = None,
+                         record: RequestRecord | None = None) -> SimilarityResult:
+        """The cosine similarity of ``source`` to each of ``sentences`` (TEI's
+        ``/similarity``): one embedding call for all of them, unit vectors dotted."""
+        with self.service.recorded(record, "handle.similarity") as record:
+            if not isinstance(sentences, list) or not sentences:
+                raise InvalidValue("sentences must hold at least one text", param="sentences")
+            result = await self.service.embed([source, *sentences], model=model,
+                                              normalize=True, truncate=truncate,
+                                              prompt_name=prompt_name, record=record)
+            rows = result.embeddings
+            scores = (rows[1:] @ rows[0]).astype(np.float32)
+            return SimilarityResult([float(x) for x in scores], result.model, result.usage,
+                                    result.pool)
 
     async def classify(self, inputs: str | list[str] | list[list[str]], *,
                        model: str | None = None, raw_scores: bool = False,

@@ -34,9 +34,9 @@ NEED_A_GPU = {"blitz_gpu_memory_bytes"}  # set only by replicas on CUDA: unit-te
 # the vector cache is off in this app: tests/integration/test_more_routes.py checks them
 NEED_THE_CACHE = {"blitz_vector_cache_texts", "blitz_vector_cache_bytes"}
 ROUTES = {"/embed", "/v1/embeddings", "/rerank", "/v1/rerank", "/embed_all", "/embed_sparse",
-          "/predict", "/classify", "/tokenize", "/decode", "/models", "/info", "/v1/models",
+          "/predict", "/classify", "/similarity", "/tokenize", "/decode", "/models", "/info", "/v1/models",
           "/health", "/ready", "other", "handle.embed", "handle.rerank", "handle.embed_all",
-          "handle.embed_sparse", "handle.classify", "handle.tokenize", "handle.decode"}
+          "handle.embed_sparse", "handle.classify", "handle.similarity", "handle.tokenize", "handle.decode"}
 MODELS = {"minilm", "minilm-int8", "tiny-a", "tiny-b", "tiny-c", "tiny-ce", "broken", "slow",
           "busy"}  # every id the integration registry holds (tests/integration/conftest.py)
 BOUNDED = {"route": ROUTES, "model": MODELS | {"other", "-"}, "pool": {"cpu", "gpu", "-"},

@@ -73,6 +73,9 @@ def test_embed_all_sparse_and_predict_over_http(http):
     body = http.post("/classify", json={"input": TEXTS, "model": "cls", "top_k": 1}).json()
     assert body["object"] == "classify" and [len(r) for r in body["data"]] == [1, 1, 1]
     assert http.post("/predict", json={"inputs": "x", "model": "tiny-a"}).status_code == 422
+    cosines = http.post("/similarity", json={"model": "tiny-a", "inputs": {
+        "source_sentence": TEXTS[0], "sentences": TEXTS}}).json()
+    assert len(cosines) == 3 and abs(cosines[0] - 1) < 1e-5
     info = http.get("/info", params={"model": "cls"}).json()
     assert info["model_type"]["classifier"]["id2label"] == {
         str(i): label for i, label in enumerate(CLASSIFIER_LABELS)}
@@ -88,6 +91,8 @@ async def test_the_same_over_the_handle(more_app):
     assert sparse.dimension == 30522 and sparse.embeddings[0].indices.dtype == np.int32
     ranked = await handle.classify.remote(TEXTS, model="cls", raw_scores=True)
     assert len(ranked.predictions) == 3 and ranked.model == "cls"
+    similar = await handle.similarity.remote(TEXTS[0], TEXTS, model="tiny-a")
+    assert len(similar.scores) == 3 and abs(similar.scores[0] - 1) < 1e-5
 
 
 def test_repeated_texts_are_hits_equal_bit_for_bit_and_counted(http):

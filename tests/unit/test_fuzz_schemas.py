@@ -23,6 +23,7 @@ from blitz.http.bodies import (
     OpenAIEmbeddingRequest,
     PredictRequest,
     RerankRequest,
+    SimilarityRequest,
     TokenizeRequest,
 )
 from blitz.settings.config import Limits
@@ -113,6 +114,12 @@ def test_any_body_is_a_predict_or_classify_request_or_refused(body, limits):
     request = parsed_or_refused(ClassifyRequest.parse, body, limits)
     if request is not None:
         assert isinstance(request.input, str) or all(type(t) is str for t in request.input)
+    nested = {"inputs": {"source_sentence": body, "sentences": body}, "model": "m"}
+    for candidate in (body, nested):
+        request = parsed_or_refused(SimilarityRequest.parse, candidate, limits)
+        if request is not None:
+            assert type(request.inputs.source_sentence) is str
+            assert all(type(t) is str for t in request.inputs.sentences)
 
 
 def _parse(parse: Any) -> Any:
@@ -145,6 +152,12 @@ FAMILIES: dict[str, tuple[Any, Any, int]] = {
     "predict: pairs over the limit": (lambda n: {"inputs": [["q", "d"]] * n},
                                       _parse(PredictRequest.parse), 200_000),
     "classify: texts": (lambda n: {"input": ["a"] * n}, _parse(ClassifyRequest.parse), 1_000),
+    "similarity: sentences": (lambda n: {"inputs": {"source_sentence": "a",
+                                                    "sentences": ["b"] * n}},
+                              _parse(SimilarityRequest.parse), 1_000),
+    "similarity: over the limit": (lambda n: {"inputs": {"source_sentence": "a",
+                                                         "sentences": ["b"] * n}},
+                                   _parse(SimilarityRequest.parse), 200_000),
     "embed_sparse: texts": (lambda n: {"inputs": ["a"] * n}, _parse(EmbedSparseRequest.parse),
                             1_000),
 }
