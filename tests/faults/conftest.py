@@ -9,10 +9,11 @@ from blitz.settings.deployment_options import merge_options
 from tests.tiny_models import build_tiny_bi_encoder
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def deploy(serve_instance):
-    """``deploy(name, args) -> base URL``: one app per fault, removed when its module ends,
-    so that the next modules share the machine with no idle replicas of earlier faults."""
+    """``deploy(name, args) -> base URL``: one app per fault, removed at the end. (Removing
+    each module's apps when it ends was tried once; in that run the drain test that follows
+    the scaling faults ran out of its bound, cause not established, so it stays as it was.)"""
     from ray import serve
 
     from deployments.app import build_app
