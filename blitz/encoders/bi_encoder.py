@@ -94,11 +94,15 @@ class BiEncoder(Encoder):
         if good:
             merged = self._run([row for _, ids, _, _ in good for row in ids],
                                np.zeros(0, np.int64), normalize=False)
-            start = 0
+            start, rows = 0, max(len(merged.values), 1)
             for k, ids, counts, normalize in good:
                 values = merged.values[start:start + len(ids)]
+                # each request's part of the padded tokens, rounded so that the parts add
+                # up to the whole (floors of each part alone summed to less: a batch's
+                # real tokens over its padded ones came out above 1)
+                share = (merged.padded_tokens * (start + len(ids)) // rows
+                         - merged.padded_tokens * start // rows)
                 start += len(ids)
-                share = merged.padded_tokens * len(ids) // max(len(merged.values), 1)
                 results[k] = Encoded(l2_normalize(values) if normalize else values, counts,
                                      share)
         return results

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from blitz.encoders import bi_encoder
+from blitz.encoders.base import Encoded
 from blitz.encoders.bi_encoder import (
     MIN_CALL_TOKENS,
     SPLIT_MAX_TEXTS,
@@ -71,6 +72,20 @@ def test_embed_many_isolates_errors_and_matches_single_calls(tiny):
                        atol=1e-5)
     assert np.allclose(results[2].values, tiny.embed(["three"], normalize=False).values,
                        atol=1e-5)
+
+
+def test_merged_requests_share_the_padded_tokens_whole(tiny, monkeypatch):
+    """The parts of a merged call's padded tokens add up to the whole, so a batch's real
+    tokens over its padded ones (blitz_padding_efficiency) never pass 1."""
+    whole = tiny._run
+
+    def run(ids, counts, normalize):  # 10 padded tokens: no three parts are equal
+        out = whole(ids, counts, normalize)
+        return Encoded(out.values, out.token_counts, 10)
+
+    monkeypatch.setattr(tiny, "_run", run)
+    merged = tiny.embed_many([(["a"], True, True), (["b"], True, True), (["c"], True, True)])
+    assert sum(r.padded_tokens for r in merged) == 10
 
 
 def test_token_id_input_equals_text_input(minilm):
