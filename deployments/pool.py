@@ -273,8 +273,9 @@ class ModelPool:
         timing.record(results, worker_wait=waited, model=ran)
         real = sum(int(r.token_counts.sum()) for r in results if isinstance(r, Encoded))
         padded = sum(r.padded_tokens for r in results if isinstance(r, Encoded))
-        if padded:
-            metrics.observe_padding(self.pool, real / padded)
+        if padded:  # billed tokens can pass computed ones: an embedding model's rerank
+            # bills its query once per document but computes it once
+            metrics.observe_padding(self.pool, min(1.0, real / padded))
         return results
 
     async def stats(self) -> dict[str, Any]:
