@@ -7,7 +7,7 @@
 #   docker build -t blitz:0.1.0 .                       # CPU torch, for CPU nodes
 #   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 \
 #       -t blitz:0.1.0-gpu .                            # CUDA torch, for GPU nodes
-#   docker run --rm -p 8000:8000 --shm-size=2g blitz:0.1.0
+#   docker run --rm -p 8000:8000 -p 9000:9000 --shm-size=2g blitz:0.1.0   # HTTP, gRPC
 FROM python:3.11-slim
 
 # Where install.sh finds torch==2.13.0: the CPU wheel index by default (PyPI's Linux wheel
@@ -42,10 +42,11 @@ RUN for model in $(blitz models --config serve_config.yaml --json \
       blitz optimize "$model" --config serve_config.yaml --no-speed; \
     done
 
-# In a container the HTTP proxy must listen beyond loopback for `-p 8000:8000`.
+# In a container the HTTP proxy must listen beyond loopback for `-p 8000:8000` (and gRPC,
+# which listens where HTTP does, for `-p 9000:9000`).
 RUN sed -i 's/^  host: 127.0.0.1$/  host: 0.0.0.0/' serve_config.yaml
 
-EXPOSE 8000
+EXPOSE 8000 9000
 # From WORKDIR /app: serve_config.yaml's controller_options turn on the fast request path
 # (HAProxy through scripts/haproxy-loopback, named relative to /app) and its `auto` sizes
 # follow the cores and GPUs the container's Ray sees.

@@ -21,6 +21,7 @@ from blitz import timing
 from blitz.encoders.base import Encoded
 from blitz.encoders.postprocess import OutputDtype
 from blitz.errors import Overloaded, Unavailable
+from blitz.grpc_api.servicer import TeiServicer
 from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
 from blitz.ingress import status
@@ -43,9 +44,14 @@ from blitz.schemas import (
     TokenizeResult,
 )
 from blitz.settings.config import BlitzSettings
+from deployments.grpc_methods import GrpcMethods
 from deployments.local_hops import LocalHops
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
-from deployments.loopback import keep_replica_grpc_on_node_ip
+from deployments.loopback import (
+    http_host,
+    keep_grpc_on_http_host,
+    keep_replica_grpc_on_node_ip,
+)
 from deployments.metrics import metrics
 from deployments.placement import PlacementWatch
 from deployments.pool import in_process
@@ -237,20 +243,9 @@ def _app_name() -> str:
         return "blitz"
 
 
-def _http_host() -> str | None:
-    """The host Serve's HTTP proxies listen on (``http_options.host``); None if unknown."""
-    try:
-        from ray.serve.context import _get_global_client
-
-        client = _get_global_client()
-        return client.http_config.host if client is not None else None
-    except Exception:  # not worth failing a start for: the warning is advice
-        logger.debug("cannot read Serve's http_options.host", exc_info=True)
-        return None
-
-
-class _IngressMethods:
-    """What both ingress deployments answer: HTTP (the ASGI app) and the handle API."""
+class _IngressMethods(GrpcMethods):
+    """What both ingress deployments answer: HTTP (the ASGI app), gRPC (TEI's services,
+    ``deployments/grpc_methods.py``) and the handle API."""
 
     settings: BlitzSettings
     dispatcher: ServeDispatcher
@@ -267,7 +262,10 @@ class _IngressMethods:
         self.tokens = TokenService(self.service)
         self.outputs = OutputService(self.service)
         self.api = HttpApi(self.service, self.tokens, self.outputs)
-        warn_if_open(_http_host(), self.settings.auth)
+        self.grpc = TeiServicer(self.service, self.tokens, self.outputs)
+        host = http_host()
+        keep_grpc_on_http_host(host)  # before Serve starts this replica's gRPC server
+        warn_if_open(host, self.settings.auth)
         flush_replica_log()
 
     def __serve_build_asgi_app__(self) -> HttpApi:

@@ -52,17 +52,29 @@ def aws_files(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def serve_instance(aws_files):
+def grpc_port() -> int:
+    """The port of the shared Serve's gRPC proxy (TEI's services, as serve_config.yaml)."""
+    return free_port()
+
+
+@pytest.fixture(scope="session")
+def serve_instance(aws_files, grpc_port):
     import ray
+    import yaml
     from ray import serve
 
+    shipped = yaml.safe_load((Path(__file__).parents[1] / "serve_config.yaml").read_text())
     port = free_port()
     ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {
                  "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                  "AWS_CONFIG_FILE": str(aws_files["config"]),
-                 "AWS_SHARED_CREDENTIALS_FILE": str(aws_files["credentials"])}})
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+                 "AWS_SHARED_CREDENTIALS_FILE": str(aws_files["credentials"]),
+                 # the proxy's gRPC server on 127.0.0.1, as serve_config.yaml has it
+                 "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": shipped["controller_options"][
+                     "runtime_env"]["env_vars"]["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"]}})
+    serve.start(http_options={"host": "127.0.0.1", "port": port},
+                grpc_options={**shipped["grpc_options"], "port": grpc_port})
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
     ray.shutdown()

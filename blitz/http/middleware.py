@@ -9,8 +9,6 @@ hop) to every reply, and observes each request once.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
 import logging
 import re
@@ -28,12 +26,12 @@ from blitz.errors import (
     BlitzError,
     MethodNotAllowed,
     NotFound,
-    Unauthorized,
     as_blitz_error,
     echo,
 )
 from blitz.http import disconnect
 from blitz.http.responses import JSONBytesResponse
+from blitz.ingress.keys import ApiKeys
 from blitz.ingress.service import RequestRecord
 from blitz.settings.config import AuthSettings
 
@@ -53,16 +51,10 @@ class RequestMiddleware:
         self.server_timing = server_timing
         self.paths = frozenset(paths)
         self.observe = observe
-        keys = auth.resolved_keys()
-        if auth.required and not keys:
-            raise ValueError(
-                "auth.required is true but no API key resolves: set auth.api_keys or "
-                f"${auth.api_keys_env} in the replica's environment "
-                "(runtime_env.env_vars for `serve deploy`)")
-        logger.info("API keys %s", f"on ({len(keys)} key(s))" if keys else
+        self.keys = ApiKeys(auth)
+        logger.info("API keys %s", f"on ({self.keys.count} key(s))" if self.keys.on else
                     "off: every route is public (set auth.api_keys, or auth.required: true "
                     "to refuse to start without keys)")
-        self._key_digests = [_digest(k.encode()) for k in keys]
         self._keyed_paths = self.paths - PUBLIC_ROUTES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -98,8 +90,8 @@ class RequestMiddleware:
             await send(message)
 
         try:
-            if self._key_digests and path in self._keyed_paths:
-                self._authorize(headers)
+            if self.keys.on and path in self._keyed_paths:
+                self.keys.check(headers.get("authorization", ""))
             if disconnect.unwatched(scope):
                 await disconnect.run_watching(self.app, scope, receive, send_with_headers)
             else:
@@ -111,17 +103,6 @@ class RequestMiddleware:
             record.error = error.code
             await reply(scope, receive, send_with_headers)
         self.observe(record, status)
-
-    def _authorize(self, headers: Headers) -> None:
-        scheme, _, token = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
-        given = _digest(token.strip().encode())
-        matched = False
-        for key in self._key_digests:  # digests, all compared: time reveals no key or length
-            matched |= hmac.compare_digest(given, key)
-        if not matched:
-            raise Unauthorized("invalid API key")
 
     @staticmethod
     def _error_reply(exc: Exception, scope: Scope, path: str,
@@ -151,7 +132,7 @@ def warn_if_open(host: str | None, auth: AuthSettings) -> bool:
     """Log a WARNING when the server listens beyond loopback (``host``, Serve's
     ``http_options.host``) with API keys off: anyone who reaches the port can embed, load
     any configured model and read every route. True when it warned."""
-    if auth.resolved_keys() or host is None or _is_loopback(host):
+    if auth.resolved_keys() or host is None or is_loopback(host):
         return False
     logger.warning("listening on %s with API keys off: anyone who reaches this port can use "
                    "every route. Set auth.api_keys or $%s (and auth.required: true), or "
@@ -159,12 +140,9 @@ def warn_if_open(host: str | None, auth: AuthSettings) -> bool:
     return True
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or a name, brackets allowed) is this machine only."""
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return host.lower() == "localhost"
-
-
-def _digest(key: bytes) -> bytes:
-    return hashlib.sha256(key).digest()

@@ -164,7 +164,7 @@ FLOORS = (  # lowest first: a module imports its own package, lower floors and L
     ("blitz.loading", "blitz.schemas"),  # a ModelSpec to an Encoder; the jobs and results of the hops
     ("blitz.pool", "blitz.bulk"),  # a pool replica's Ray-free half; the bulk job's
     ("blitz.ingress",),  # request logic: limits, routing, output options
-    ("blitz.http",),  # the HTTP API
+    ("blitz.http", "blitz.grpc_api"),  # the HTTP API; the gRPC API (TEI's tei.v1)
     ("blitz.cli", "blitz.client"),  # the command line; the Python client
 )
 FLOOR = {unit: floor for floor, units in enumerate(FLOORS) for unit in units}

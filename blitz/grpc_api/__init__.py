@@ -1,0 +1,1 @@
+"""The gRPC API: Hugging Face TEI's ``tei.v1`` services over Blitz's ingress services."""

@@ -1,0 +1,181 @@
+"""TEI's gRPC methods over the same services as the HTTP routes.
+
+``TeiServicer.unary`` answers one call, ``TeiServicer.stream`` a stream of them; the
+ingress deployment's methods (``deployments/grpc_methods.py``) call them with Serve's
+gRPC context. Each message goes through the service exactly as an HTTP request does:
+limits, routing, the pool queues, batching, errors and metrics (route label: the
+method's full name, ``/tei.v1.Embed/Embed``; a stream counts one request per message).
+
+Metadata in: ``authorization: Bearer <key>`` when API keys are on, ``model`` to choose a
+model (the default otherwise; ``multiplexed_model_id`` too, as HTTP's header).
+Errors: Blitz's error table (``blitz.errors``) as gRPC status codes (``CODES``), the
+message as the details, ``retry-after`` and ``x-blitz-error`` as trailing metadata.
+Like TEI, proto3's defaults apply: ``truncate``, ``add_special_tokens`` and
+``skip_special_tokens`` are false unless sent, and token offsets are in UTF-8 bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import grpc
+
+from blitz.errors import BlitzError, Overloaded, as_blitz_error
+from blitz.grpc_api import convert
+from blitz.grpc_api.services import BY_METHOD
+from blitz.ingress.keys import ApiKeys
+from blitz.ingress.outputs import OutputService
+from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.ingress.tokenizing import TokenService
+
+CODES = {  # an error's HTTP status -> its gRPC status code
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    424: grpc.StatusCode.FAILED_PRECONDITION,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+logger = logging.getLogger("blitz.grpc")
+MODEL_KEYS = ("model", "multiplexed_model_id")
+STREAM_WINDOW = 256
+"""Messages of one stream being answered at once (they batch together on the pools, like
+concurrent requests); the stream is read no further until the oldest is answered, so a
+client that sends without reading is held back by gRPC's flow control."""
+
+
+class Context(Protocol):
+    """What is used of a gRPC servicer context (Serve's ``RayServegRPCContext``)."""
+
+    def invocation_metadata(self) -> Any: ...
+
+    def set_code(self, code: grpc.StatusCode) -> None: ...
+
+    def set_details(self, details: str) -> None: ...
+
+    def set_trailing_metadata(self, metadata: Any) -> None: ...
+
+
+def status_code(error: BlitzError) -> grpc.StatusCode:
+    if isinstance(error, Overloaded):  # TEI's: overloaded is RESOURCE_EXHAUSTED
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    return CODES.get(error.status, grpc.StatusCode.INTERNAL)
+
+
+class TeiServicer:
+    def __init__(self, service: EmbeddingService, tokens: TokenService,
+                 outputs: OutputService):
+        self.service = service
+        self.tokens = tokens
+        self.outputs = outputs
+        self.keys = ApiKeys(service.settings.auth)
+
+    # ---- one call --------------------------------------------------------------------
+
+    async def unary(self, method: str, request: Any, context: Context) -> Any:
+        """Answer one call of ``method`` (``"Embed"``); an error sets the context's code
+        and details and answers an empty message, as Serve expects."""
+        rpc = BY_METHOD[method]
+        try:
+            model = self._admit(context)
+        except Exception as exc:
+            return self._fail(context, exc, rpc.response)
+        reply, error = await self._answer(method, request, model)
+        if error is not None:
+            return self._fail(context, error, rpc.response)
+        return reply
+
+    async def _answer(self, method: str, request: Any,
+                      model: str | None) -> tuple[Any, Exception | None]:
+        """One message's reply, or the error it got; observed once either way."""
+        record = RequestRecord(BY_METHOD[method].path)
+        started = time.perf_counter()
+        try:
+            reply = await convert.ANSWER[method](self, request, model, record)
+        except asyncio.CancelledError:
+            record.error = "cancelled"
+            self.service.observe(record, 499)
+            raise
+        except Exception as exc:
+            error = as_blitz_error(exc)
+            record.error = error.code
+            self.service.observe(record, error.status)
+            return None, exc
+        convert.fill_metadata(reply, request, record, time.perf_counter() - started)
+        self.service.observe(record, 200)
+        return reply, None
+
+    def _admit(self, context: Context) -> str | None:
+        """Check the key; the model the metadata names (None: the default)."""
+        metadata = {key.lower(): value for key, value in context.invocation_metadata() or ()}
+        if self.keys.on:
+            self.keys.check(str(metadata.get("authorization", "")))
+        for key in MODEL_KEYS:
+            if metadata.get(key):
+                return str(metadata[key])
+        return None
+
+    @staticmethod
+    def _fail(context: Context, exc: BaseException, response: Any) -> Any:
+        error = as_blitz_error(exc)
+        if not error.expose:
+            logger.error("gRPC call failed", exc_info=exc)
+        context.set_code(status_code(error))
+        context.set_details(error.public_message())
+        trailing = [("x-blitz-error", error.code)]
+        if error.retry_after_s is not None:
+            trailing.append(("retry-after", str(error.retry_after_s)))
+        context.set_trailing_metadata(trailing)
+        return response()
+
+    # ---- a stream of calls -----------------------------------------------------------
+
+    async def stream(self, method: str, requests: AsyncIterator[Any],
+                     context: Context) -> AsyncIterator[Any]:
+        """Answer each message of ``requests`` in order, up to ``STREAM_WINDOW`` at once.
+        The first error ends the stream with its status (TEI's behaviour); what was still
+        being answered is cancelled, and so is everything when the client leaves."""
+        rpc = BY_METHOD[method]
+        try:
+            model = self._admit(context)
+        except Exception as exc:
+            self._fail(context, exc, rpc.response)
+            return
+        window: asyncio.Queue[asyncio.Task | None] = asyncio.Queue(STREAM_WINDOW)
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    await window.put(asyncio.ensure_future(self._answer(method, request,
+                                                                        model)))
+            finally:
+                await window.put(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (task := await window.get()) is not None:
+                reply, error = await task
+                if error is not None:
+                    self._fail(context, error, rpc.response)
+                    return
+                yield reply
+            await reader  # a broken request stream raises here
+        finally:
+            reader.cancel()
+            while not window.empty():
+                pending = window.get_nowait()
+                if pending is not None:
+                    pending.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+
