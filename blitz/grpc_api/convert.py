@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from blitz.errors import InvalidValue
 from blitz.grpc_api import tei_pb2 as pb
+from blitz.grpc_api.services import Malformed
 from blitz.ingress import status
 from blitz.ingress.outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
@@ -141,6 +142,17 @@ async def decode(s: Services, request: Any, model: str | None,
     return pb.DecodeResponse(text=result.texts[0])
 
 
+def checked(answer: Answer) -> Answer:
+    """``answer``, after refusing a message that did not parse."""
+    async def run(s: Services, request: Any, model: str | None, record: RequestRecord) -> Any:
+        if isinstance(request, Malformed):
+            raise InvalidValue(f"the message is not a valid {request.expected}: "
+                               f"{request.reason}")
+        return await answer(s, request, model, record)
+
+    return run
+
+
 ANSWER: dict[str, Answer] = {
     "Info": info,
     "Embed": embed, "EmbedStream": embed,
@@ -152,6 +164,7 @@ ANSWER: dict[str, Answer] = {
     "Tokenize": tokenize, "TokenizeStream": tokenize,
     "Decode": decode, "DecodeStream": decode,
 }
+ANSWER = {method: checked(answer) for method, answer in ANSWER.items()}
 
 
 def fill_metadata(reply: Any, request: Any, record: RequestRecord, seconds: float) -> None:

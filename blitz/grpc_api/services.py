@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from blitz.grpc_api import tei_pb2 as pb
 
@@ -61,11 +62,30 @@ BY_METHOD = {rpc.method: rpc for rpc in RPCS}
 SERVICES = tuple(dict.fromkeys(rpc.service for rpc in RPCS))
 
 
+@dataclass(frozen=True)
+class Malformed:
+    """What arrives in place of a message whose bytes do not parse: the servicer answers it
+    INVALID_ARGUMENT (a deserializer that raised would make grpc answer UNKNOWN)."""
+
+    expected: str  # the message type's full name
+    reason: str
+
+
+def reader(message: Any) -> Callable[[bytes], Any]:
+    """``message``'s parser for a stranger's bytes (protobuf's own: linear in their size)."""
+    def parse(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except DecodeError as exc:
+            return Malformed(message.DESCRIPTOR.full_name, str(exc))
+
+    return parse
+
+
 def _handler(rpc: Rpc, servicer: Any) -> grpc.RpcMethodHandler:
     kind = grpc.stream_stream_rpc_method_handler if rpc.streaming else \
         grpc.unary_unary_rpc_method_handler
-    return kind(getattr(servicer, rpc.method, None),
-                request_deserializer=rpc.request.FromString,
+    return kind(getattr(servicer, rpc.method, None), request_deserializer=reader(rpc.request),
                 response_serializer=rpc.response.SerializeToString)
 
 

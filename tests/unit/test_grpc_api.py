@@ -286,3 +286,49 @@ def test_messages_pickle_as_serves_proxy_sends_them():
         for message in (rpc.request(), rpc.response()):
             assert type(message).__module__ == pb.__name__
             assert pickle.loads(pickle.dumps(message)) == message
+
+
+ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+           grpc.StatusCode.FAILED_PRECONDITION}
+"""What a stranger's bytes may get: an answer or a client error, never INTERNAL/UNKNOWN."""
+
+
+async def test_strangers_bytes_get_an_answer_or_invalid_argument():
+    import random
+
+    rng = random.Random(35)
+    payloads = [b"\xff\xff\xff", b"\x0a\x05\xff\xfe\xfd\xfc\xfb",  # a truncated varint;
+                b"\x0a\x02\xc3\x28"]  # a string field that is not UTF-8
+    payloads += [rng.randbytes(rng.randrange(0, 64)) for _ in range(40)]
+    payloads += [bytes([0x0a, n]) + rng.randbytes(n) for n in range(1, 40)]  # field 1, len n
+    async with served() as channel:
+        for rpc in services.RPCS:
+            raw = (channel.stream_stream if rpc.streaming else channel.unary_unary)(rpc.path)
+            for payload in payloads:
+                metadata = (("model", "minilm" if rpc.service == "Tokenize" else
+                             "ce" if rpc.service == "Rerank" else
+                             "cls" if rpc.service == "Predict" else "emb"),)
+                try:
+                    if rpc.streaming:
+                        async for _ in raw(iter([payload]), metadata=metadata):
+                            pass
+                    else:
+                        await raw(payload, metadata=metadata)
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() in ALLOWED, (rpc.method, payload, exc.details())
+                    if payload[:3] in (b"\xff\xff\xff", b"\x0a\x02\xc3"):
+                        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+                        assert "not a valid tei.v1." in exc.details()
+
+
+@pytest.mark.parametrize("message, build", [
+    (pb.DecodeRequest, lambda n: pb.DecodeRequest(ids=list(range(n))).SerializeToString()),
+    (pb.RerankRequest, lambda n: pb.RerankRequest(query="q", texts=["a b"] * n)
+     .SerializeToString()),
+    (pb.PredictPairRequest, lambda n: pb.PredictPairRequest(inputs=["x"] * n)
+     .SerializeToString()),
+])
+def test_parsing_a_message_costs_linear_time(message, build):
+    from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
+
+    assert cost_ratio(build, services.reader(message), 20_000) <= MAX_RATIO
