@@ -51,3 +51,17 @@ def test_parsers_read_each_api_and_reject_garbage():
         with pytest.raises(VerificationError) as info:
             api.parse(content, headers)
         assert info.value.reason == "malformed", (api.name, content[:40])
+
+
+def test_grpc_vs_http_table_pairs_each_round():
+    from loadtest.grpc_vs_http import table
+
+    rounds = [{"round": 1, "profile": "single", "api": "http-msgpack", "texts_per_s": 100.0,
+               "p50_ms": 10.0, "errors": 0},
+              {"round": 1, "profile": "single", "api": "grpc", "texts_per_s": 150.0,
+               "p50_ms": 8.0, "errors": 1},
+              {"round": 2, "profile": "single", "api": "grpc", "texts_per_s": 1.0,
+               "p50_ms": 1.0, "errors": 0}]  # no HTTP side: left out
+    lines = table(rounds).splitlines()
+    assert lines[2] == "| single | 1 | 100.0 | 150.0 | 1.50x | 10.0 | 8.0 | 1 |"
+    assert len(lines) == 3
