@@ -201,7 +201,7 @@ class Run:
 @pytest.fixture(scope="module")
 def ports() -> dict[str, int]:
     taken: set[int] = set()
-    return {name: stable_port(taken) for name in ("http", "stats", "metrics")}
+    return {name: stable_port(taken) for name in ("http", "stats", "metrics", "grpc")}
 
 
 def run_env(directory: Path, ports: dict[str, int], edit=None) -> dict:
@@ -210,6 +210,7 @@ def run_env(directory: Path, ports: dict[str, int], edit=None) -> dict:
     its own Ray."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = ports["http"]
+    config["grpc_options"]["port"] = ports.get("grpc", config["grpc_options"]["port"])
     args = config["applications"][0]["args"]
     # torch, not the shipped `auto`: a start from a cold cache would build two ONNX
     # models first (~30 s); these tests are about starting and stopping
