@@ -50,8 +50,10 @@ logger = logging.getLogger("blitz.grpc")
 MODEL_KEYS = ("model", "multiplexed_model_id")
 STREAM_WINDOW = 256
 """Messages of one stream being answered at once (they batch together on the pools, like
-concurrent requests); the stream is read no further until the oldest is answered, so a
-client that sends without reading is held back by gRPC's flow control."""
+concurrent requests), and at most ``limits.max_body_bytes`` of them (one HTTP body's
+worth; a message over it alone is still taken, alone): past either, the stream is read no
+further until the oldest is answered, so a client that sends without reading is held
+back by gRPC's flow control."""
 
 
 class Context(Protocol):
@@ -151,20 +153,32 @@ class TeiServicer:
         except Exception as exc:
             self._fail(context, exc, rpc.response)
             return
-        window: asyncio.Queue[asyncio.Task | None] = asyncio.Queue(STREAM_WINDOW)
+        window: asyncio.Queue[tuple[asyncio.Task, int] | None] = asyncio.Queue(STREAM_WINDOW)
+        budget = self.service.settings.limits.max_body_bytes
+        held = 0  # bytes of the messages in the window
+        room = asyncio.Event()
 
         async def read() -> None:
+            nonlocal held
             try:
                 async for request in requests:
-                    await window.put(asyncio.ensure_future(self._answer(method, request,
-                                                                        model)))
+                    size = request.ByteSize() if hasattr(request, "ByteSize") else 0
+                    while held and held + size > budget:
+                        room.clear()
+                        await room.wait()
+                    held += size
+                    await window.put((asyncio.ensure_future(self._answer(method, request,
+                                                                         model)), size))
             finally:
                 await window.put(None)
 
         reader = asyncio.ensure_future(read())
         try:
-            while (task := await window.get()) is not None:
+            while (entry := await window.get()) is not None:
+                task, size = entry
                 reply, error = await task
+                held -= size
+                room.set()
                 if error is not None:
                     self._fail(context, error, rpc.response)
                     return
@@ -175,7 +189,7 @@ class TeiServicer:
             while not window.empty():
                 pending = window.get_nowait()
                 if pending is not None:
-                    pending.cancel()
+                    pending[0].cancel()
             with contextlib.suppress(BaseException):
                 await reader
 

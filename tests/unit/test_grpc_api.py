@@ -27,13 +27,14 @@ TEXT = "naïve café — 東京 tokens"
 KEY = "s3cret-key"
 
 
-def make_servicer(auth: dict | None = None, observed: list | None = None) -> TeiServicer:
+def make_servicer(auth: dict | None = None, observed: list | None = None,
+                  limits: dict | None = None) -> TeiServicer:
     settings = BlitzSettings.from_args({
         "models": [{"id": "emb", "source": "fake:16"},
                    {"id": "minilm", "source": str(minilm_dir())},
                    {"id": "ce", "source": "fake:4", "kind": "cross-encoder"},
                    {"id": "cls", "source": "fake:3", "kind": "classifier"}],
-        "limits": {"max_texts_per_request": 4, "max_chars_per_text": 200},
+        "limits": {"max_texts_per_request": 4, "max_chars_per_text": 200, **(limits or {})},
         **({"auth": auth} if auth else {})})
     observer = None if observed is None else (
         lambda record, status, seconds: observed.append((record.route, record.model, status)))
@@ -332,3 +333,31 @@ def test_parsing_a_message_costs_linear_time(message, build):
     from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
 
     assert cost_ratio(build, services.reader(message), 20_000) <= MAX_RATIO
+
+
+async def test_a_stream_holds_at_most_one_body_of_messages():
+    """Messages of a stream are taken while they fit in ``limits.max_body_bytes`` together
+    (here 2,048 bytes: three of ~600), then the stream waits for the oldest answer."""
+    tei = make_servicer(limits={"max_body_bytes": 2048, "max_chars_per_text": 1000})
+    real, running, most = tei.service.embed, 0, 0
+
+    async def slow_embed(*args, **kwargs):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.05)
+        try:
+            return await real(*args, **kwargs)
+        finally:
+            running -= 1
+
+    tei.service.embed = slow_embed  # type: ignore[method-assign]
+
+    async def requests():
+        for i in range(12):
+            yield pb.EmbedRequest(inputs=f"{i:03d}" + "x" * 597)
+
+    async with served(tei) as channel:
+        replies = [r async for r in call(channel, "EmbedStream")(requests())]
+    assert len(replies) == 12
+    assert most == 3
