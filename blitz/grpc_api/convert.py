@@ -29,7 +29,7 @@ MODEL_TYPES = {"embedding": pb.MODEL_TYPE_EMBEDDING, "classifier": pb.MODEL_TYPE
                "reranker": pb.MODEL_TYPE_RERANKER}
 
 
-def _optional(request: Any, field: str) -> Any:
+def optional(request: Any, field: str) -> Any:
     return getattr(request, field) if request.HasField(field) else None
 
 
@@ -56,9 +56,9 @@ async def embed(s: Services, request: Any, model: str | None,
                 record: RequestRecord) -> Any:
     _right_only(request)
     result = await s.service.embed(
-        request.inputs, model=model, normalize=_optional(request, "normalize"),
-        truncate=request.truncate, dimensions=_optional(request, "dimensions"),
-        prompt_name=_optional(request, "prompt_name"), record=record)
+        request.inputs, model=model, normalize=optional(request, "normalize"),
+        truncate=request.truncate, dimensions=optional(request, "dimensions"),
+        prompt_name=optional(request, "prompt_name"), record=record)
     return pb.EmbedResponse(embeddings=result.embeddings[0].tolist())
 
 
@@ -67,7 +67,7 @@ async def embed_sparse(s: Services, request: Any, model: str | None,
     _right_only(request)
     result = await s.outputs.embed_sparse(
         request.inputs, model=model, truncate=request.truncate,
-        prompt_name=_optional(request, "prompt_name"), record=record)
+        prompt_name=optional(request, "prompt_name"), record=record)
     vector = result.embeddings[0]
     return pb.EmbedSparseResponse(sparse_embeddings=[
         pb.SparseValue(index=i, value=v)
@@ -79,7 +79,7 @@ async def embed_all(s: Services, request: Any, model: str | None,
     _right_only(request)
     result = await s.outputs.embed_all(
         request.inputs, model=model, truncate=request.truncate,
-        prompt_name=_optional(request, "prompt_name"), record=record)
+        prompt_name=optional(request, "prompt_name"), record=record)
     return pb.EmbedAllResponse(token_embeddings=[
         pb.TokenEmbedding(embeddings=row) for row in result.embeddings[0].tolist()])
 
@@ -128,7 +128,7 @@ async def tokenize(s: Services, request: Any, model: str | None,
                    record: RequestRecord) -> Any:
     result = await s.tokens.tokenize(
         request.inputs, model=model, add_special_tokens=request.add_special_tokens,
-        prompt_name=_optional(request, "prompt_name"), offsets="bytes", record=record)
+        prompt_name=optional(request, "prompt_name"), offsets="bytes", record=record)
     return pb.EncodeResponse(tokens=[
         pb.SimpleToken(id=t.id, text=t.text, special=t.special, start=t.start, stop=t.stop)
         for t in result.tokens[0]])

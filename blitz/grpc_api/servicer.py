@@ -4,7 +4,9 @@
 ingress deployment's methods (``deployments/grpc_methods.py``) call them with Serve's
 gRPC context. Each message goes through the service exactly as an HTTP request does:
 limits, routing, the pool queues, batching, errors and metrics (route label: the
-method's full name, ``/tei.v1.Embed/Embed``; a stream counts one request per message).
+method's full name, ``/tei.v1.Embed/Embed``; a stream counts one request per message,
+but an ``EmbedStream`` one per group of messages answered together,
+``blitz/grpc_api/grouping.py``).
 
 Metadata in: ``authorization: Bearer <key>`` when API keys are on, ``model`` to choose a
 model (the default otherwise; ``multiplexed_model_id`` too, as HTTP's header).
@@ -20,13 +22,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Protocol
 
 import grpc
 
 from blitz.errors import BlitzError, Overloaded, as_blitz_error
 from blitz.grpc_api import convert
+from blitz.grpc_api.grouping import EmbedGroups
 from blitz.grpc_api.services import BY_METHOD
 from blitz.ingress.keys import ApiKeys
 from blitz.ingress.outputs import OutputService
@@ -153,6 +156,11 @@ class TeiServicer:
         except Exception as exc:
             self._fail(context, exc, rpc.response)
             return
+        def alone(request: Any) -> Awaitable[tuple[Any, Exception | None]]:
+            return self._answer(method, request, model)
+
+        answer = (EmbedGroups(self.service, model, alone, STREAM_WINDOW).answer
+                  if method == "EmbedStream" else alone)
         window: asyncio.Queue[tuple[asyncio.Task, int] | None] = asyncio.Queue(STREAM_WINDOW)
         budget = self.service.settings.limits.max_body_bytes
         held = 0  # bytes of the messages in the window
@@ -167,8 +175,7 @@ class TeiServicer:
                         room.clear()
                         await room.wait()
                     held += size
-                    await window.put((asyncio.ensure_future(self._answer(method, request,
-                                                                         model)), size))
+                    await window.put((asyncio.ensure_future(answer(request)), size))
             finally:
                 await window.put(None)
 

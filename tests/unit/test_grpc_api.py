@@ -339,9 +339,9 @@ async def test_a_stream_holds_at_most_one_body_of_messages():
     """Messages of a stream are taken while they fit in ``limits.max_body_bytes`` together
     (here 2,048 bytes: three of ~600), then the stream waits for the oldest answer."""
     tei = make_servicer(limits={"max_body_bytes": 2048, "max_chars_per_text": 1000})
-    real, running, most = tei.service.embed, 0, 0
+    real, running, most = tei.tokens.tokenize, 0, 0
 
-    async def slow_embed(*args, **kwargs):
+    async def slow_tokenize(*args, **kwargs):
         nonlocal running, most
         running += 1
         most = max(most, running)
@@ -351,13 +351,53 @@ async def test_a_stream_holds_at_most_one_body_of_messages():
         finally:
             running -= 1
 
-    tei.service.embed = slow_embed  # type: ignore[method-assign]
+    tei.tokens.tokenize = slow_tokenize  # type: ignore[method-assign]
 
     async def requests():
         for i in range(12):
-            yield pb.EmbedRequest(inputs=f"{i:03d}" + "x" * 597)
+            yield pb.EncodeRequest(inputs=f"{i:03d} " + "word " * 119)
 
     async with served(tei) as channel:
-        replies = [r async for r in call(channel, "EmbedStream")(requests())]
+        replies = [r async for r in call(channel, "TokenizeStream")(
+            requests(), metadata=(("model", "minilm"),))]
     assert len(replies) == 12
     assert most == 3
+
+
+async def test_an_embed_stream_is_answered_in_groups_with_each_texts_own_vector():
+    """Messages that queue while earlier ones are answered share one embed call; each
+    still gets its own vector, and a bad one in a group fails alone, after the good ones
+    before it were answered."""
+    observed: list = []
+    tei = make_servicer(observed=observed, limits={"max_texts_per_request": 64})
+    real, calls = tei.service.embed, []
+
+    async def slow_embed(texts, **kwargs):
+        calls.append(1 if isinstance(texts, str) else len(texts))
+        await asyncio.sleep(0.02)
+        return await real(texts, **kwargs)
+
+    tei.service.embed = slow_embed  # type: ignore[method-assign]
+    texts = [f"text number {i}" for i in range(40)]
+    expected = (await real(texts, model="emb")).embeddings
+    observed.clear()  # that call's record
+
+    async def requests(bad_at: int | None = None):
+        for i, text in enumerate(texts):
+            yield pb.EmbedRequest(inputs="x" * 201 if i == bad_at else text)
+
+    metadata = (("model", "emb"),)
+    async with served(tei) as channel:
+        replies = [r async for r in call(channel, "EmbedStream")(requests(), metadata=metadata)]
+        assert np.array_equal(np.array([r.embeddings for r in replies], np.float32), expected)
+        assert sum(calls) == 40 and len(calls) < 40  # grouped
+        assert all(route == "/tei.v1.Embed/EmbedStream" for route, _, _ in observed)
+
+        got = []
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for reply in call(channel, "EmbedStream")(requests(bad_at=30),
+                                                            metadata=metadata):
+                got.append(reply)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert np.array_equal(np.array([r.embeddings for r in got], np.float32),
+                              expected[:30])
