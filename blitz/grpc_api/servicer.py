@@ -102,15 +102,12 @@ class TeiServicer:
 
     async def _answer(self, method: str, request: Any,
                       model: str | None) -> tuple[Any, Exception | None]:
-        """One message's reply, or the error it got; observed once either way."""
+        """One message's reply, or the error it got; observed once either way (unless the
+        client left: as an HTTP request whose client left, it is not counted)."""
         record = RequestRecord(BY_METHOD[method].path)
         started = time.perf_counter()
         try:
             reply = await convert.ANSWER[method](self, request, model, record)
-        except asyncio.CancelledError:
-            record.error = "cancelled"
-            self.service.observe(record, 499)
-            raise
         except Exception as exc:
             error = as_blitz_error(exc)
             record.error = error.code

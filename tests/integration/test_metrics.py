@@ -11,6 +11,7 @@ import threading
 
 import httpx
 
+from blitz.grpc_api.services import RPCS
 from blitz.ingress.routing import REASONS
 from tests.integration.conftest import APP
 from tests.metrics_scrape import (
@@ -36,7 +37,8 @@ NEED_THE_CACHE = {"blitz_vector_cache_texts", "blitz_vector_cache_bytes"}
 ROUTES = {"/embed", "/v1/embeddings", "/rerank", "/v1/rerank", "/embed_all", "/embed_sparse",
           "/predict", "/classify", "/similarity", "/tokenize", "/decode", "/models", "/info", "/v1/models",
           "/health", "/ready", "other", "handle.embed", "handle.rerank", "handle.embed_all",
-          "handle.embed_sparse", "handle.classify", "handle.similarity", "handle.tokenize", "handle.decode"}
+          "handle.embed_sparse", "handle.classify", "handle.similarity", "handle.tokenize", "handle.decode"} | {
+          rpc.path for rpc in RPCS}  # gRPC: each method's full name
 MODELS = {"minilm", "minilm-int8", "tiny-a", "tiny-b", "tiny-c", "tiny-ce", "broken", "slow",
           "busy"}  # every id the integration registry holds (tests/integration/conftest.py)
 BOUNDED = {"route": ROUTES, "model": MODELS | {"other", "-"}, "pool": {"cpu", "gpu", "-"},
