@@ -25,13 +25,19 @@ be shown (``expose``, stated on every class): a ``ClientError`` is the request's
      ├── ModelLoadFailed            424 model_load_error / model_load_failed (fixed text)
      └── InternalError              500 internal_error (the request id only)
 
-Every error renders as OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
-Errors cross Ray process boundaries, so each one pickles with its fields intact.
+Every error renders as OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``,
+except where a request speaks a peer's API (``ErrorShape``): Hugging Face TEI's
+``{"error", "error_type"}`` (``tei_type``: validation, overloaded, unhealthy, backend;
+then Blitz's ``param`` and ``code``) and
+Cohere's ``{"id", "message"}``. Errors cross Ray process boundaries, so each one pickles
+with its fields intact.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
+
+ErrorShape = Literal["openai", "tei", "cohere"]
 
 
 class BlitzError(Exception):
@@ -43,6 +49,7 @@ class BlitzError(Exception):
     expose: bool = False  # whether ``message`` may be sent to the client
     retry_after_s: int | None = None  # sent as ``Retry-After`` when set (RetryLater only)
     close_connection: bool = False  # reply with ``connection: close``
+    tei_type: str = "backend"  # Hugging Face TEI's ``error_type`` for this error
 
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
@@ -63,11 +70,22 @@ class BlitzError(Exception):
         return {"error": {"message": message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
+    def to_shape(self, shape: ErrorShape, request_id: str | None = None) -> dict[str, Any]:
+        """The error body in ``shape``: OpenAI's (``to_payload``), TEI's or Cohere's."""
+        if shape == "openai":
+            return self.to_payload(request_id)
+        message = self.to_payload(request_id)["error"]["message"]
+        if shape == "tei":  # TEI's two fields, then Blitz's field and code
+            return {"error": message, "error_type": self.tei_type, "param": self.param,
+                    "code": self.code}
+        return {"id": request_id, "message": message}
+
 
 class ClientError(BlitzError):
     """Caused by the request (4xx); its message says what to change, for the client."""
 
     expose = True
+    tei_type = "validation"
 
 
 class BadRequest(ClientError):
@@ -151,11 +169,13 @@ class RetryLater(BlitzError):
     status, type, code = 503, "unavailable_error", "unavailable"
     expose = True
     retry_after_s = 2
+    tei_type = "unhealthy"
 
 
 class Overloaded(RetryLater):
     status, type, code = 503, "overloaded_error", "overloaded"
     expose = True
+    tei_type = "overloaded"
     retry_after_s = 1
 
 

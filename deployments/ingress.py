@@ -260,7 +260,7 @@ class _IngressMethods(GrpcMethods):
                                         observer=metrics.observe_request,
                                         route_observer=metrics.observe_route)
         self.tokens = TokenService(self.service)
-        self.outputs = OutputService(self.service)
+        self.outputs = OutputService(self.service, self.tokens)
         self.api = HttpApi(self.service, self.tokens, self.outputs)
         self.grpc = TeiServicer(self.service, self.tokens, self.outputs)
         host = http_host()

@@ -26,6 +26,7 @@ from ray import serve
 
 from blitz import timing
 from blitz.encoders.base import Encoded, Encoder
+from blitz.encoders.sparse import cap_token_budget
 from blitz.errors import ModelLoadFailed, Overloaded, Unavailable
 from blitz.loading.failures import LoadFailures, as_load_failure
 from blitz.loading.fetch import preflight_source
@@ -110,6 +111,7 @@ class ModelPool:
         def load() -> Encoder:
             # the deadline travels with the load: a child build or measurement dies with it
             encoder = load_encoder(spec, self.device, self.cache_dir, timeout_s=timeout)
+            cap_token_budget(encoder, self.pool_settings.sparse_token_budget)
             encoder.warmup()
             return encoder
 

@@ -97,12 +97,16 @@ class RowSplitter:
         size, skipping = 0, False
         first_chunk = True
         while data := self.f.read(self.chunk):
-            read += len(data)
-            pos = start = 0  # start: where the current row begins in this chunk
+            floor = 0  # a quote at this index opens a cell whatever byte comes before it
             if first_chunk:
                 first_chunk = False
+                while len(data) < len(_BOM) and _BOM.startswith(data) and (
+                        more := self.f.read(self.chunk)):
+                    data += more  # a chunk shorter than a BOM: enough to tell
                 if data.startswith(_BOM):
-                    pos = len(_BOM)
+                    floor = len(_BOM)  # the first cell starts after the BOM
+            read += len(data)
+            start, pos = 0, floor  # start: where the current row (the BOM's too) begins here
             if quote_at_end:  # a quote ended the last chunk inside a quoted cell
                 quote_at_end = False
                 if data[:1] == b'"':
@@ -128,7 +132,7 @@ class RowSplitter:
                     continue
                 at = match.start()
                 if data[at] == 0x22:  # a quote opens a cell only at the cell's start
-                    before = data[at - 1] if at > 0 else previous
+                    before = data[at - 1] if at > floor else previous
                     quoted = before in _CELL_START
                     pos = at + 1
                     continue
@@ -158,7 +162,8 @@ class RowSplitter:
                         held, skipping = [], True
                     else:
                         held.append(data[start:])
-            previous = data[-1]
+            if end > floor:
+                previous = data[-1]
         if size:  # the last row, without a line end
             if skipping or size > limit:
                 yield number + 1, None, size, read

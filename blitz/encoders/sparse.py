@@ -23,6 +23,24 @@ from blitz.errors import InvalidValue
 from blitz.runtime import model_threads
 
 
+def vocabulary_weights(logits: Any, attention: Any) -> Any:
+    """(rows, vocabulary) float32: the max over each row's tokens (``attention`` 1) of
+    ``log(1 + relu(logits))``. The max is taken first, in place on the logits' own dtype,
+    so no other (rows, tokens, vocabulary) tensor is made (the fp32 copy and the weights
+    were two, 2 GiB each at 8192 tokens of a 30,522-token vocabulary); as log1p and relu
+    never decrease and float32 holds every fp16/bf16 value, it is bit for bit the max of
+    the weights, padding's zeros included (``tests/unit/test_embed_sparse.py``)."""
+    padding = attention.unsqueeze(-1) == 0
+    return logits.masked_fill_(padding, float("-inf")).amax(dim=1).float().relu_().log1p_()
+
+
+def cap_token_budget(encoder: Any, budget: int) -> None:
+    """A sparse model's micro-batches held to ``budget`` tokens (a pool's
+    ``sparse_token_budget``): each of its calls holds tokens x vocabulary logits."""
+    if isinstance(encoder, SparseEncoder):
+        encoder.token_budget = min(encoder.token_budget, budget)
+
+
 class SparseEncoder(BiEncoder):
     """A SPLADE model: ``embed_sparse`` gives each text's non-zero vocabulary weights."""
 
@@ -49,9 +67,8 @@ class SparseEncoder(BiEncoder):
         if self.tokens.type_ids:
             features["token_type_ids"] = torch.zeros_like(ids)
         with torch.inference_mode():
-            logits = self.model(**features).logits.float()
-            weights = torch.log1p(torch.relu(logits)) * attention.unsqueeze(-1)
-            return weights.amax(dim=1).cpu().numpy()
+            logits = self.model(**features).logits  # (rows, width, vocabulary), model dtype
+            return vocabulary_weights(logits, attention).cpu().numpy()
 
     def embed_sparse(self, texts: list[str], *, truncate: bool = True) -> Encoded:
         """``values``: the non-zero weights of every text, one text after the other, in

@@ -12,7 +12,7 @@ from blitz.grpc_api.services import Malformed
 from blitz.ingress import status
 from blitz.ingress.outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
-from blitz.ingress.tokenizing import TokenService
+from blitz.ingress.tokenizing import INLINE_VALUES, TokenService, off_loop
 
 
 class Services(Protocol):
@@ -80,8 +80,9 @@ async def embed_all(s: Services, request: Any, model: str | None,
     result = await s.outputs.embed_all(
         request.inputs, model=model, truncate=request.truncate,
         prompt_name=optional(request, "prompt_name"), record=record)
-    return pb.EmbedAllResponse(token_embeddings=[
-        pb.TokenEmbedding(embeddings=row) for row in result.embeddings[0].tolist()])
+    rows = result.embeddings[0]
+    return await off_loop(lambda: pb.EmbedAllResponse(token_embeddings=[
+        pb.TokenEmbedding(embeddings=row) for row in rows.tolist()]), rows.size, INLINE_VALUES)
 
 
 async def _predict(s: Services, item: str | list[str], request: Any, model: str | None,
@@ -128,10 +129,12 @@ async def tokenize(s: Services, request: Any, model: str | None,
                    record: RequestRecord) -> Any:
     result = await s.tokens.tokenize(
         request.inputs, model=model, add_special_tokens=request.add_special_tokens,
-        prompt_name=optional(request, "prompt_name"), offsets="bytes", record=record)
-    return pb.EncodeResponse(tokens=[
+        prompt_name=optional(request, "prompt_name"), offsets="bytes", record=record,
+        param="inputs")
+    tokens = result.tokens[0]
+    return await off_loop(lambda: pb.EncodeResponse(tokens=[
         pb.SimpleToken(id=t.id, text=t.text, special=t.special, start=t.start, stop=t.stop)
-        for t in result.tokens[0]])
+        for t in tokens]), 5 * len(tokens), INLINE_VALUES)
 
 
 async def decode(s: Services, request: Any, model: str | None,

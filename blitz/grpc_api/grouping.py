@@ -55,9 +55,10 @@ def runs(requests: list[Any]) -> list[list[Any]]:
 
 class EmbedGroups:
     def __init__(self, service: EmbeddingService, model: str | None, alone: Alone,
-                 window: int):
+                 window: int, api_key: int = -1):
         self.service = service
         self.model = model
+        self.api_key = api_key  # the stream's API key (RequestRecord.api_key)
         self.alone = alone
         self.path = BY_METHOD["EmbedStream"].path
         self.batcher: Batcher[Any, Any] = Batcher(
@@ -83,7 +84,7 @@ class EmbedGroups:
 
     async def _group(self, run: list[Any]) -> list[Any]:
         first = run[0]
-        record = RequestRecord(self.path)
+        record = RequestRecord(self.path, api_key=self.api_key)
         started = time.perf_counter()
         try:
             result = await self.service.embed(

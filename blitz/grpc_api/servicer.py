@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
@@ -84,6 +84,7 @@ class TeiServicer:
         self.tokens = tokens
         self.outputs = outputs
         self.keys = ApiKeys(service.settings.auth)
+        self.held_bytes = 0  # bytes of the messages being answered (max_buffered_bytes)
 
     # ---- one call --------------------------------------------------------------------
 
@@ -92,19 +93,43 @@ class TeiServicer:
         and details and answers an empty message, as Serve expects."""
         rpc = BY_METHOD[method]
         try:
-            model = self._admit(context)
+            model, key = self._admit(context)
         except Exception as exc:
             return self._fail(context, exc, rpc.response)
-        reply, error = await self._answer(method, request, model)
+        reply, error = await self._within_bytes(
+            method, request, lambda message: self._answer(method, message, model, key))
         if error is not None:
             return self._fail(context, error, rpc.response)
         return reply
 
-    async def _answer(self, method: str, request: Any,
-                      model: str | None) -> tuple[Any, Exception | None]:
+    async def _within_bytes(self, method: str, request: Any,
+                            answer: Callable[[Any], Awaitable[tuple[Any, Exception | None]]],
+                            ) -> tuple[Any, Exception | None]:
+        """``answer(request)`` with the message's bytes counted among those this replica
+        holds being answered, every call and stream together: past
+        ``limits.max_buffered_bytes`` (as HTTP's bodies) it is refused at once,
+        RESOURCE_EXHAUSTED (observed as a 503)."""
+        size = request.ByteSize() if hasattr(request, "ByteSize") else 0
+        limit = self.service.settings.limits.max_buffered_bytes
+        if self.held_bytes + size > limit:
+            record = RequestRecord(BY_METHOD[method].path, error=Overloaded.code)
+            self.service.observe(record, Overloaded.status)
+            return None, Overloaded(
+                f"this server holds {self.held_bytes} bytes of gRPC messages being answered; "
+                f"this {size}-byte one would pass the limit max_buffered_bytes ({limit}): "
+                "retry shortly")
+        self.held_bytes += size
+        try:
+            return await answer(request)
+        finally:
+            self.held_bytes -= size
+
+    async def _answer(self, method: str, request: Any, model: str | None,
+                      key: int = -1) -> tuple[Any, Exception | None]:
         """One message's reply, or the error it got; observed once either way (unless the
-        client left: as an HTTP request whose client left, it is not counted)."""
-        record = RequestRecord(BY_METHOD[method].path)
+        client left: as an HTTP request whose client left, it is not counted). ``key``:
+        the caller's API key (``RequestRecord.api_key``)."""
+        record = RequestRecord(BY_METHOD[method].path, api_key=key)
         started = time.perf_counter()
         try:
             reply = await convert.ANSWER[method](self, request, model, record)
@@ -117,15 +142,16 @@ class TeiServicer:
         self.service.observe(record, 200)
         return reply, None
 
-    def _admit(self, context: Context) -> str | None:
-        """Check the key; the model the metadata names (None: the default)."""
+    def _admit(self, context: Context) -> tuple[str | None, int]:
+        """Check the key; the model the metadata names (None: the default) and the
+        index of the caller's API key (-1 with keys off)."""
         metadata = {key.lower(): value for key, value in context.invocation_metadata() or ()}
-        if self.keys.on:
-            self.keys.check(str(metadata.get("authorization", "")))
+        api_key = (self.keys.check(str(metadata.get("authorization", "")))
+                   if self.keys.on else -1)
         for key in MODEL_KEYS:
             if metadata.get(key):
-                return str(metadata[key])
-        return None
+                return str(metadata[key]), api_key
+        return None, api_key
 
     @staticmethod
     def _fail(context: Context, exc: BaseException, response: Any) -> Any:
@@ -149,15 +175,19 @@ class TeiServicer:
         being answered is cancelled, and so is everything when the client leaves."""
         rpc = BY_METHOD[method]
         try:
-            model = self._admit(context)
+            model, key = self._admit(context)
         except Exception as exc:
             self._fail(context, exc, rpc.response)
             return
         def alone(request: Any) -> Awaitable[tuple[Any, Exception | None]]:
-            return self._answer(method, request, model)
+            return self._answer(method, request, model, key)
 
-        answer = (EmbedGroups(self.service, model, alone, STREAM_WINDOW).answer
-                  if method == "EmbedStream" else alone)
+        grouped = (EmbedGroups(self.service, model, alone, STREAM_WINDOW, key).answer
+                   if method == "EmbedStream" else alone)
+
+        def answer(request: Any) -> Awaitable[tuple[Any, Exception | None]]:
+            return self._within_bytes(method, request, grouped)
+
         window: asyncio.Queue[tuple[asyncio.Task, int] | None] = asyncio.Queue(STREAM_WINDOW)
         budget = self.service.settings.limits.max_body_bytes
         held = 0  # bytes of the messages in the window
@@ -172,7 +202,12 @@ class TeiServicer:
                         room.clear()
                         await room.wait()
                     held += size
-                    await window.put((asyncio.ensure_future(answer(request)), size))
+                    task = asyncio.ensure_future(answer(request))
+                    try:  # a full window waits here: the task is ours until it is queued
+                        await window.put((task, size))
+                    except BaseException:
+                        task.cancel()
+                        raise
             finally:
                 await window.put(None)
 

@@ -4,6 +4,15 @@ Routes decode bodies, call the service and encode replies (content negotiation);
 ids, API keys, error replies, timing headers and metrics are ``RequestMiddleware``'s.
 ``HttpApi`` is a plain ASGI app: the Serve ingress serves it, tests call it through
 ``httpx.ASGITransport``.
+
+One server speaks Blitz's API and its peers' (Hugging Face TEI, Infinity, Cohere, OpenAI)
+on their own paths, so a peer's client needs only the base URL changed. Where two APIs
+share a path, the request says which it speaks (docs/compatibility.md): the reply's
+format is the one Accept names, else the body's own (JSON in, JSON out; msgpack in,
+msgpack out), and its shape follows the body's field names (``/embed``: Blitz's
+``texts`` or TEI's ``inputs``; ``/rerank``: TEI's ``texts`` or Infinity's
+``documents``); a msgpack reply is always Blitz's own shape. A request in TEI's dialect
+gets TEI's error body too (``ERROR_SHAPE``).
 """
 
 from __future__ import annotations
@@ -19,8 +28,8 @@ from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
 from blitz import codecs
-from blitz.errors import Overloaded, PayloadTooLarge, RequestTimeout
-from blitz.http import wire
+from blitz.errors import ErrorShape, InvalidValue, Overloaded, PayloadTooLarge, RequestTimeout
+from blitz.http import responses, wire
 from blitz.http.bodies import (
     ClassifyRequest,
     DecodeRequest,
@@ -33,12 +42,15 @@ from blitz.http.bodies import (
     SimilarityRequest,
     TokenizeRequest,
 )
-from blitz.http.middleware import RECORD, RequestMiddleware
+from blitz.http.middleware import RequestMiddleware, record_of, request_id_of, speaks
+from blitz.http.peers import PeerRoutes
 from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
 from blitz.ingress import status
 from blitz.ingress.outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.tokenizing import TokenService
+
+Payload = Any  # a decoded request body (blitz.codecs.decode_body)
 
 MODEL_HEADERS = ("serve_multiplexed_model_id", "serve-multiplexed-model-id")
 
@@ -48,7 +60,7 @@ class HttpApi:
                  outputs: OutputService | None = None):
         self.service = service
         self.tokens = tokens or TokenService(service)
-        self.outputs = outputs or OutputService(service)
+        self.outputs = outputs or OutputService(service, self.tokens)
         self.settings = service.settings
         # a request body holds about one list or object per text (token-id rows, Cohere
         # documents, numpy arrays): more than this is refused before it is built
@@ -58,18 +70,25 @@ class HttpApi:
         # multiple of the body)
         self._max_values = limits.max_token_ids_per_request + 2 * self._max_containers + 64
         self._buffered = 0  # bytes of request bodies being read now (max_buffered_bytes)
+        peers = PeerRoutes(self)
         self.routes = [  # the hot routes first: the router tries them in order
-            Route("/embed", self.embed, methods=["POST"]),
-            Route("/v1/embeddings", self.openai_embeddings, methods=["POST"]),
-            Route("/rerank", self.rerank, methods=["POST"]),
-            Route("/v1/rerank", self.rerank, methods=["POST"]),
-            Route("/embed_all", self.embed_all, methods=["POST"]),
-            Route("/embed_sparse", self.embed_sparse, methods=["POST"]),
-            Route("/similarity", self.similarity, methods=["POST"]),
-            Route("/predict", self.predict, methods=["POST"]),
-            Route("/classify", self.classify, methods=["POST"]),
-            Route("/tokenize", self.tokenize, methods=["POST"]),
-            Route("/decode", self.decode, methods=["POST"]),
+            Route("/embed", self._read(self.embed), methods=["POST"]),
+            Route("/v1/embeddings", self._read(self.openai_embeddings), methods=["POST"]),
+            Route("/rerank", self._read(self.rerank), methods=["POST"]),
+            Route("/v1/rerank", self._read(self.cohere_v1_rerank), methods=["POST"]),
+            Route("/", self._read(peers.tei_root), methods=["POST"]),
+            Route("/embeddings", self._read(self.openai_embeddings), methods=["POST"]),
+            Route("/v1/embed", self._read(peers.cohere_embed_v1), methods=["POST"]),
+            Route("/v2/embed", self._read(peers.cohere_embed_v2), methods=["POST"]),
+            Route("/v2/rerank", self._read(peers.cohere_v2_rerank), methods=["POST"]),
+            Route("/embed_all", self._read(self.embed_all, tei=True), methods=["POST"]),
+            Route("/embed_sparse", self._read(self.embed_sparse, tei=True), methods=["POST"]),
+            Route("/similarity", self._read(self.similarity, tei=True), methods=["POST"]),
+            Route("/predict", self._read(self.predict, tei=True), methods=["POST"]),
+            Route("/classify", self._read(self.classify), methods=["POST"]),
+            Route("/tokenize", self._read(self.tokenize, tei=True), methods=["POST"]),
+            Route("/decode", self._read(self.decode, tei=True), methods=["POST"]),
+            Route("/invocations", self._read(peers.tei_root), methods=["POST"]),  # SageMaker's
             Route("/models", self.models, methods=["GET"]),
             Route("/info", self.info, methods=["GET"]),
             Route("/v1/models", self.openai_models, methods=["GET"]),
@@ -79,7 +98,11 @@ class HttpApi:
         auth = self.settings.auth
         # sources name buckets and paths: shown to callers with a key, or when asked for
         self._show_sources = auth.show_model_sources or bool(auth.resolved_keys())
-        self._app = RequestMiddleware(Router(self.routes), [r.path for r in self.routes],
+        # TEI answers GET / and GET /ping as /health: public like it (not in self.routes,
+        # whose POST / takes a key)
+        router = Router([*self.routes, Route("/", self.health, methods=["GET"]),
+                         Route("/ping", self.health, methods=["GET"])])
+        self._app = RequestMiddleware(router, [r.path for r in self.routes],
                                       self.settings.auth, service.observe,
                                       self.settings.ingress.server_timing)
 
@@ -123,7 +146,7 @@ class HttpApi:
             self._buffered -= held
 
     @staticmethod
-    def _model_id(request: Request, body_model: str | None) -> str | None:
+    def model_id(request: Request, body_model: str | None) -> str | None:
         """The model the request names: a header wins over the body; None is the default."""
         for name in MODEL_HEADERS:
             value = request.headers.get(name)
@@ -131,113 +154,171 @@ class HttpApi:
                 return value
         return body_model
 
+    def _reply(self, request: Request) -> tuple[codecs.ReplyFormat, codecs.ArrayLayout | None]:
+        """The reply's format and msgpack layout: what Accept names, else the body's own
+        format (a msgpack body gets msgpack, anything else JSON). Decided from the headers,
+        before any work."""
+        own: codecs.ReplyFormat = ("msgpack" if codecs.is_msgpack(
+            request.headers.get("content-type")) else "json")
+        return codecs.choose_reply(request.headers.get("accept"), own)
+
+    def _read(self, route: Any, tei: bool = False) -> Any:
+        """An endpoint that reads the body, then calls ``route(request, payload)``. A
+        ``tei`` route (one of Hugging Face TEI's own paths) answers errors in TEI's shape
+        unless the reply is msgpack (Blitz's own)."""
+        async def endpoint(request: Request) -> Response:
+            if tei and self._reply(request)[0] != "msgpack":
+                _speaks(request, "tei")
+            return await route(request, await self._body(request))
+        endpoint.__name__ = route.__name__
+        return endpoint
+
     # ---- routes ------------------------------------------------------------------------
 
-    async def embed(self, request: Request) -> Response:
-        req = EmbedRequest.parse(await self._body(request), self.settings.limits)
-        fmt, accept_layout = codecs.choose_reply(request.headers.get("accept"))  # before work
+    async def embed(self, request: Request, payload: Payload) -> Response:
+        """Blitz's ``texts`` get Blitz's reply; TEI's ``inputs`` on JSON get TEI's
+        ``[[float]]`` (and TEI's errors)."""
+        fmt, accept_layout = self._reply(request)  # before work
+        tei = fmt == "json" and isinstance(payload, dict) and "texts" not in payload
+        if tei:
+            _speaks(request, "tei")
+        req = EmbedRequest.parse(payload, self.settings.limits)
+        texts, token_ids = req.texts_or_token_ids()
         result = await self.service.embed(
-            req.texts, model=self._model_id(request, req.model), normalize=req.normalize,
-            truncate=req.truncate, dimensions=req.dimensions, dtype=req.dtype,
-            prompt_name=req.prompt_name, record=_record(request))
+            texts, token_ids=token_ids, model=self.model_id(request, req.model),
+            normalize=req.normalize, truncate=req.truncate, dimensions=req.dimensions,
+            dtype=req.dtype, prompt_name=req.prompt_name, record=_record(request))
         if fmt == "raw":
             return RawArrayResponse(result.embeddings)
         if fmt == "json":
-            return JSONBytesResponse(wire.embed_reply(result))
+            return JSONBytesResponse(wire.tei_embed_reply(result) if tei
+                                     else wire.embed_reply(result))
         return MsgpackResponse(wire.embed_reply(result, req.layout or accept_layout or "numpy"))
 
-    async def openai_embeddings(self, request: Request) -> Response:
-        req = OpenAIEmbeddingRequest.parse(await self._body(request), self.settings.limits)
+    async def openai_embeddings(self, request: Request, payload: Payload) -> Response:
+        """OpenAI's ``/v1/embeddings``, and Infinity's and TEI's ``/embeddings``."""
+        req = OpenAIEmbeddingRequest.parse(payload, self.settings.limits)
         texts, token_ids = req.texts_or_token_ids()
         result = await self.service.embed(
-            texts, token_ids=token_ids, model=self._model_id(request, req.model),
+            texts, token_ids=token_ids, model=self.model_id(request, req.model),
             dimensions=req.dimensions, record=_record(request))
         return JSONBytesResponse(wire.openai_embeddings_reply(result, req.encoding_format))
 
-    async def rerank(self, request: Request) -> Response:
-        req = RerankRequest.parse(await self._body(request), self.settings.limits)
-        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
-        result = await self.service.rerank(
-            req.query, req.documents, model=self._model_id(request, req.model),
-            top_n=req.top_n, return_documents=req.return_documents, truncate=req.truncate,
-            record=_record(request))
-        return _plain(wire.rerank_reply(result), fmt)
+    async def rerank(self, request: Request, payload: Payload) -> Response:
+        """``/rerank``: TEI's ``texts`` get TEI's list, Infinity's ``documents`` Infinity's
+        reply; a msgpack reply is Blitz's (Cohere's v1 shape)."""
+        fmt = self._reply(request)[0]  # before work
+        tei = (fmt != "msgpack" and isinstance(payload, dict) and "texts" in payload
+               and "documents" not in payload)
+        if tei:
+            _speaks(request, "tei")
+        req = await self.rerank_result(request, payload, RerankRequest)
+        if fmt == "msgpack":
+            return MsgpackResponse(wire.rerank_reply(req, _request_id(request)))
+        if tei:
+            return JSONBytesResponse(wire.tei_rerank_reply(req))
+        return JSONBytesResponse(wire.infinity_rerank_reply(req, _request_id(request),
+                                                            int(time.time())))
 
-    async def embed_all(self, request: Request) -> Response:
-        return await self._arrays(request, EmbedAllRequest, self.outputs.embed_all,
+    async def cohere_v1_rerank(self, request: Request, payload: Payload) -> Response:
+        fmt = self._reply(request)[0]
+        result = await self.rerank_result(request, payload, RerankRequest)
+        return _plain(wire.rerank_reply(result, _request_id(request)), fmt)
+
+    async def rerank_result(self, request: Request, payload: Payload,
+                      body: type[RerankRequest]) -> Any:
+        req = body.parse(payload, self.settings.limits)
+        model = self.model_id(request, req.model)
+        if req.raw_scores and self.service.spec(model).kind != "embedding":
+            raise InvalidValue("raw_scores is not served for cross-encoders: scores are the "
+                               "model's activation (a sigmoid of its logit); leave it out",
+                               param="raw_scores")
+        return await self.service.rerank(
+            req.query, req.documents, model=model, top_n=req.top_n,
+            return_documents=req.return_documents, truncate=req.truncate,
+            record=_record(request))
+
+    async def embed_all(self, request: Request, payload: Payload) -> Response:
+        return await self._arrays(request, payload, EmbedAllRequest, self.outputs.embed_all,
                                   wire.embed_all_reply)
 
-    async def embed_sparse(self, request: Request) -> Response:
-        return await self._arrays(request, EmbedSparseRequest, self.outputs.embed_sparse,
-                                  wire.embed_sparse_reply)
+    async def embed_sparse(self, request: Request, payload: Payload) -> Response:
+        return await self._arrays(request, payload, EmbedSparseRequest,
+                                  self.outputs.embed_sparse, wire.embed_sparse_reply)
 
-    async def _arrays(self, request: Request, body: type[EmbedAllRequest], run: Any,
-                      reply: Any) -> Response:
+    async def _arrays(self, request: Request, payload: Payload, body: type[EmbedAllRequest],
+                      run: Any, reply: Any) -> Response:
         """A route of texts in, arrays out: JSON (TEI's lists) unless msgpack is asked for,
         then in the body's or Accept's array layout."""
-        req = body.parse(await self._body(request), self.settings.limits)
-        fmt, accept_layout = codecs.choose_reply(request.headers.get("accept"), "json")
-        result = await run(req.texts, model=self._model_id(request, req.model),
+        fmt, accept_layout = self._reply(request)
+        req = body.parse(payload, self.settings.limits)
+        result = await run(req.texts, model=self.model_id(request, req.model),
                            truncate=req.truncate, prompt_name=req.prompt_name,
                            record=_record(request))
-        if fmt == "msgpack":
-            return MsgpackResponse(reply(result, req.layout or accept_layout or "numpy"))
-        return JSONBytesResponse(reply(result, None))
+        layout = req.layout or accept_layout or "numpy"
+        return await responses.built(  # a large reply is encoded off the event loop
+            lambda: MsgpackResponse(reply(result, layout)) if fmt == "msgpack"
+            else JSONBytesResponse(reply(result, None)), responses.numbers(result.embeddings))
 
-    async def similarity(self, request: Request) -> Response:
-        req = SimilarityRequest.parse(await self._body(request), self.settings.limits)
-        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+    async def similarity(self, request: Request, payload: Payload) -> Response:
+        fmt = self._reply(request)[0]  # before work
+        req = SimilarityRequest.parse(payload, self.settings.limits)
         options = req.parameters
         result = await self.outputs.similarity(
             req.inputs.source_sentence, req.inputs.sentences,
-            model=self._model_id(request, req.model),
+            model=self.model_id(request, req.model),
             truncate=True if options is None or options.truncate is None else options.truncate,
             prompt_name=options.prompt_name if options else None, record=_record(request))
         return _plain(wire.similarity_reply(result), fmt)
 
-    async def predict(self, request: Request) -> Response:
-        req = PredictRequest.parse(await self._body(request), self.settings.limits)
-        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+    async def predict(self, request: Request, payload: Payload) -> Response:
+        fmt = self._reply(request)[0]  # before work
+        req = PredictRequest.parse(payload, self.settings.limits)
         items, single = req.batch()
         result = await self.outputs.classify(
-            items, model=self._model_id(request, req.model), raw_scores=req.raw_scores,
+            items, model=self.model_id(request, req.model), raw_scores=req.raw_scores,
             top_k=req.top_k, truncate=req.truncate, record=_record(request))
         return _plain(wire.predict_reply(result, single), fmt)
 
-    async def classify(self, request: Request) -> Response:
-        req = ClassifyRequest.parse(await self._body(request), self.settings.limits)
-        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+    async def classify(self, request: Request, payload: Payload) -> Response:
+        fmt = self._reply(request)[0]  # before work
+        req = ClassifyRequest.parse(payload, self.settings.limits)
         texts = [req.input] if isinstance(req.input, str) else req.input
         result = await self.outputs.classify(
-            texts, model=self._model_id(request, req.model), raw_scores=req.raw_scores,
+            texts, model=self.model_id(request, req.model), raw_scores=req.raw_scores,
             top_k=req.top_k, truncate=req.truncate, record=_record(request))
         return _plain(wire.classify_reply(result, f"blitz-{uuid.uuid4().hex}",
                                           int(time.time())), fmt)
 
-    async def tokenize(self, request: Request) -> Response:
-        req = TokenizeRequest.parse(await self._body(request), self.settings.limits)
-        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+    async def tokenize(self, request: Request, payload: Payload) -> Response:
+        fmt = self._reply(request)[0]  # before work
+        req = TokenizeRequest.parse(payload, self.settings.limits)
         result = await self.tokens.tokenize(
-            req.texts, model=self._model_id(request, req.model),
+            req.texts, model=self.model_id(request, req.model),
             add_special_tokens=req.add_special_tokens, prompt_name=req.prompt_name,
             return_offsets=req.return_offsets, offsets=req.offsets, record=_record(request))
-        return _plain(wire.tokenize_reply(result), fmt)
+        return await responses.built(  # a large reply is built off the event loop
+            lambda: _plain(wire.tokenize_reply(result), fmt),
+            5 * sum(map(len, result.tokens)))
 
-    async def decode(self, request: Request) -> Response:
-        req = DecodeRequest.parse(await self._body(request), self.settings.limits)
-        fmt = codecs.choose_reply(request.headers.get("accept"), "json")[0]  # before work
+    async def decode(self, request: Request, payload: Payload) -> Response:
+        fmt = self._reply(request)[0]  # before work
+        req = DecodeRequest.parse(payload, self.settings.limits)
         result = await self.tokens.decode(
-            req.ids, model=self._model_id(request, req.model),
+            req.ids, model=self.model_id(request, req.model),
             skip_special_tokens=req.skip_special_tokens, record=_record(request))
         return _plain(wire.decode_reply(result), fmt)
 
     async def info(self, request: Request) -> Response:
         return JSONBytesResponse(status.info(self.service,
-            self._model_id(request, request.query_params.get("model"))))
+            self.model_id(request, request.query_params.get("model"))))
 
     async def models(self, request: Request) -> Response:
-        return JSONBytesResponse({"object": "list", "data": status.describe_models(
-            self.service, sources=self._show_sources)})
+        """Blitz's registry in Infinity's ``GET /models`` list."""
+        created = self.service.started
+        return JSONBytesResponse({"object": "list", "data": [
+            wire.infinity_model(m, created)
+            for m in status.describe_models(self.service, sources=self._show_sources)]})
 
     async def openai_models(self, request: Request) -> Response:
         created = self.service.started
@@ -248,15 +329,24 @@ class HttpApi:
             for m in status.describe_models(self.service)]})
 
     async def health(self, request: Request) -> Response:
-        return JSONBytesResponse({"status": "ok"})
+        return JSONBytesResponse({"status": "ok", "unix": time.time()})  # unix: Infinity's
 
     async def ready(self, request: Request) -> Response:
+        if self._app.keys.on and _record(request).api_key < 0:  # no key: the status alone
+            return JSONBytesResponse(*status.bare_ready(self.service, _record(request)))
         return JSONBytesResponse(status.check_ready(self.service))
 
 
 def _record(request: Request) -> RequestRecord:
-    """The request's record, made by the middleware; the service fills it in."""
-    return request.scope[RECORD]
+    return record_of(request.scope)
+
+
+def _speaks(request: Request, shape: ErrorShape) -> None:
+    speaks(request.scope, shape)
+
+
+def _request_id(request: Request) -> str:
+    return request_id_of(request.scope)
 
 
 def _plain(body: Any, fmt: str) -> Response:

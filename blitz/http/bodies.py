@@ -25,7 +25,7 @@ from pydantic import (
 
 from blitz.codecs import ArrayLayout
 from blitz.encoders.postprocess import OutputDtype
-from blitz.errors import BadRequest, InvalidValue, PayloadTooLarge
+from blitz.errors import BadRequest, InvalidValue, PayloadTooLarge, echo
 
 if TYPE_CHECKING:
     from blitz.settings.config import Limits
@@ -66,19 +66,90 @@ class _Request(BaseModel):
                     f"{limits.max_texts_per_request}", param=key)
 
 
+def _texts_or_ids_shape(value: Any, field: str) -> Any:
+    """Check a texts-or-token-ids input in one pass that stops at the first bad item (a
+    union would build an error per item per member); booleans are not token ids."""
+    if not isinstance(value, list) or not value:
+        return value
+    first = type(value[0])
+    if first is str:
+        bad = next((i for i, v in enumerate(value) if type(v) is not str), None)
+    elif first is int:
+        bad = next((i for i, v in enumerate(value) if type(v) is not int), None)
+    elif first is list:
+        bad = next((i for i, row in enumerate(value)
+                    if type(row) is not list or not all(type(t) is int for t in row)), None)
+    else:
+        bad = 0
+    if bad is not None:
+        raise ValueError(f"item {bad} does not fit: {field} must be a string, a list of "
+                         "strings, a list of token ids (integers) or a list of token-id "
+                         "lists, all items alike")
+    return value
+
+
+def _split_texts_or_ids(items: Any) -> tuple[list[str], None] | tuple[None, list[list[int]]]:
+    """A checked input as ``(texts, None)`` or ``(None, token-id rows)``: a string is one
+    text, a list of integers one row of token ids."""
+    if isinstance(items, str):
+        return [items], None
+    if items and isinstance(items[0], int):
+        return None, [items]
+    if items and isinstance(items[0], list):
+        return None, items
+    return items, None
+
+
+def _count_token_ids(items: Any, field: str, limits: Limits) -> None:
+    """413 when a texts-or-token-ids input is over the limits (counted before validation)."""
+    if not isinstance(items, list) or not items:
+        return
+    if not isinstance(items[0], int) and len(items) > limits.max_texts_per_request:
+        raise PayloadTooLarge(
+            f"{len(items)} inputs in one request; the limit max_texts_per_request is "
+            f"{limits.max_texts_per_request}", param=field)
+    if isinstance(items[0], list):
+        total = sum(len(row) if isinstance(row, list) else 1 for row in items)
+    elif isinstance(items[0], int):
+        total = len(items)
+    else:
+        return
+    if total > limits.max_token_ids_per_request:
+        raise PayloadTooLarge(
+            f"{total} token ids in one request; the limit max_token_ids_per_request is "
+            f"{limits.max_token_ids_per_request}", param=field)
+
+
+class _TruncationSide(BaseModel):
+    """Hugging Face TEI's ``truncation_direction``: Blitz cuts over-long inputs at their end
+    (``right``, TEI's default); ``left`` is refused, not silently cut the other way."""
+
+    truncation_direction: str = "right"
+
+    @field_validator("truncation_direction")
+    @classmethod
+    def _right_only(cls, value: str) -> str:
+        if value.lower() != "right":
+            raise ValueError("only right (cut the end of an over-long input) is served; "
+                             "leave it out or send right")
+        return value
+
+
 # fail_fast: a union member stops at its first bad item instead of building an error per item
 _Texts = Annotated[list[str], Field(fail_fast=True)]
 _TokenIds = Annotated[list[StrictInt], Field(fail_fast=True)]
 _TokenIdRows = Annotated[list[_TokenIds], Field(fail_fast=True)]
 
 
-class EmbedRequest(_Request):
-    """``POST /embed``."""
+class EmbedRequest(_Request, _TruncationSide):
+    """``POST /embed``: Blitz's ``texts``, or Hugging Face TEI's ``inputs`` (which may also
+    be token ids, as TEI takes them)."""
 
-    _list_keys = ("texts", "inputs")
+    _list_keys = ()  # texts or token ids: counted in _check_sizes
 
-    texts: str | _Texts = Field(validation_alias=AliasChoices("texts", "inputs"),
-                                   description="one text or a list")
+    texts: str | _Texts | _TokenIds | _TokenIdRows = Field(
+        validation_alias=AliasChoices("texts", "inputs"),
+        description="one text, a list of texts, token ids, or lists of token ids")
     model: str | None = Field(None, description="model id; header or default when absent")
     normalize: StrictBool | None = Field(None, description="unit-length rows; default per model")
     truncate: StrictBool = Field(True, description="cut to max_seq_length; false: 413 if too long")
@@ -88,6 +159,19 @@ class EmbedRequest(_Request):
     layout: ArrayLayout | None = Field(
         None, description="msgpack reply's array layout: numpy (msgpack-numpy, default) or "
         "portable (string keys, any language); overrides Accept's layout parameter")
+
+    @classmethod
+    def _check_sizes(cls, payload: dict, limits: Limits) -> None:
+        _count_token_ids(payload.get("texts", payload.get("inputs")), "texts", limits)
+
+    @field_validator("texts", mode="before")
+    @classmethod
+    def _one_shape(cls, value: Any) -> Any:
+        return _texts_or_ids_shape(value, "inputs")
+
+    def texts_or_token_ids(self) -> tuple[list[str], None] | tuple[None, list[list[int]]]:
+        """``texts`` as ``(texts, None)`` or ``(None, token-id rows)``."""
+        return _split_texts_or_ids(self.texts)
 
 
 class OpenAIEmbeddingRequest(_Request):
@@ -101,66 +185,40 @@ class OpenAIEmbeddingRequest(_Request):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, gt=0)
     user: str | None = None
+    modality: str = Field("text", description="Infinity's: only text is embedded here")
+
+    @field_validator("dimensions", mode="before")
+    @classmethod
+    def _zero_is_full(cls, value: Any) -> Any:
+        """Infinity's client sends ``dimensions: 0`` for "the model's own": the same as
+        leaving it out (OpenAI's own API refuses 0; a negative number is still a 422)."""
+        return None if value == 0 and type(value) is int else value
+
+    @field_validator("modality")
+    @classmethod
+    def _text_only(cls, value: str) -> str:
+        if value != "text":
+            raise ValueError(f"modality {echo(value)!r} is not served: this server embeds "
+                             "text (send text, or leave modality out)")
+        return value
 
     @classmethod
     def _check_sizes(cls, payload: dict, limits: Limits) -> None:
-        items = payload.get("input")
-        if not isinstance(items, list) or not items:
-            return
-        if not isinstance(items[0], int):  # texts, or lists of token ids: one per input
-            if len(items) > limits.max_texts_per_request:
-                raise PayloadTooLarge(
-                    f"{len(items)} inputs in one request; the limit max_texts_per_request is "
-                    f"{limits.max_texts_per_request}", param="input")
-        if isinstance(items[0], list):
-            total = sum(len(row) if isinstance(row, list) else 1 for row in items)
-            if total > limits.max_token_ids_per_request:
-                raise PayloadTooLarge(
-                    f"{total} token ids in one request; the limit max_token_ids_per_request "
-                    f"is {limits.max_token_ids_per_request}", param="input")
-        elif isinstance(items[0], int) and len(items) > limits.max_token_ids_per_request:
-            raise PayloadTooLarge(
-                f"{len(items)} token ids in one request; the limit max_token_ids_per_request "
-                f"is {limits.max_token_ids_per_request}", param="input")
+        _count_token_ids(payload.get("input"), "input", limits)
 
     @field_validator("input", mode="before")
     @classmethod
     def _one_shape(cls, value: Any) -> Any:
-        """Check the shape in one pass that stops at the first bad item (a union would
-        build an error per item per member); booleans are not token ids."""
-        if not isinstance(value, list) or not value:
-            return value
-        first = type(value[0])
-        if first is str:
-            bad = next((i for i, v in enumerate(value) if type(v) is not str), None)
-        elif first is int:
-            bad = next((i for i, v in enumerate(value) if type(v) is not int), None)
-        elif first is list:
-            bad = next((i for i, row in enumerate(value)
-                        if type(row) is not list or not all(type(t) is int for t in row)), None)
-        else:
-            bad = 0
-        if bad is not None:
-            raise ValueError(f"item {bad} does not fit: input must be a string, a list of "
-                             "strings, a list of token ids (integers) or a list of token-id "
-                             "lists, all items alike")
-        return value
+        return _texts_or_ids_shape(value, "input")
 
     def texts_or_token_ids(self) -> tuple[list[str], None] | tuple[None, list[list[int]]]:
-        """``input`` as ``(texts, None)`` or ``(None, token-id rows)``: a string is one text,
-        a list of integers one row of token ids."""
-        items: Any = self.input  # ``_one_shape`` made every item alike
-        if isinstance(items, str):
-            return [items], None
-        if items and isinstance(items[0], int):
-            return None, [items]
-        if items and isinstance(items[0], list):
-            return None, items
-        return items, None
+        """``input`` as ``(texts, None)`` or ``(None, token-id rows)``."""
+        return _split_texts_or_ids(self.input)
 
 
-class RerankRequest(_Request):
-    """``POST /rerank`` and ``POST /v1/rerank`` (Cohere/Jina shape)."""
+class RerankRequest(_Request, _TruncationSide):
+    """``POST /rerank`` (Infinity's ``documents``, or Hugging Face TEI's ``texts``),
+    ``/v1/rerank`` (Cohere's v1 and Jina's) and ``/v2/rerank`` (Cohere's v2)."""
 
     _list_keys = ("documents", "texts")
 
@@ -168,8 +226,11 @@ class RerankRequest(_Request):
     documents: _Texts = Field(validation_alias=AliasChoices("documents", "texts"))
     model: str | None = None
     top_n: StrictInt | None = Field(None, ge=1)
-    return_documents: StrictBool = False
+    return_documents: StrictBool = Field(False, validation_alias=AliasChoices(
+        "return_documents", "return_text"), description="TEI calls it return_text")
     truncate: StrictBool = True
+    raw_scores: StrictBool = Field(False, description="TEI's: scores before the model's "
+                                   "activation (cross-encoders)")
 
     @field_validator("documents", mode="before")
     @classmethod

@@ -2,7 +2,8 @@
 
 Pure ASGI around the router, so a request pays for one extra call and one wrapped ``send``:
 it takes the request id and the API key from the headers, answers every error (a route's,
-the router's 404 and 405, its own 401) in Blitz's JSON shape, adds ``x-request-id``,
+the router's 404 and 405, its own 401) in Blitz's JSON shape (or the peer API's the route
+named, ``ERROR_SHAPE``), adds ``x-request-id``,
 ``x-compute-time``, ``x-blitz-pool`` and ``server-timing`` (``blitz.timing``: the time per
 hop) to every reply, and observes each request once.
 """
@@ -24,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from blitz import timing
 from blitz.errors import (
     BlitzError,
+    ErrorShape,
     MethodNotAllowed,
     NotFound,
     as_blitz_error,
@@ -37,8 +39,28 @@ from blitz.settings.config import AuthSettings
 
 logger = logging.getLogger("blitz.http")
 PUBLIC_ROUTES = frozenset({"/health", "/ready"})
+PUBLIC_GETS = frozenset({"/", "/ping"})  # TEI's health checks; POST / is TEI's inference
 RECORD = "blitz.record"  # scope key of the request's RequestRecord, for the routes
+# scope key a route sets when its request speaks a peer's API: its errors take that API's
+# shape (blitz.errors.ErrorShape); OpenAI's otherwise
+ERROR_SHAPE = "blitz.error_shape"
+REQUEST_ID = "blitz.request_id"  # scope key of the request's id (its x-request-id)
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def record_of(scope: Scope) -> RequestRecord:
+    """The request's record, made by the middleware; the service fills it in."""
+    return scope[RECORD]
+
+
+def request_id_of(scope: Scope) -> str:
+    """The id the middleware gave the request (also its ``x-request-id``)."""
+    return scope[REQUEST_ID]
+
+
+def speaks(scope: Scope, shape: ErrorShape) -> None:
+    """The request speaks a peer's API: its errors take that API's shape."""
+    scope[ERROR_SHAPE] = shape
 
 
 class RequestMiddleware:
@@ -68,6 +90,7 @@ class RequestMiddleware:
         path = get_route_path(scope)
         record = RequestRecord(path if path in self.paths else "other")
         scope[RECORD] = record
+        scope[REQUEST_ID] = request_id
         scope["app"] = self  # so the router raises its 404 and 405, answered below
         status = 0
 
@@ -90,8 +113,14 @@ class RequestMiddleware:
             await send(message)
 
         try:
-            if self.keys.on and path in self._keyed_paths:
-                self.keys.check(headers.get("authorization", ""))
+            if (self.keys.on and path in self._keyed_paths
+                    and not (path in PUBLIC_GETS and scope["method"] in ("GET", "HEAD"))):
+                record.api_key = self.keys.check(headers.get("authorization", ""))
+            elif self.keys.on and path in PUBLIC_ROUTES and "authorization" in headers:
+                try:  # public: no key is refused, but a valid one sees more (/ready's detail)
+                    record.api_key = self.keys.check(headers["authorization"])
+                except BlitzError:
+                    pass
             if disconnect.unwatched(scope):
                 await disconnect.run_watching(self.app, scope, receive, send_with_headers)
             else:
@@ -124,7 +153,8 @@ class RequestMiddleware:
             headers["retry-after"] = str(error.retry_after_s)
         if error.close_connection:
             headers["connection"] = "close"
-        return error, JSONBytesResponse(error.to_payload(request_id),
+        return error, JSONBytesResponse(error.to_shape(scope.get(ERROR_SHAPE, "openai"),
+                                                       request_id),
                                         status_code=error.status, headers=headers)
 
 

@@ -25,6 +25,16 @@ or raw bytes.
   /classify``, Infinity's ``{object: "classify", data, model, usage, id, created}``.
 - ``tokenize_reply``, ``decode_reply``: ``POST /tokenize`` and ``/decode``, Hugging Face
   TEI's shapes: a list of lists of ``{id, text, special, start, stop}``, a list of texts.
+
+The peers' shapes of the shared routes (docs/compatibility.md says which request gets
+which):
+- ``tei_embed_reply``: TEI's ``POST /embed``, a bare ``[[float]]``;
+  ``tei_rerank_reply``: TEI's ``POST /rerank``, ``[{index, text?, score}]`` best first.
+- ``infinity_rerank_reply``: Infinity's ``POST /rerank``, ``{object: "rerank", results:
+  [{relevance_score, index, document?: str}], model, usage, id, created}``;
+  ``infinity_model``: an entry of Infinity's ``GET /models``.
+- ``cohere_embed_reply``, ``cohere_rerank_reply``: Cohere's ``/v1`` and ``/v2`` embed
+  and rerank (``id``, ``meta.billed_units``; embeddings by type, or v1's bare floats).
 """
 
 from __future__ import annotations
@@ -83,9 +93,77 @@ def rerank_hit(hit: RerankHit) -> dict[str, Any]:
     return out
 
 
-def rerank_reply(result: RerankResult) -> dict[str, Any]:
+def rerank_reply(result: RerankResult, request_id: str | None = None) -> dict[str, Any]:
+    """Blitz's, Cohere's v1 and Jina's rerank reply (``id`` and ``meta`` as Cohere's)."""
     return {"model": result.model, "results": [rerank_hit(h) for h in result.results],
-            "usage": usage_body(result.usage)}
+            "usage": usage_body(result.usage), "id": request_id,
+            "meta": cohere_meta("1", {"search_units": 1})}
+
+
+def tei_embed_reply(result: EmbedResult) -> np.ndarray:
+    """TEI's ``[[float]]``: the array itself (JSON writes it from its buffer)."""
+    return result.embeddings
+
+
+def tei_rerank_reply(result: RerankResult) -> list[dict[str, Any]]:
+    out = []
+    for hit in result.results:
+        rank: dict[str, Any] = {"index": hit.index}
+        if hit.document is not None:
+            rank["text"] = hit.document
+        rank["score"] = hit.relevance_score
+        out.append(rank)
+    return out
+
+
+def infinity_rerank_reply(result: RerankResult, request_id: str,
+                          created: int) -> dict[str, Any]:
+    return {"object": "rerank",
+            "results": [{"relevance_score": h.relevance_score, "index": h.index,
+                         **({"document": h.document} if h.document is not None else {})}
+                        for h in result.results],
+            "model": result.model, "usage": usage_body(result.usage), "id": request_id,
+            "created": created}
+
+
+def cohere_meta(version: str, billed: dict[str, int]) -> dict[str, Any]:
+    return {"api_version": {"version": version}, "billed_units": billed}
+
+
+def cohere_rerank_reply(result: RerankResult, request_id: str) -> dict[str, Any]:
+    """Cohere's v2 rerank: ``{id, results: [{index, relevance_score}], meta}``."""
+    return {"id": request_id,
+            "results": [{"index": h.index, "relevance_score": h.relevance_score,
+                         **({"document": {"text": h.document}}
+                            if h.document is not None else {})}
+                        for h in result.results],
+            "meta": cohere_meta("2", {"search_units": 1})}
+
+
+def cohere_embed_reply(by_type: dict[str, np.ndarray | list[str]] | np.ndarray,
+                       texts: list[str], request_id: str, tokens: int,
+                       version: str) -> dict[str, Any]:
+    """Cohere's embed reply: ``by_type`` maps each asked type (float, int8, uint8, binary,
+    ubinary: arrays; base64: strings) to its rows (``embeddings_by_type``); a bare array is
+    v1's ``embeddings_floats``."""
+    floats = isinstance(by_type, np.ndarray)
+    return {"id": request_id, "embeddings": by_type, "texts": texts,
+            "meta": cohere_meta(version, {"input_tokens": tokens}),
+            "response_type": "embeddings_floats" if floats else "embeddings_by_type"}
+
+
+# Infinity's capability names, by Blitz's model kind
+_CAPABILITIES = {"embedding": ["embed"], "cross-encoder": ["rerank"],
+                 "classifier": ["classify"], "sparse": ["embed"]}
+
+
+def infinity_model(described: dict[str, Any], created: int) -> dict[str, Any]:
+    """A ``GET /models`` entry: Blitz's description (``status.describe_models``) with
+    Infinity's fields first (its ``owned_by`` is the enum ``"infinity"``: left out)."""
+    return {"id": described["id"], "object": "model", "created": created,
+            "backend": described.get("cpu_backend") or "",
+            "capabilities": _CAPABILITIES.get(described.get("kind", ""), []), "stats": {},
+            **described}
 
 
 def tokenize_reply(result: TokenizeResult) -> list[list[dict[str, Any]]]:

@@ -27,17 +27,21 @@ class ApiKeys:
     def on(self) -> bool:
         return bool(self._digests)
 
-    def check(self, authorization: str) -> None:
-        """Raise ``Unauthorized`` unless ``authorization`` is ``Bearer <one of the keys>``."""
+    def check(self, authorization: str) -> int:
+        """Raise ``Unauthorized`` unless ``authorization`` is ``Bearer <one of the keys>``;
+        which key it is (its index: the same on every front, a caller's identity for the
+        vector cache)."""
         scheme, _, token = authorization.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
         given = _digest(token.strip().encode())
-        matched = False
-        for key in self._digests:  # digests, all compared: time reveals no key or length
-            matched |= hmac.compare_digest(given, key)
-        if not matched:
+        matched = -1
+        for i, key in enumerate(self._digests):  # digests, all compared: time reveals no
+            if hmac.compare_digest(given, key):  # key or length
+                matched = i
+        if matched < 0:
             raise Unauthorized("invalid API key")
+        return matched
 
 
 def _digest(key: bytes) -> bytes:

@@ -19,6 +19,8 @@ import numpy as np
 from blitz import timing
 from blitz.encoders.base import Encoded
 from blitz.errors import InvalidValue, PayloadTooLarge
+from blitz.ingress.tokenizing import TokenService, count_tokens, off_loop
+from blitz.loading.fetch import read_facts
 from blitz.pool.work import Job
 from blitz.schemas import (
     ClassifyJob,
@@ -43,8 +45,12 @@ class OutputService:
     ``service``'s dispatcher: each checks the model's kind and the limits, routes, splits
     the inputs into jobs of the pool's batch size and gathers their parts."""
 
-    def __init__(self, service: EmbeddingService):
+    def __init__(self, service: EmbeddingService, tokens: TokenService | None = None):
         self.service = service
+        # the models' tokenizers on the ingress (shared with /tokenize when given): they
+        # count an /embed_all request's token vectors before any model work
+        self.tokens = tokens or TokenService(service)
+        self._longest: dict[str, int | None] = {}  # model id -> its max input length
 
     async def _run(self, record: RequestRecord, model: str | None, kind: str, use: str,
                    items: list[Any], make_job: Callable[[list[Any]], Job],
@@ -82,13 +88,38 @@ class OutputService:
         with self.service.recorded(record, "handle.embed_all") as record:
             record.model = model or ""
             items = self._texts(texts, model, prompt_name)
+            await self._check_vectors(self.service.spec(model), items)
             spec, pool, parts = await self._run(
                 record, model, "embedding", "/embed_all", items,
                 lambda chunk: TokenEmbedJob(chunk, truncate))
+            limit = self.service.settings.limits.max_token_vectors_per_request
+            if record.tokens > limit:  # what the ingress could not count (no tokenizer here)
+                raise too_many_vectors(record.tokens, limit)
             rows: list[np.ndarray] = []
             for part in parts:
                 rows += np.split(part.values, np.cumsum(part.token_counts)[:-1])
             return TokenEmbeddingsResult(rows, spec.id, Usage.of(record.tokens), pool)
+
+    async def _check_vectors(self, spec: ModelSpec, items: list[str]) -> None:
+        """413 before any model work when ``items`` give more token vectors than
+        ``limits.max_token_vectors_per_request``: none to count when every text at the
+        model's max input length fits; else counted with the model's tokenizer on the
+        ingress, stopping past the limit. A model whose files are not on this machine (or
+        a fake one) is counted from the pool's reply instead."""
+        limit = self.service.settings.limits.max_token_vectors_per_request
+        if spec.kind != "embedding" or spec.is_fake or not spec.location().is_local:
+            return
+        if spec.id not in self._longest:
+            longest = read_facts(spec).get("max_input_length")
+            self._longest[spec.id] = longest if isinstance(longest, int) else None
+        longest = self._longest[spec.id]
+        if longest is not None and len(items) * longest <= limit:
+            return
+        tokenizer = await self.tokens.tokenizer(spec)
+        counted = await off_loop(lambda: count_tokens(tokenizer, items, longest, limit),
+                                 sum(map(len, items)))
+        if counted > limit:
+            raise too_many_vectors(counted, limit, counted_all=False)
 
     async def embed_sparse(self, texts: str | list[str], *, model: str | None = None,
                            truncate: bool = True, prompt_name: str | None = None,
@@ -153,6 +184,12 @@ class OutputService:
             predictions = [[Prediction(float(row[j]), labels[j]) for j in ranks]
                            for row, ranks in zip(scores, order, strict=True)]
             return ClassifyResult(predictions, spec.id, Usage.of(record.tokens), pool)
+
+
+def too_many_vectors(count: int, limit: int, counted_all: bool = True) -> PayloadTooLarge:
+    return PayloadTooLarge(f"the texts give {'' if counted_all else 'at least '}{count} token "
+                           f"vectors; the limit max_token_vectors_per_request is {limit}",
+                           param="texts")
 
 
 def probabilities(logits: np.ndarray) -> np.ndarray:

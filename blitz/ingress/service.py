@@ -57,6 +57,7 @@ class RequestRecord:
     texts: int = 0
     tokens: int = 0
     error: str = ""
+    api_key: int = -1  # the index of the API key it came with (-1: none, or keys are off)
     cache_hits: int = 0  # texts answered by the vector cache (ingress.vector_cache_mb)
     cache_misses: int = 0  # texts the cache sent on to a pool
     cache_bytes: int = 0  # what the cache holds after this request
@@ -222,8 +223,8 @@ class EmbeddingService:
             cache_s = None
             if self.vectors is not None and items is not None:
                 values, counts, parts, cache_s = await self.vectors.embed(
-                    Key(self._fingerprints[spec.id], pool, normalize, truncate, ""), items,
-                    compute, record)
+                    Key(self._fingerprints[spec.id], pool, normalize, truncate, "",
+                        record.api_key), items, compute, record)
             else:
                 values, counts, parts = await compute(items)
             self._dimensions[spec.id] = int(values.shape[1])  # known now, if it was not
@@ -288,6 +289,9 @@ class EmbeddingService:
     def _check_dimensions(self, spec: ModelSpec, dimensions: int | None) -> None:
         if dimensions is None:
             return
+        if dimensions < 1:  # HTTP's bodies refuse it first, in these words (gt=0); gRPC's
+            raise InvalidValue("dimensions: Input should be greater than 0",  # proto3 sends 0
+                               param="dimensions")
         known = self.dimension_of(spec)
         if known is not None and dimensions > known:
             raise InvalidValue(

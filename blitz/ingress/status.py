@@ -13,7 +13,7 @@ from blitz.errors import NotReady
 from blitz.loading.fetch import read_dimension, read_facts
 
 if TYPE_CHECKING:
-    from blitz.ingress.service import EmbeddingService
+    from blitz.ingress.service import EmbeddingService, RequestRecord
 
 logger = logging.getLogger("blitz.service")
 
@@ -56,6 +56,20 @@ def check_ready(service: EmbeddingService) -> dict[str, object]:
     service.not_ready_logged = None
     return {"status": "ready", "default_model": default, "pools": sorted(running),
             **({"unplaced": dict(unplaced)} if unplaced else {})}
+
+
+def bare_ready(service: EmbeddingService, record: RequestRecord,
+               ) -> tuple[dict[str, object], int, dict[str, str]]:
+    """``/ready`` for a caller without a valid key while API keys are on: the body, status
+    code and headers of ``check_ready``'s answer with its status alone (no model ids,
+    pools or what the cluster has free: a key holder's to read)."""
+    try:
+        check_ready(service)
+    except NotReady as exc:
+        record.error = exc.code
+        retry = {} if exc.retry_after_s is None else {"retry-after": str(exc.retry_after_s)}
+        return {"status": exc.code}, exc.status, retry
+    return {"status": "ready"}, 200, {}
 
 
 def describe_models(service: EmbeddingService, sources: bool = False) -> list[dict]:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from blitz.errors import InvalidValue, LoadProblem, ModelLoadFailed
+from blitz.errors import InvalidValue, LoadProblem, ModelLoadFailed, PayloadTooLarge
 from blitz.loading.fetch import resolve_source
 from blitz.schemas import DecodeResult, Token, TokenizeResult
 from blitz.settings.registry import ModelSpec, apply_prompt
@@ -36,6 +36,12 @@ if TYPE_CHECKING:
 OffsetUnit = Literal["chars", "bytes"]
 # tokenize or decode more than this many characters (ids) in a thread, not on the loop
 INLINE_WORK = 4096
+# a reply of more numbers (and strings) than this is built and encoded in a thread: a large
+# /tokenize or /embed_all reply held the event loop for hundreds of ms
+INLINE_VALUES = 32_768
+# texts are tokenized in groups of about this many characters; the token count is checked
+# after each group, so a request over its token limit stops within one group of it
+GROUP_CHARS = 65_536
 
 
 class NoTokenizer(LoadProblem):
@@ -94,19 +100,67 @@ class Tokenizers:
             return self._held[model_id]
 
 
-async def off_loop(work: Callable[[], Any], size: int) -> Any:
-    """``work()`` inline when small, else in a thread: the loop keeps serving."""
-    if size <= INLINE_WORK:
+async def off_loop(work: Callable[[], Any], size: int, inline: int = INLINE_WORK) -> Any:
+    """``work()`` inline when ``size`` is at most ``inline``, else in a thread: the loop
+    keeps serving."""
+    if size <= inline:
         return work()
     return await asyncio.to_thread(work)
 
 
+def groups(texts: list[str], chars: int = GROUP_CHARS) -> list[list[str]]:
+    """``texts`` in order, cut into runs of about ``chars`` characters (at least one text
+    each)."""
+    out: list[list[str]] = [[]]
+    held = 0
+    for text in texts:
+        if out[-1] and held + len(text) > chars:
+            out.append([])
+            held = 0
+        out[-1].append(text)
+        held += len(text)
+    return out
+
+
+def too_many_tokens(limit: int, param: str = "texts") -> PayloadTooLarge:
+    return PayloadTooLarge(f"the texts give more than {limit} tokens; the limit "
+                           f"max_tokens_per_request is {limit}", param=param)
+
+
 def tokenize(tokenizer: Any, texts: list[str], add_special_tokens: bool,
-             offsets: OffsetUnit | None = "chars") -> list[list[Token]]:
+             offsets: OffsetUnit | None = "chars", max_tokens: int | None = None,
+             param: str = "texts") -> list[list[Token]]:
     """Each text's tokens: id, text (the text's own characters; a special token's name),
     whether it is special, and its offsets (None for special tokens, and for all with
-    ``offsets=None``)."""
-    encodings = tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+    ``offsets=None``). Past ``max_tokens`` in all (``limits.max_tokens_per_request``):
+    413, raised within one group of texts (``GROUP_CHARS``) of the limit."""
+    out: list[list[Token]] = []
+    total = 0
+    for group in groups(texts):
+        encodings = tokenizer.encode_batch(group, add_special_tokens=add_special_tokens)
+        total += sum(len(encoding.ids) for encoding in encodings)
+        if max_tokens is not None and total > max_tokens:
+            raise too_many_tokens(max_tokens, param)
+        out += _rows(group, encodings, offsets)
+    return out
+
+
+def count_tokens(tokenizer: Any, texts: list[str], longest: int | None, limit: int) -> int:
+    """The tokens a model reads of ``texts`` (special tokens in, each text cut to
+    ``longest`` when given), counted group by group: past ``limit`` it stops and answers
+    the count so far (over ``limit``)."""
+    total = 0
+    for group in groups(texts):
+        encodings = tokenizer.encode_batch_fast(group, add_special_tokens=True)
+        total += sum(len(e.ids) if longest is None else min(len(e.ids), longest)
+                     for e in encodings)
+        if total > limit:
+            break
+    return total
+
+
+def _rows(texts: list[str], encodings: list[Any],
+          offsets: OffsetUnit | None) -> list[list[Token]]:
     out = []
     for text, encoding in zip(texts, encodings, strict=True):
         to_bytes = _byte_offsets(text) if offsets == "bytes" else None
@@ -140,13 +194,18 @@ def _byte_offsets(text: str) -> list[int]:
 def decode(tokenizer: Any, rows: list[list[int]], skip_special_tokens: bool) -> list[str]:
     """The text of each row of ids; an id outside the vocabulary is a 422 naming it."""
     size = tokenizer.get_vocab_size(with_added_tokens=True)
-    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64)
-    bad = np.flatnonzero((flat < 0) | (flat >= size))
-    if bad.size:
+    try:
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64)
+        bad = np.flatnonzero((flat < 0) | (flat >= size))
+        first = int(bad[0]) if bad.size else None
+    except OverflowError:  # an id past int64 (a body may carry up to 2^64 - 1): found here
+        first = next(k for k, t in enumerate(itertools.chain.from_iterable(rows))
+                     if not 0 <= t < size)
+    if first is not None:
         ends = np.cumsum([len(row) for row in rows])
-        i = int(np.searchsorted(ends, bad[0], side="right"))
-        j = int(bad[0] - (ends[i - 1] if i else 0))
-        raise InvalidValue(f"ids[{i}][{j}] = {int(flat[bad[0]])} is not a token id of this "
+        i = int(np.searchsorted(ends, first, side="right"))
+        j = first - (int(ends[i - 1]) if i else 0)
+        raise InvalidValue(f"ids[{i}][{j}] = {rows[i][j]} is not a token id of this "
                            f"model (0 to {size - 1})", param="ids")
     return list(tokenizer.decode_batch(rows, skip_special_tokens=skip_special_tokens))
 
@@ -166,6 +225,10 @@ class TokenService:
                                param="model")
         return resolve_source(spec, self.service.settings.cache_dir)
 
+    async def tokenizer(self, spec: ModelSpec) -> Any:
+        """``spec``'s tokenizer, opened on first use (a 424 when it cannot be)."""
+        return await self._tokenizer(spec)
+
     async def _tokenizer(self, spec: ModelSpec) -> Any:
         try:
             return await self.tokenizers.get(spec.id)
@@ -176,8 +239,10 @@ class TokenService:
     async def tokenize(self, texts: str | list[str], *, model: str | None = None,
                        add_special_tokens: bool = True, prompt_name: str | None = None,
                        return_offsets: bool = True, offsets: OffsetUnit = "chars",
-                       record: RequestRecord | None = None) -> TokenizeResult:
-        """Each text's tokens with ``model``'s tokenizer (the default model when None)."""
+                       record: RequestRecord | None = None,
+                       param: str = "texts") -> TokenizeResult:
+        """Each text's tokens with ``model``'s tokenizer (the default model when None);
+        more than ``limits.max_tokens_per_request`` in all is a 413 naming ``param``."""
         with self.service.recorded(record, "handle.tokenize") as record:
             items = [texts] if isinstance(texts, str) else list(texts or ())
             record.texts, record.model = len(items), model or ""
@@ -186,8 +251,10 @@ class TokenService:
             self.service.check_texts(items)
             items = apply_prompt(spec, items, prompt_name)
             tokenizer = await self._tokenizer(spec)
+            limit = self.service.settings.limits.max_tokens_per_request
             rows = await off_loop(lambda: tokenize(tokenizer, items, add_special_tokens,
-                                                   offsets if return_offsets else None),
+                                                   offsets if return_offsets else None,
+                                                   limit, param),
                                   sum(map(len, items)))
             record.tokens = sum(map(len, rows))
             return TokenizeResult(rows, spec.id)

@@ -10,6 +10,11 @@ vectors are not the CPU pool's), ``normalize``, ``truncate``, and the exact text
 prompt. ``dimensions`` and ``dtype`` are applied after the cache, so every choice of them
 shares one entry. Token-id inputs are not cached.
 
+With API keys on, the key also holds the caller's API key (its index among
+``auth.api_keys``): a hit shows in a reply (``server-timing``, gRPC's
+``inference_time_ns``, and the time it saves), so entries are kept per key, and one key's
+client can never learn which texts another's sent (docs/operations.md).
+
 What it holds is bounded in bytes (vectors, texts and a fixed overhead per entry); the
 least recently used entries go first. Its state is plain dicts touched only on the event
 loop, with no await in between: a caller that leaves mid-request leaves nothing half
@@ -27,6 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from blitz.errors import InputTooLong
 from blitz.settings.registry import ModelSpec
 
 ENTRY_OVERHEAD = 240  # bytes per entry besides its vector and text: key tuple, dict slot
@@ -38,6 +44,7 @@ class Key(NamedTuple):
     normalize: bool
     truncate: bool
     text: str
+    api_key: int = -1  # whose entry: one API key's requests never meet another's
 
 
 class Entry(NamedTuple):
@@ -115,7 +122,11 @@ class CachedEmbedder:
         record.cache_hits, record.cache_misses = len(texts) - len(missing), len(missing)
         parts: list[Any] = []
         if missing:
-            rows, counts, parts = await compute(list(missing))
+            try:
+                rows, counts, parts = await compute(list(missing))
+            except InputTooLong as exc:  # named among the misses: name it in the request
+                raise exc.at(list(missing.values())[exc.index][0], exc.tokens,
+                             exc.limit) from None
         started = time.perf_counter()
         if not missing:
             values = np.stack([e.vector for e in found if e is not None])

@@ -90,6 +90,10 @@ class PoolSettings(_Settings):
         "1.2-1.9x the texts/s of one 2-thread call (BENCHMARKS.md). `auto`: sized from the "
         "node's cores (docs/operations.md, \"Scaling\"): on 2 cores the CPU pool runs 2, a "
         "GPU pool 2")
+    sparse_token_budget: int = Field(
+        8192, ge=1, description="tokens (padding included) in one model call of a sparse "
+        "model, which holds tokens x vocabulary logits: 8192 x BERT's 30,522 is 0.5 GiB in "
+        "fp16 (other models: 262,144 tokens on a GPU; every model 512 on a CPU)")
     preload: list[str] = Field(
         default_factory=list,
         description="model ids each replica loads before it takes traffic (Serve starts "
@@ -254,7 +258,14 @@ class Limits(_Settings):
                                 "body, as sent")
     max_buffered_bytes: int = Field(
         256 * 1024 * 1024, ge=1024, description="request bodies one ingress replica holds "
-        "while reading them, all together; past it: 503 (a body is read whole, then decoded)")
+        "while reading them, all together; past it: 503 (a body is read whole, then decoded). "
+        "gRPC messages being answered are held to it too, apart: RESOURCE_EXHAUSTED")
+    max_tokens_per_request: int = Field(
+        262_144, ge=1, description="tokens a `/tokenize` request (a gRPC `Tokenize` message) "
+        "gives, all texts together; past it: 413 (tokenizing stops there)")
+    max_token_vectors_per_request: int = Field(
+        65_536, ge=1, description="token vectors an `/embed_all` request (gRPC `EmbedAll`) "
+        "gives, all texts together; past it: 413, counted on the ingress before model work")
     max_top_n: int = Field(1000, ge=1, description="a rerank request's `top_n`")
     body_timeout_s: float = Field(30.0, gt=0, description="a request's body must arrive "
                                   "within this long of its headers; past it: 408")

@@ -65,3 +65,18 @@ def blitz_app(serve_instance, app_args) -> str:
 def http(blitz_app):
     with httpx.Client(base_url=blitz_app, timeout=120) as client:
         yield client
+
+
+@pytest.fixture
+def hub_client_online(monkeypatch):
+    """The suite runs with HF_HUB_OFFLINE=1 (no model downloads), which makes
+    huggingface_hub refuse every URL, a local server's too: lifted for its HTTP session
+    only, while a test talks to the live app (no hub is reached)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import reset_sessions
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    reset_sessions()
+    yield
+    monkeypatch.undo()
+    reset_sessions()

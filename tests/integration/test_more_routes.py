@@ -81,6 +81,25 @@ def test_embed_all_sparse_and_predict_over_http(http):
         str(i): label for i, label in enumerate(CLASSIFIER_LABELS)}
 
 
+def test_huggingface_inference_client_text_classification(more_app, http, hub_client_online):
+    """TEI's documented client on a classifier: POST / answers /predict's labels (the model
+    named in the header, as a Blitz serving several models needs)."""
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(model=more_app, timeout=60,
+                             headers={"serve_multiplexed_model_id": "cls"})
+    expected = http.post("/predict", json={"inputs": TEXTS[0], "model": "cls"}).json()
+    got = client.text_classification(TEXTS[0])
+    assert [(p.label, round(p.score, 5)) for p in got] == [
+        (p["label"], round(p["score"], 5)) for p in expected]
+    best = client.text_classification(TEXTS[0], top_k=1)
+    assert [p.label for p in best] == [expected[0]["label"]]
+    sparse = http.post("/", json={"inputs": ["hybrid"]},
+                       headers={"serve_multiplexed_model_id": "splade"})
+    assert sparse.json() == http.post("/embed_sparse", json={"inputs": ["hybrid"],
+                                                             "model": "splade"}).json()
+
+
 async def test_the_same_over_the_handle(more_app):
     from ray import serve
 

@@ -13,6 +13,7 @@ from blitz.http.api import HttpApi
 from blitz.ingress.outputs import probabilities
 from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
+from tests.error_body import error_body
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import CLASSIFIER_LABELS, build_tiny_classifier
 
@@ -113,12 +114,12 @@ async def test_classify_in_infinitys_shape(client, reference):
 async def test_refusals(client, route, body, status, param):
     r = await client.post(route, json=body)
     assert r.status_code == status, r.text
-    assert r.json()["error"]["param"].startswith(param)
+    assert error_body(r)["param"].startswith(param)
 
 
 async def test_a_classifier_cannot_embed_or_rerank(client):
     r = await client.post("/embed", json={"texts": ["x"], "model": "cls"})
-    assert r.status_code == 422 and r.json()["error"]["param"] == "model"
+    assert r.status_code == 422 and error_body(r)["param"] == "model"
     r = await client.post("/rerank", json={"query": "q", "documents": ["x"], "model": "cls"})
     assert r.status_code == 422
 
@@ -137,4 +138,4 @@ async def test_onnx_builds_agree_and_the_int8_guard_refuses_a_poor_one(tiny, ref
     async with make_client(tiny, "onnx-int8", tmp_path) as client:
         r = await client.post("/predict", json=body)
     assert r.status_code == 424, r.text
-    assert "cls" in r.json()["error"]["message"]
+    assert "cls" in error_body(r)["message"]

@@ -80,6 +80,21 @@ def test_rows_are_cut_at_line_ends_outside_quotes_only():
                                                       "last"]
 
 
+def test_a_quoted_first_header_cell_after_a_bom_is_read_as_quoted():
+    # issue 43: the byte before the cell's quote was the BOM's, so the quote did not open
+    # it; a line end inside it cut the header, a comma then a quote opened a false one
+    for header in ('"id\nnumber",text', '"a,""b""",text'):
+        data = b"\xef\xbb\xbf" + f"{header}\n1,first\n2,second\n".encode()
+        for chunk in (1, 2, 3, 4, 5, 1000):
+            splitter = RowSplitter(io.BytesIO(data), 1000, chunk=chunk)
+            rows = [p for p in splitter if isinstance(p, Segment)]
+            assert splitter.header == b"\xef\xbb\xbf" + f"{header}\n".encode()
+            assert b"".join(r.data for r in rows) == b"1,first\n2,second\n"
+        assert csv_split.csv_columns(io.BytesIO(data)) == [
+            "id\nnumber" if "\n" in header else 'a,"b"', "text"]
+        assert read(data).column("_text").to_pylist() == ["first", "second"]
+
+
 def test_a_header_longer_than_a_chunk_is_not_a_header():
     from blitz.bulk.read import columns_of
 

@@ -12,6 +12,7 @@ from blitz import codecs
 from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
+from tests.error_body import error_body
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import build_tiny_bi_encoder
 
@@ -89,4 +90,4 @@ async def test_portable_layout(client):
 async def test_refusals(client, body, status, param):
     r = await client.post("/embed_all", json=body)
     assert r.status_code == status, r.text
-    assert r.json()["error"]["param"] == param
+    assert error_body(r)["param"] == param

@@ -13,6 +13,7 @@ from blitz import codecs
 from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
+from tests.error_body import error_body
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import build_tiny_splade
 
@@ -97,7 +98,7 @@ async def test_msgpack_layouts_carry_index_and_value_arrays(client, reference):
 async def test_refusals(client, body, status, param):
     r = await client.post("/embed_sparse", json=body)
     assert r.status_code == status, r.text
-    error = r.json()["error"]
+    error = error_body(r)
     assert error["param"] == param
     if param in ("dtype", "dimensions"):
         assert "sparse" in error["message"]
@@ -105,7 +106,7 @@ async def test_refusals(client, body, status, param):
 
 async def test_a_sparse_model_cannot_embed_densely(client):
     r = await client.post("/embed", json={"texts": ["x"], "model": "splade"})
-    assert r.status_code == 422 and r.json()["error"]["param"] == "model"
+    assert r.status_code == 422 and error_body(r)["param"] == "model"
 
 
 def test_sparse_models_run_on_torch():

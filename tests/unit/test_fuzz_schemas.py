@@ -68,9 +68,12 @@ def parsed_or_refused(parse: Any, body: Any, limits: Limits) -> Any:
 @given(BODIES, st.sampled_from([LIMITS, SERVER_LIMITS, None]))
 def test_any_body_is_an_embed_request_or_refused(body, limits):
     request = parsed_or_refused(EmbedRequest.parse, body, limits)
-    if request is not None:
-        texts = request.texts
-        assert isinstance(texts, str) or all(type(t) is str for t in texts)
+    if request is not None:  # texts, or (TEI's inputs) token ids
+        texts, token_ids = request.texts_or_token_ids()
+        if texts is not None:
+            assert token_ids is None and all(type(t) is str for t in texts)
+        else:
+            assert all(type(t) is int for row in token_ids for t in row)
 
 
 @given(BODIES, st.sampled_from([LIMITS, SERVER_LIMITS, None]))

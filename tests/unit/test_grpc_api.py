@@ -12,7 +12,14 @@ import grpc
 import numpy as np
 import pytest
 
-from blitz.errors import Overloaded, PayloadTooLarge, Unavailable, UnknownModel, as_blitz_error
+from blitz.errors import (
+    InvalidValue,
+    Overloaded,
+    PayloadTooLarge,
+    Unavailable,
+    UnknownModel,
+    as_blitz_error,
+)
 from blitz.grpc_api import services
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.servicer import TeiServicer, status_code
@@ -401,3 +408,80 @@ async def test_an_embed_stream_is_answered_in_groups_with_each_texts_own_vector(
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert np.array_equal(np.array([r.embeddings for r in got], np.float32),
                               expected[:30])
+
+
+@pytest.mark.parametrize("ending", ["the client cancels", "the client half-closes, a message fails"])
+async def test_a_stream_that_ends_with_a_full_window_leaves_no_answer_running(
+        monkeypatch, ending):
+    """Issue 43: with the window full, the reader had begun the next message's answer and
+    waited for room to queue it; cancelled there, that answer went on running alone."""
+    from blitz.grpc_api import servicer
+
+    monkeypatch.setattr(servicer, "STREAM_WINDOW", 2)
+    tei = make_servicer()
+    running: set[str] = set()
+    started = asyncio.Event()
+    fail = asyncio.Event()
+
+    async def stuck_tokenize(inputs, **kwargs):
+        running.add(inputs)
+        try:
+            if len(running) == 4:  # one awaited, two in the window, one waiting for room
+                started.set()
+            if inputs == "t0":
+                await fail.wait()
+                raise PayloadTooLarge("t0 is too long", param="inputs")
+            await asyncio.Event().wait()  # answered never: only cancelled
+        finally:
+            running.discard(inputs)
+
+    tei.tokens.tokenize = stuck_tokenize  # type: ignore[method-assign]
+
+    async def requests():
+        for i in range(4):
+            yield pb.EncodeRequest(inputs=f"t{i}")
+        if ending == "the client cancels":
+            await asyncio.Event().wait()  # never half-closes
+
+    async with served(tei) as channel:
+        stream = call(channel, "TokenizeStream")(requests(), metadata=(("model", "minilm"),))
+        reader = asyncio.ensure_future(stream.read())
+        await asyncio.wait_for(started.wait(), 10)
+        if ending == "the client cancels":
+            stream.cancel()
+            reader.cancel()
+        else:
+            fail.set()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await reader
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        for _ in range(100):
+            if not running:
+                break
+            await asyncio.sleep(0.05)
+        assert running == set()
+
+
+async def test_embed_with_dimensions_0_is_refused_as_http_refuses_it():
+    """Issue 43: proto3's ``dimensions: 0`` answered OK with an empty vector."""
+    from blitz.http.bodies import EmbedRequest
+    from blitz.settings.config import Limits
+
+    with pytest.raises(InvalidValue) as http:
+        EmbedRequest.parse({"texts": ["a"], "dimensions": 0}, Limits())
+    http_error = http.value
+    async with served() as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call(channel, "Embed")(pb.EmbedRequest(inputs="a", dimensions=0))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details() == http_error.public_message()
+
+        async def requests():
+            yield pb.EmbedRequest(inputs="a")
+            yield pb.EmbedRequest(inputs="b", dimensions=0)
+
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in call(channel, "EmbedStream")(requests()):
+                pass
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details() == http_error.public_message()

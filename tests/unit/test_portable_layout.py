@@ -83,7 +83,8 @@ async def test_portable_reply_has_string_keys_and_rebuilds_the_array(client, dty
 
 
 async def test_the_default_numpy_layout_has_bin_keys(client):
-    r = await client.post("/embed", json={"texts": TEXTS})
+    r = await client.post("/embed", content=codecs.pack({"texts": TEXTS}),
+                          headers={"content-type": "application/msgpack"})
     assert map_key_types(plain_unpack(r.content)) == {str, bytes}
 
 
@@ -94,8 +95,11 @@ async def test_the_body_field_selects_the_layout_and_wins_over_accept(client):
     r = await client.post("/embed", json={"texts": TEXTS, "layout": "numpy"},
                           headers={"accept": PORTABLE})
     assert codecs.unpack(r.content)["embeddings"].shape == (3, 16)
-    r = await client.post("/embed", json={"texts": TEXTS}, headers={"accept": "*/*"})
+    r = await client.post("/embed", content=codecs.pack({"texts": TEXTS}),
+                          headers={"accept": "*/*", "content-type": "application/msgpack"})
     assert codecs.unpack(r.content)["dtype"] == "float32"  # the default stays msgpack-numpy
+    r = await client.post("/embed", json={"texts": TEXTS}, headers={"accept": "*/*"})
+    assert r.json()["dtype"] == "float32"  # a JSON body names no format: JSON back
 
 
 async def test_json_and_raw_replies_ignore_the_layout(client):

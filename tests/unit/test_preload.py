@@ -97,6 +97,39 @@ async def test_a_cpu_pool_that_scales_to_zero_is_ready_without_a_replica():
         assert (await client.get("/ready")).status_code == 200
 
 
+class UnplacedDispatcher(StartingDispatcher):
+    """A CPU pool replica the cluster cannot place: /ready names what the cluster has."""
+
+    def unplaced_pools(self):
+        return {"cpu": "needs 8 CPU; the cluster has 2 free"}
+
+
+async def test_with_api_keys_ready_tells_a_caller_without_a_key_only_its_status():
+    """Issue 43: /ready stays public, but with keys on only a valid key reads the model
+    ids, pools and what the cluster has free; anyone else gets the bare status, with the
+    same status code and Retry-After."""
+    config = BlitzSettings.from_args({"models": [{"id": "secret-model", "source": "fake:8"}],
+                                      "auth": {"api_keys": ["k1", "k2"]}})
+    dispatcher = UnplacedDispatcher(config)
+    api = HttpApi(EmbeddingService(config, dispatcher))
+    key = {"authorization": "Bearer k2"}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
+                                 base_url="http://blitz") as client:
+        for headers in ({}, {"authorization": "Bearer wrong"}):
+            r = await client.get("/ready", headers=headers)
+            assert (r.status_code, r.json()) == (503, {"status": "not_ready"})
+            assert r.headers["retry-after"] == "5"
+        r = await client.get("/ready", headers=key)
+        assert r.status_code == 503 and r.headers["retry-after"] == "5"
+        assert "secret-model" in r.text and "2 free" in r.text
+        dispatcher.running = frozenset({"cpu"})
+        r = await client.get("/ready")
+        assert (r.status_code, r.json()) == (200, {"status": "ready"})
+        r = await client.get("/ready", headers=key)
+        assert r.status_code == 200 and r.json()["default_model"] == "secret-model"
+        assert r.json()["unplaced"] == {"cpu": "needs 8 CPU; the cluster has 2 free"}
+
+
 def test_the_old_readiness_settings_are_accepted_and_ignored(caplog):
     config = BlitzSettings.from_args({"models": MODELS[:1], "ingress": {
         "ready_timeout_s": 5, "ready_cache_s": 5, "pool_timeout_s": 7}})

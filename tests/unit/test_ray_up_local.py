@@ -45,3 +45,27 @@ def test_the_node_and_its_driver_stay_on_loopback(tmp_path):
     assert ray_up(code, tmp_path).stdout.split() == ["127.0.0.1", "0"]
     named = ray_up(code, tmp_path, BLITZ_NODE_IP="10.1.2.3").stdout.split()
     assert named == ["10.1.2.3", "None"]  # a routable address: Ray's own resolution
+
+
+def test_the_gcs_is_published_under_a_loopback_name_ray_keeps(tmp_path):
+    """Issue 43, item 4: a driver's `ray.init(address="auto")` takes the raylet's
+    --gcs-address and swaps 127.0.0.1 there for the machine's routable address
+    (`canonicalize_bootstrap_address`), where a loopback Ray does not listen: it waited for
+    ever. The address ray_up.py hands out is the same socket as [::ffff:127.0.0.1], which
+    Ray keeps; where that cannot be reached it stays 127.0.0.1, with a warning."""
+    code = (
+        "import socket\n"
+        "from ray._private.services import canonicalize_bootstrap_address as canon\n"
+        "with socket.socket() as s:\n"
+        "    s.bind(('127.0.0.1', 0)); s.listen(); port = s.getsockname()[1]\n"
+        "    published = ray_up.published_gcs_address('127.0.0.1', port)\n"
+        "print(published, canon(published))\n"
+        "print(ray_up.published_gcs_address('127.0.0.1', port))\n"  # nothing listens now
+        "print(ray_up.published_gcs_address('10.1.2.3', port))\n")
+    result = ray_up(code, tmp_path)
+    assert result.returncode == 0, result.stderr
+    first, closed, routable = result.stdout.splitlines()
+    port = routable.rsplit(":", 1)[1]
+    assert first.split() == [f"[::ffff:127.0.0.1]:{port}"] * 2
+    assert closed == f"127.0.0.1:{port}" and "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in result.stderr
+    assert routable == f"10.1.2.3:{port}"

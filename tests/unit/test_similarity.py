@@ -10,6 +10,7 @@ import pytest
 from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
+from tests.error_body import error_body
 from tests.local_dispatcher import LocalDispatcher
 
 SENTENCES = ["what is deep learning", "a recipe for soup", "neural networks"]
@@ -57,4 +58,4 @@ async def test_one_cosine_per_sentence_in_order(client):
 async def test_refusals(client, body, status, param):
     r = await client.post("/similarity", json=body)
     assert r.status_code == status, r.text
-    assert r.json()["error"]["param"].startswith(param)
+    assert error_body(r)["param"].startswith(param)

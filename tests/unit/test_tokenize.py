@@ -14,6 +14,7 @@ from blitz.http.api import HttpApi
 from blitz.ingress import tokenizing
 from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
+from tests.error_body import error_body
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import minilm_dir
 
@@ -81,7 +82,7 @@ async def test_options_specials_prompt_and_no_offsets(client, reference):
                                                      "prompt_name": "query"})).json()[0]
     assert [t["id"] for t in prompted] == reference("query: Hello")["input_ids"]
     r = await client.post("/tokenize", json={"inputs": "Hello", "prompt_name": "nope"})
-    assert r.status_code == 422 and r.json()["error"]["param"] == "prompt_name"
+    assert r.status_code == 422 and error_body(r)["param"] == "prompt_name"
 
 
 async def test_decode_round_trip_one_row_or_many_and_msgpack(client, reference):
@@ -122,9 +123,23 @@ async def test_decode_round_trip_one_row_or_many_and_msgpack(client, reference):
 async def test_bad_requests_get_a_clear_4xx(client, route, body, status, param):
     r = await client.post(route, json=body)
     assert r.status_code == status, r.text
-    error = r.json()["error"]
+    error = error_body(r)
     assert error["param"] == param, error
     assert error["message"]
+
+
+@pytest.mark.parametrize("bad", [2**63, 2**64 - 1])
+async def test_an_id_past_int64_is_a_422_naming_the_id_and_the_range(client, bad):
+    # issue 43: an id in [2^63, 2^64) overflowed numpy's int64 and answered 500
+    for body, where in (({"ids": [1, bad]}, "ids[0][1]"),
+                        ({"ids": [[1], [2, 3, bad]]}, "ids[1][2]")):
+        for content, kind in ((codecs.dumps_json(body), "application/json"),
+                              (codecs.pack(body), "application/msgpack")):
+            r = await client.post("/decode", content=content, headers={"content-type": kind})
+            assert r.status_code == 422, r.text
+            error = error_body(r)  # TEI's shape (a string) or Blitz's (an object)
+            message = error if isinstance(error, str) else error["message"]
+            assert message.startswith(f"{where} = {bad} is not a token id of this model (0 to ")
 
 
 async def test_the_tokenizer_opens_once_for_concurrent_callers(monkeypatch):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from blitz import codecs, timing
+from blitz.errors import InputTooLong
 from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.vector_cache import ENTRY_OVERHEAD, Key, VectorCache, fingerprint
@@ -96,6 +97,76 @@ async def test_the_record_counts_hits_and_misses_and_the_header_says_so():
     await service.embed(["a", "q"], model="fake", record=record)
     assert (record.cache_hits, record.cache_misses) == (1, 1)
     assert record.cache_bytes == service.vectors.cache.bytes > 0
+
+
+async def test_an_input_too_long_is_named_by_its_index_in_the_request_not_among_misses():
+    # issue 43: the pool saw only the misses, and the 413 named the index among them
+    service, dispatcher = make(models=[{"id": "fake", "source": "fake:16",
+                                        "max_seq_length": 4}])
+    await service.embed(["a", "b", "c", "d", "e"], model="fake", truncate=False)
+    long = "far too many words here"
+    for texts, index in ((["a", "b", long], 2), (["a", "q", "b", long, long], 3),
+                         (["a", "b", "c", "d", "e", "q", "r", "s", "t", long], 9)):
+        with pytest.raises(InputTooLong) as raised:
+            await service.embed(texts, model="fake", truncate=False)
+        assert raised.value.index == index
+        assert raised.value.message.startswith(f"input {index} has ")
+    assert max(map(len, dispatcher.sent)) <= 4  # the last one's misses took two chunks
+
+
+async def test_with_api_keys_each_key_hits_only_the_texts_its_own_clients_sent():
+    # issue 43: a hit shows (server-timing's "hit 1 of 1", gRPC's inference_time_ns=0, the
+    # time saved): one key's client learned which texts another key's had sent
+    service, dispatcher = make(models=[{"id": "fake", "source": "fake:16"}])
+    service.settings.auth.api_keys = ["key-a", "key-b"]
+    api = HttpApi(service)
+
+    def as_key(key: str) -> dict:
+        return {"authorization": f"Bearer {key}", "accept": "application/json"}
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
+                                 base_url="http://blitz") as client:
+        async def cache_note(key: str) -> str:
+            r = await client.post("/embed", json={"texts": ["private text"]},
+                                  headers=as_key(key))
+            assert r.status_code == 200, r.text
+            return r.headers[timing.HEADER].split('desc="')[1].split('"')[0]
+
+        assert await cache_note("key-a") == "hit 0 of 1"
+        assert await cache_note("key-b") == "hit 0 of 1"  # a's text is not b's to find
+        assert await cache_note("key-a") == "hit 1 of 1"
+        assert await cache_note("key-b") == "hit 1 of 1"
+    assert dispatcher.sent == [["private text"], ["private text"]]
+
+
+async def test_a_key_shares_its_cache_entries_across_http_and_grpc_but_not_with_others():
+    from blitz.grpc_api import tei_pb2 as pb
+    from blitz.grpc_api.servicer import TeiServicer
+    from blitz.ingress.outputs import OutputService
+    from blitz.ingress.tokenizing import TokenService
+    from tests.unit.test_grpc_api import call, served
+
+    service, dispatcher = make(models=[{"id": "fake", "source": "fake:16"}])
+    service.settings.auth.api_keys = ["key-a", "key-b"]
+    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(service)),
+                                 base_url="http://blitz") as client:
+        r = await client.post("/embed", json={"texts": ["private text"]},
+                              headers={"authorization": "Bearer key-a"})
+        assert r.status_code == 200
+    async with served(tei) as channel:
+        for key in ("key-b", "key-a"):
+            await call(channel, "Embed")(pb.EmbedRequest(inputs="private text", truncate=True),
+                                         metadata=(("authorization", f"Bearer {key}"),))
+
+            async def one():
+                yield pb.EmbedRequest(inputs="private text", truncate=True)  # as HTTP's
+
+            async for _ in call(channel, "EmbedStream")(
+                    one(), metadata=(("authorization", f"Bearer {key}"),)):
+                pass
+    # key-a over HTTP, then key-b's first gRPC call; key-b's stream and key-a's calls hit
+    assert dispatcher.sent == [["private text"], ["private text"]]
 
 
 async def test_off_by_default():
