@@ -22,6 +22,16 @@ fi
 if [[ ",$EXTRAS," != *,dev,* ]]; then
   exit 0  # the JavaScript example below is for the tests
 fi
+# Debian's Chromium, for the test that opens /docs in a real headless browser
+# (tests/unit/test_docs_page_browser.py): installed where apt-get runs as root, else a note.
+if ! command -v chromium >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    apt-get install -y -q chromium >/dev/null || { apt-get update -q >/dev/null &&
+                                                   apt-get install -y -q chromium >/dev/null; }
+  else
+    echo "install.sh: chromium not found; the /docs browser test needs it (apt-get install chromium)" >&2
+  fi
+fi
 # The JavaScript example client's one dependency (@msgpack/msgpack, pinned in
 # examples/js/package-lock.json), which the portable-layout test runs under Node.
 # Installed again only when the lock file changed; skipped with a note where npm is absent

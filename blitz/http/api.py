@@ -23,13 +23,13 @@ import uuid
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
 from blitz import codecs
 from blitz.errors import ErrorShape, InvalidValue, Overloaded, PayloadTooLarge, RequestTimeout
-from blitz.http import responses, wire
+from blitz.http import openapi, responses, wire
 from blitz.http.bodies import (
     ClassifyRequest,
     DecodeRequest,
@@ -100,8 +100,14 @@ class HttpApi:
         self._show_sources = auth.show_model_sources or bool(auth.resolved_keys())
         # TEI answers GET / and GET /ping as /health: public like it (not in self.routes,
         # whose POST / takes a key)
-        router = Router([*self.routes, Route("/", self.health, methods=["GET"]),
-                         Route("/ping", self.health, methods=["GET"])])
+        # and its API's description (/openapi.json, /docs), public like TEI's /docs
+        public = [Route("/", self.health, methods=["GET"]),
+                  Route("/ping", self.health, methods=["GET"]),
+                  Route("/openapi.json", self.openapi, methods=["GET"]),
+                  Route("/docs", self.docs, methods=["GET"])]
+        self._openapi = openapi.document([*self.routes, *public])
+        self._docs = openapi.docs_page(self._openapi)
+        router = Router([*self.routes, *public])
         self._app = RequestMiddleware(router, [r.path for r in self.routes],
                                       self.settings.auth, service.observe,
                                       self.settings.ingress.server_timing)
@@ -170,7 +176,7 @@ class HttpApi:
             if tei and self._reply(request)[0] != "msgpack":
                 _speaks(request, "tei")
             return await route(request, await self._body(request))
-        endpoint.__name__ = route.__name__
+        endpoint.__name__, endpoint.__doc__ = route.__name__, route.__doc__
         return endpoint
 
     # ---- routes ------------------------------------------------------------------------
@@ -327,6 +333,14 @@ class HttpApi:
              "kind": m["kind"], "dimension": m["dimension"],
              "max_seq_length": m["max_seq_length"]}
             for m in status.describe_models(self.service)]})
+
+    async def openapi(self, request: Request) -> Response:
+        """This API's OpenAPI 3.1 document (``blitz.http.openapi``)."""
+        return JSONBytesResponse(self._openapi)
+
+    async def docs(self, request: Request) -> Response:
+        """This API's document as a self-contained HTML page."""
+        return HTMLResponse(self._docs)
 
     async def health(self, request: Request) -> Response:
         return JSONBytesResponse({"status": "ok", "unix": time.time()})  # unix: Infinity's
