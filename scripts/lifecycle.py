@@ -12,9 +12,11 @@
         join: `serve run CONFIG` in its own session instead (scripts/serve_run.py), as
         before: `drain`, SIGINT (Serve's shutdown), SIGTERM, SIGKILL to its session.
     python scripts/lifecycle.py drain [ADDRESS]
-        Delete every Serve application of the Ray cluster at ADDRESS (default `auto`)
-        and wait, at most BLITZ_DRAIN_S (60) seconds, until they are gone: each replica
-        finishes the requests it holds before it stops. Serve and the proxies stay up.
+        Delete every Serve application of the Ray cluster at ADDRESS (default `auto`:
+        this machine's one Ray, or `ray start`'s; with several and none from `ray
+        start`, it refuses) and wait, at most BLITZ_DRAIN_S (60) seconds, until they
+        are gone: each replica finishes the requests it holds before it stops. Serve
+        and the proxies stay up.
     python scripts/lifecycle.py shutdown [ADDRESS]
         `drain` (unless BLITZ_DRAIN_S=0), then Serve's own shutdown.
     python scripts/lifecycle.py check CONFIG
@@ -311,8 +313,13 @@ def will_attach() -> bool:
     address = os.environ.get("RAY_ADDRESS", "")
     if address:
         return address != "local"
+    return os.path.exists(ray_address_file())
+
+
+def ray_address_file() -> str:
+    """Where `ray start` writes its GCS address, which `ray.init()` joins."""
     tmp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
-    return os.path.exists(os.path.join(tmp, "ray", "ray_current_cluster"))
+    return os.path.join(tmp, "ray", "ray_current_cluster")
 
 
 def needed_ports(config: str) -> list[tuple[str, int, str]]:
@@ -367,8 +374,36 @@ def check(config: str) -> bool:
 
 # --- drain ------------------------------------------------------------------------------
 
+LOOPBACK = ("127.0.0.1:", "localhost:", "[::1]:")
+
+
+def local_gcs_addresses() -> set[str]:
+    """The GCS addresses of this machine's raylets (their ``--gcs-address``): where
+    `ray.init(address="auto")` looks first (services.py `find_gcs_addresses`)."""
+    found = set()
+    for pid in _pids():
+        if _read(pid, "comm").strip() == b"raylet":
+            found |= {a.split("=", 1)[1] for a in _cmdline(pid)
+                      if a.startswith("--gcs-address=")}
+    return found
+
+
 def _connect(address: str) -> None:
-    if address.startswith(("127.0.0.1:", "localhost:", "[::1]:")):  # ray_up.loopback_driver
+    """`ray.init(address)`, kept on loopback where the Ray it joins is: Ray's driver swaps
+    127.0.0.1 (or localhost, ::1) in the address for the machine's routable one, where a
+    loopback Ray does not listen, and then waits for ever (ray_up.loopback_driver).
+    scripts/ray_up.py's Ray is found at [::ffff:127.0.0.1], which Ray leaves alone; this
+    covers a `ray start --head --node-ip-address=127.0.0.1` and an explicit 127.0.0.1.
+    With several Ray instances on this machine and none written by `ray start`, `auto`
+    would take any of them (services.py `get_ray_address_from_environment`), and drain
+    another's applications: this refuses (exit 1), naming them."""
+    target = os.environ.get("RAY_ADDRESS") or address
+    found = local_gcs_addresses() if target == "auto" else {target}
+    if len(found) > 1 and not os.path.exists(ray_address_file()):
+        log(f"several Ray instances run on this machine ({', '.join(sorted(found))}); "
+            "name one: RAY_ADDRESS=<address> or `lifecycle.py drain <address>`")
+        raise SystemExit(1)
+    if found and all(a.startswith(LOOPBACK) for a in found):  # ray_up.loopback_driver
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray  # only here: the other commands run without Ray
 

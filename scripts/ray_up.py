@@ -8,7 +8,12 @@ scripts/serve.sh leaves out") in a session of its own and waits for it:
 1. Start Ray's head node as `ray.init()` does for a new local cluster (worker.py `init`:
    a ray._private.node.Node), on 127.0.0.1 (BLITZ_NODE_IP names another address): GCS,
    raylet, workers, the agents and the metrics export then listen on loopback only
-   (deployments/loopback.py does it for the replicas' gRPC servers). Three more differences. The log monitor and the
+   (deployments/loopback.py does it for the replicas' gRPC servers). The GCS address the
+   raylet, agents and workers are given is [::ffff:127.0.0.1]:PORT, the same loopback
+   socket under a name Ray's drivers do not swap for the machine's routable address, so
+   that `ray.init(address="auto")` on this machine (the README's Ray handle example,
+   `lifecycle.py drain`) joins this Ray with nothing set (`published_gcs_address`).
+   Three more differences. The log monitor and the
    autoscaler monitor stay off (RayParams include_log_monitor, no_monitor, read by
    `Node.start_ray_processes` / `Node.start_head_processes`; `ray.init()` never sets
    them): with no driver the log monitor has no one to forward logs to, and one node
@@ -97,20 +102,71 @@ def ensure_auth_token() -> None:
     ensure_token_if_auth_enabled(None, create_token_if_missing=True)
 
 
+MAPPED_LOOPBACK = "::ffff:127.0.0.1"
+"""127.0.0.1 written as an IPv4-mapped IPv6 address: the same socket (Ray's gRPC servers
+on a 127.0.0.1 node listen on [::ffff:127.0.0.1]), but not one of the names Ray swaps
+for the machine's routable address (`is_localhost`: 127.0.0.1, ::1, localhost)."""
+LOOPBACK_DRIVER_HINT = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in the environment of a "
+                        "driver that joins it (`ray.init(address=\"auto\")`, the README's "
+                        "Ray handle example)")
+
+
+def reachable(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Whether a TCP connection to ``host``:``port`` opens (IPv6 sockets may be off)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout_s)
+            s.connect((host, port))
+    except OSError:
+        return False
+    return True
+
+
+def published_gcs_address(node_ip: str, port: int) -> str:
+    """The GCS address the node's raylet, workers and agents are given, and so the one a
+    driver's `ray.init(address="auto")` finds (services.py `find_gcs_addresses` reads the
+    raylet's ``--gcs-address``). Ray's driver replaces 127.0.0.1 there with the machine's
+    routable address (`canonicalize_bootstrap_address` -> `resolve_ip_for_localhost`),
+    where nothing listens: that `ray.init` waits for ever. [::ffff:127.0.0.1] is the same
+    loopback socket under a name Ray keeps, so every driver of this machine joins as it
+    is, with nothing set. Where IPv6 sockets are off it stays 127.0.0.1 (with a warning:
+    drivers then need LOOPBACK_DRIVER_HINT)."""
+    from ray._common.network_utils import build_address
+
+    if node_ip == "127.0.0.1":
+        if reachable(MAPPED_LOOPBACK, port):
+            return build_address(MAPPED_LOOPBACK, port)
+        log(f"WARNING: cannot reach the GCS at [{MAPPED_LOOPBACK}]:{port} (IPv6 sockets "
+            f"off?); publishing 127.0.0.1:{port}: drivers need {LOOPBACK_DRIVER_HINT}")
+    return build_address(node_ip, port)
+
+
 def start_head() -> str:
     """Start Ray's head node processes as `ray.init()` does for a new local cluster
     (worker.py `init`), but with the dashboard, the log monitor, the autoscaler monitor
     off, and with no fate sharing (no reaper, no PR_SET_PDEATHSIG): they outlive this
-    process. Returns the GCS address."""
+    process; and with the GCS address every other process is given written so that
+    `ray.init(address="auto")` elsewhere on this machine joins this loopback node
+    (`published_gcs_address`). Returns the GCS address."""
     from ray._common.usage import usage_lib
     from ray._private.node import Node
     from ray._private.parameter import RayParams
 
+    class LoopbackNode(Node):
+        def start_gcs_server(self):
+            super().start_gcs_server()  # sets _gcs_address: node IP, the GCS's port
+            # before anything is given it: the raylet, the agents, the workers
+            self._gcs_address = published_gcs_address(self._node_ip_address,
+                                                       self._ray_params.gcs_server_port)
+
     usage_lib.set_usage_stats_enabled_via_env_var(False)  # as ray.init() does
     params = RayParams(include_dashboard=False, include_log_monitor=False, no_monitor=True,
                        node_ip_address=NODE_IP)
-    node = Node(params, head=True, shutdown_at_exit=False, spawn_reaper=False,
-                ray_init_cluster=True)
+    node = LoopbackNode(params, head=True, shutdown_at_exit=False, spawn_reaper=False,
+                        ray_init_cluster=True)
     return node.address
 
 
@@ -243,6 +299,11 @@ def main(argv: list[str]) -> int:
              logging_level="WARNING")
     log(f"Ray started at {gcs_address}; metrics discovery list "
         f"{write_discovery_file(gcs_address)}")
+    if gcs_address.startswith(("127.0.0.1:", "localhost:", "[::1]:")):
+        log(f"a driver that joins this Ray needs {LOOPBACK_DRIVER_HINT}")
+    else:
+        log('ray.init(address="auto") on this machine joins it (the README\'s Ray handle '
+            f'example), as does RAY_ADDRESS={gcs_address} with RAY_AUTH_MODE=token')
     if not deploy(config, gcs_address):
         return 1
     apps = read_apps(config)

@@ -13,6 +13,10 @@
   Prometheus discovery list names this run's metrics port, and a deploy that fails
   (DEPLOY_FAILED) ends serve.sh with a nonzero status, the error on its console, and
   no process left.
+- The README's "Ray handle" example, run as it is in a process of its own, and
+  `lifecycle.py drain` (scripts/stop.sh's first step) join a running serve.sh, driver-less
+  and on the `serve run` path, within a bounded time (`ray.init(address="auto")` used
+  to wait for ever on the loopback-only Ray).
 
 Each run gets its own Ray instance (RAY_ADDRESS=local: `serve run` never joins the
 test session's Ray) and free ports for HTTP, HAProxy stats and HAProxy metrics.
@@ -425,3 +429,91 @@ def test_a_pool_that_cannot_be_placed_ends_the_run_with_the_reason(ports, tmp_pa
                            tmp_path), ports)
     assert "CPUPool (cpu_pool) has a replica Ray has not placed" in out, out
     assert "it claims CPU 64" in out and "(short of CPU)" in out, out
+
+
+JOIN_S = 90  # a process joining the run: `ray.init` 4-8 s here, the calls, the drain
+
+
+def readme_handle_snippet() -> str:
+    """The README's "Ray handle" example, as a user copies it (its first python block)."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n### Ray handle", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    block = section.split("```python\n", 1)[1].split("\n```", 1)[0]
+    assert "ray.init(" in block and "get_app_handle" in block, block
+    return block + "\n"
+
+
+def run_gcs_addresses(run: Run) -> set[str]:
+    """The GCS address this run's raylet names (what `ray.init(address="auto")` finds)."""
+    return {a.split("=", 1)[1] for p in session(run.sid) if comm(p) == "raylet"
+            for a in cmdline(p) if a.startswith("--gcs-address=")}
+
+
+def joining_env(run: Run) -> dict:
+    """The environment of a process that joins ``run``'s Ray as a user's would: nothing of
+    Ray's or Blitz's set, so `ray.init(address="auto")` finds the Ray of this machine. While
+    another Ray runs here too (the test session's own), `auto` would take either
+    (services.py `get_ray_address_from_environment`): then this run's address, the one
+    `auto` finds for it, is named in RAY_ADDRESS, which Ray takes through the same
+    resolution (a 127.0.0.1 there is swapped for the routable address as well), with
+    RAY_AUTH_MODE=token (Ray turns token auth on by itself only for an address it found)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "BLITZ_"))}
+    others = []
+    for pid in pids():
+        try:
+            if comm(pid) == "raylet" and alive(pid) and os.getsid(pid) != run.sid:
+                others.append(pid)
+        except OSError:
+            pass
+    if others:
+        (address,) = run_gcs_addresses(run)
+        print(f"\nother Ray instances on this machine (raylets {others}): "
+              f"RAY_ADDRESS={address} names this run's")
+        env.update(RAY_ADDRESS=address, RAY_AUTH_MODE="token")
+    return env
+
+
+def join(args: list[str], env: dict, cwd: Path, what: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=JOIN_S)
+    except subprocess.TimeoutExpired as e:  # its output is bytes whatever `text` says
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else ""
+        pytest.fail(f"{what} still running after {JOIN_S} s (a driver that cannot reach "
+                    f"the GCS retries for ever):\n{err[-3000:]}")
+
+
+@pytest.mark.parametrize("path", ["driver-less", "serve run"])
+def test_readme_ray_handle_and_drain_join_the_run(serve_env, ports, tmp_path, path):
+    """Issue 43, item 4: the README's "Ray handle" example, run as it is in a process of
+    its own, and `lifecycle.py drain` with no address (scripts/stop.sh's first step) join
+    a running `scripts/serve.sh` within JOIN_S. Both call `ray.init(address="auto")`, which
+    takes the raylet's GCS address and swaps a 127.0.0.1 there for the machine's routable
+    address, where the loopback-only Ray does not listen: both waited for ever (stop.sh's
+    drain until its timeout). Driver-less (the default), scripts/ray_up.py hands out the
+    GCS as [::ffff:127.0.0.1]:PORT, the same loopback socket under a name Ray keeps; on
+    the `serve run` path (BLITZ_CONSOLE_LOGS=1) Ray picks its node's address itself."""
+    env = serve_env if path == "driver-less" else {**serve_env, "BLITZ_CONSOLE_LOGS": "1"}
+    run = Run(f"handle-{path.replace(' ', '-')}", env, ports["http"], tmp_path)
+    try:
+        run.wait_ready()
+        joining = joining_env(run)
+        python = str(ROOT / ".venv/bin/python")
+        snippet = tmp_path / "handle_example.py"
+        snippet.write_text(readme_handle_snippet())
+        started = time.monotonic()
+        example = join([python, str(snippet)], joining, tmp_path, "the README's example")
+        took = time.monotonic() - started
+        assert example.returncode == 0, example.stdout + example.stderr
+        assert "(1, 384)" in example.stdout, example.stdout  # minilm's one vector
+        print(f"README handle example ({path}): {took:.1f} s\n{example.stdout}")
+        drain = join([python, "scripts/lifecycle.py", "drain"],
+                     {**joining, "RAY_AUTH_MODE": "token"}, ROOT, "lifecycle.py drain")
+        assert drain.returncode == 0 and "drained: 1 application(s)" in drain.stderr, \
+            drain.stderr
+        if path == "driver-less":  # and every listener still on loopback (test_supervision)
+            (published,) = run_gcs_addresses(run)
+            assert published.startswith("[::ffff:127.0.0.1]:"), published
+        run.stop(signal.SIGTERM)
+    finally:
+        run.kill()
