@@ -37,7 +37,7 @@ from blitz.pool.load_queue import LoadQueue
 from blitz.pool.local_hop import LocalHopServer
 from blitz.pool.work import Job, run_jobs
 from blitz.pool.worker_slots import WorkerSlots
-from blitz.runtime import gpu_memory, lean_imports, model_threads
+from blitz.runtime import gpu_memory, lean_imports, malloc, model_threads
 from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from blitz.settings.registry import ModelSpec
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
@@ -62,6 +62,7 @@ class ModelPool:
         request, and the replica does not start at all if one of them cannot load."""
         constructed = time.perf_counter()
         lean_imports.defer_sklearn_metrics()  # before sentence-transformers is imported
+        malloc.fix_mmap_threshold()  # before any model: weights in mappings of their own
         self.settings = BlitzSettings.from_args(settings)
         self.registry = self.settings.registry()
         self.pool = pool
@@ -113,6 +114,8 @@ class ModelPool:
             encoder = load_encoder(spec, self.device, self.cache_dir, timeout_s=timeout)
             cap_token_budget(encoder, self.pool_settings.sparse_token_budget)
             encoder.warmup()
+            malloc.trim()  # what the load only passed through (file reads, graph
+            # optimisation) back to the system: glibc would keep it (blitz.pool.holder)
             return encoder
 
         encoder = await self.loads.load(model_id, load)
@@ -288,7 +291,7 @@ class ModelPool:
                 "evicted": list(self.evicted), "evictions": self.evictions,
                 "pid": os.getpid(), "constructor_s": self.constructor_s,
                 "node_id": ray.get_runtime_context().get_node_id(),
-                "rss_bytes": _rss_bytes(),
+                "rss_bytes": _rss_bytes(), "malloc": malloc.info(),
                 "batches_run": dict(self.batches_run), "texts_run": dict(self.texts_run),
                 "local_hop_calls": self._hop.calls if self._hop is not None else None,
                 "waiting_texts": {m: b.waiting for m, b in self._batchers.items()},

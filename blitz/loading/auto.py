@@ -38,8 +38,6 @@ holds the rates, how it was chosen and when it was measured.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import dataclasses
 import gc
 import hashlib
@@ -55,6 +53,7 @@ from typing import Any, Literal
 from blitz.encoders.base import Encoder
 from blitz.encoders.bi_encoder import BiEncoder
 from blitz.encoders.probes import PROBE_QUERIES, PROBE_TEXTS
+from blitz.runtime import malloc
 from blitz.runtime.cpu_features import cpu_identity, cpu_supports_bf16
 from blitz.settings.registry import ModelSpec
 from blitz.sources import model_cache
@@ -162,11 +161,7 @@ def return_freed_memory() -> None:
     closed candidates' weights otherwise stay in this process's resident memory (~100-200
     MiB for MiniLM's three losers)."""
     gc.collect()
-    libc = ctypes.util.find_library("c")
-    if libc:
-        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None)  # glibc only
-        if trim is not None:
-            trim(0)
+    malloc.trim()
 
 
 @dataclass(frozen=True)

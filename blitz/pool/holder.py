@@ -4,7 +4,10 @@ Ray evicts a model by calling its ``__del__`` on Ray's own executor, which can h
 while a pool thread still runs a batch on it; Python calls ``__del__`` again when the
 object is collected. So work holds a lease (``with holder.lease() as encoder:``) and
 ``__del__`` only marks the holder evicted: the encoder is freed at once when no lease is
-out, otherwise by the last lease to end. Freeing happens exactly once.
+out, otherwise by the last lease to end. Freeing happens exactly once, and ends with
+``malloc_trim`` (``blitz.runtime.malloc``): glibc keeps the freed weights' pages in its
+arenas otherwise, and under steady eviction a CPU replica's RSS grew with them
+(docs/reliability.md, "Memory under eviction").
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from blitz.encoders.base import Encoder
+from blitz.runtime import malloc
 
 
 class ModelFreed(RuntimeError):
@@ -73,6 +77,7 @@ class ModelHolder:
         encoder.close()
         del encoder
         gc.collect()
+        malloc.trim()  # the freed pages back to the system, from every arena
         if on_cuda:
             import torch
 

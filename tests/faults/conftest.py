@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from blitz.settings.deployment_options import merge_options
-from tests.tiny_models import build_tiny_bi_encoder
 
 
 @pytest.fixture(scope="session")
@@ -29,11 +28,6 @@ def deploy(serve_instance):
     yield run
     for name in names:
         serve.delete(name)
-
-
-@pytest.fixture(scope="session")
-def fourth_tiny_model(tmp_path_factory):
-    return build_tiny_bi_encoder(tmp_path_factory.mktemp("models") / "tiny-d", hidden=40, seed=5)
 
 
 def small_app(models: list[dict], *, cpu_pool: dict | None = None,

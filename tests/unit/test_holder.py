@@ -69,3 +69,18 @@ def test_overlapping_leases_free_after_the_last():
     assert encoder.closed == 0
     holder.release()
     assert encoder.closed == 1
+
+
+def test_freeing_gives_the_pages_back_once(monkeypatch):
+    """A freed model's pages go back to the system (``malloc_trim``), once per free: glibc
+    kept them in its arenas, and a replica under eviction grew (issue 43 item 8)."""
+    from blitz.runtime import malloc
+
+    trims: list[bool] = []
+    monkeypatch.setattr(malloc, "trim", lambda: trims.append(True) or True)
+    holder = ModelHolder(_TrackedEncoder())
+    with holder.lease():
+        holder.__del__()
+        assert trims == []  # a batch still runs on it
+    holder.__del__()
+    assert trims == [True]
