@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Coroutine
 from typing import Any
 
 import ray
@@ -241,13 +242,31 @@ class ModelPool:
         return {"path": self._hop.path, "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id()}
 
-    def __del__(self) -> None:
+    def __del__(self) -> Coroutine[Any, Any, None] | None:
         """Serve calls this when the replica stops (and Python again): the local hop's
-        socket and folder go."""
+        socket and folder go. Calls the local hop is answering are not Serve requests, so
+        Serve's drain does not wait for them: with some in flight, this returns a
+        coroutine that Serve awaits (``_call_func_or_gen`` awaits a coroutine a sync
+        method returns), which answers them (within ``call_timeout_s``) before closing."""
         hop = getattr(self, "_hop", None)
-        if hop is not None:
-            hop.close()
-            self._hop = None
+        if hop is None:
+            return None
+        self._hop = None
+        if hop.in_flight:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # Python's own call, off any loop: nothing can be awaited
+                pass
+            else:
+                return self._drain_hop(hop)
+        hop.close()
+        return None
+
+    async def _drain_hop(self, hop: LocalHopServer) -> None:
+        logger.info("stopping: answering %d call(s) the local hop holds first", hop.in_flight)
+        if not await hop.drain(self.pool_settings.call_timeout_s):
+            logger.warning("stopping: local hop calls still unanswered after %.0f s",
+                           self.pool_settings.call_timeout_s)
 
     def _model_id(self) -> str:
         """The request's model id (``run_jobs_for`` checks it: a handle caller can send

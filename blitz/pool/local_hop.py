@@ -80,6 +80,7 @@ class LocalHopServer:
         self.path = os.path.join(self._directory, SOCKET_NAME)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
+        self._in_flight: set[asyncio.Task] = set()  # calls being answered, every connection
         self.calls = 0  # calls answered or failed, for stats
 
     async def start(self) -> None:
@@ -95,6 +96,23 @@ class LocalHopServer:
         for writer in list(self._connections):
             writer.close()
         shutil.rmtree(self._directory, ignore_errors=True)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Stop taking connections, wait (at most ``timeout_s``) until every call being
+        answered has its answer written, then ``close``. The replica's stop waits on this:
+        Serve counts only its own requests, and would stop the replica with these calls
+        in it. Whether every call was answered."""
+        if self._server is not None:
+            self._server.close()  # new connections refused; open ones finish their calls
+        pending = set(self._in_flight)
+        if pending:
+            _, pending = await asyncio.wait(pending, timeout=timeout_s)
+        self.close()
+        return not pending
 
     async def aclose(self) -> None:
         """``close``, then wait until every connection's socket is closed."""
@@ -118,6 +136,8 @@ class LocalHopServer:
                 _, call_id, model_id, jobs = message
                 task = asyncio.ensure_future(self._answer(writer, call_id, model_id, jobs))
                 calls[call_id] = task
+                self._in_flight.add(task)
+                task.add_done_callback(self._in_flight.discard)
                 task.add_done_callback(functools.partial(_forget, calls, call_id))
         except (asyncio.IncompleteReadError, ConnectionError, HopLost, pickle.PickleError):
             pass  # the client went away (or broke the protocol): its calls go with it

@@ -113,6 +113,37 @@ async def test_a_pool_that_goes_away_fails_waiting_and_later_calls_at_once():
     client.close()
 
 
+async def test_a_stopping_pool_answers_the_calls_it_holds_before_it_closes():
+    """Serve's drain counts only Serve's requests: the replica's stop drains the hop
+    itself, refusing new connections and answering every call it holds, then closes."""
+    pool = Pool()
+    server, client = await _pair(pool)
+    held = asyncio.ensure_future(client.call("slow", [1]))
+    await _until(lambda: server.in_flight == 1, "the call to reach the pool")
+    draining = asyncio.ensure_future(server.drain(BOUND_S))
+    await asyncio.sleep(0)
+    with pytest.raises(OSError):
+        await LocalHopClient.connect(server.path)  # no new connection while it stops
+    assert not held.done()
+    pool.release.set()
+    async with asyncio.timeout(BOUND_S):
+        assert await held == [("slow", 1)]
+        assert await draining is True
+    assert server.in_flight == 0 and not os.path.exists(server.path)
+    client.close()
+
+
+async def test_a_drain_that_runs_out_of_time_still_closes_and_says_so():
+    server, client = await _pair(Pool())
+    held = asyncio.ensure_future(client.call("slow", [1]))
+    await _until(lambda: server.in_flight == 1, "the call to reach the pool")
+    assert await server.drain(0.01) is False
+    async with asyncio.timeout(BOUND_S):
+        with pytest.raises(HopLost):
+            await held
+    client.close()
+
+
 class ClosedWriter:
     """A stream writer whose transport closed before the reader saw the end (uvloop then
     raises RuntimeError from ``write``)."""
