@@ -26,6 +26,7 @@ from blitz.http.bodies import (
     SimilarityRequest,
     TokenizeRequest,
 )
+from blitz.http.peer_bodies import CohereEmbedRequest, CohereRerankRequest
 from blitz.settings.config import Limits
 from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
 
@@ -46,13 +47,15 @@ VALUES = st.recursive(
 FIELDS = ["texts", "inputs", "input", "model", "normalize", "truncate", "dimensions", "dtype",
           "prompt_name", "layout", "encoding_format", "user", "query", "documents", "top_n",
           "return_documents", "ids", "add_special_tokens", "skip_special_tokens",
-          "return_offsets", "offsets", "raw_scores", "top_k"]
+          "return_offsets", "offsets", "raw_scores", "top_k", "input_type", "embedding_types",
+          "output_dimension", "truncation_direction", "return_text", "modality"]
 # the values each field takes, and values it refuses, in lists of every shape
 FIELD_VALUES = (VALUES | st.lists(st.text(max_size=4), max_size=12)
                 | st.lists(st.integers(-3, 2**40) | st.booleans(), max_size=25)
                 | st.lists(st.lists(st.integers(-3, 50), max_size=6), max_size=10)
                 | st.sampled_from(["float32", "int8", "binary", "base64", "float", "portable",
-                                   "numpy", 1, 0, True, -1]))
+                                   "numpy", 1, 0, True, -1, "END", "NONE", "START", "right",
+                                   "left", "search_query", "text", "image"]))
 BODIES = (st.dictionaries(st.sampled_from(FIELDS), FIELD_VALUES, max_size=6)
           | st.dictionaries(st.text(max_size=8), VALUES, max_size=4) | VALUES)
 
@@ -90,6 +93,17 @@ def test_any_body_is_an_openai_request_or_refused(body, limits):
 @given(BODIES, st.sampled_from([LIMITS, SERVER_LIMITS, None]))
 def test_any_body_is_a_rerank_request_or_refused(body, limits):
     request = parsed_or_refused(RerankRequest.parse, body, limits)
+    if request is not None:
+        assert type(request.query) is str and all(type(d) is str for d in request.documents)
+
+
+@given(BODIES, st.sampled_from([LIMITS, SERVER_LIMITS, None]))
+def test_any_body_is_a_cohere_request_or_refused(body, limits):
+    request = parsed_or_refused(CohereEmbedRequest.parse, body, limits)
+    if request is not None:
+        assert request.texts and all(type(t) is str for t in request.texts)
+        assert request.truncate in ("END", "NONE")
+    request = parsed_or_refused(CohereRerankRequest.parse, body, limits)
     if request is not None:
         assert type(request.query) is str and all(type(d) is str for d in request.documents)
 
