@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
-import uvicorn
 from PIL import Image
 
 from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
 from tests.local_dispatcher import LocalDispatcher
+from tests.served import served
 
 # what a headless Chromium needs on a closed network, as root (docs of this machine kind)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -46,25 +45,11 @@ async def test_the_docs_page_renders_every_route_in_headless_chromium(tmp_path):
     browser = chromium()
     settings = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:16"}]})
     api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings)))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/docs"
-    server = uvicorn.Server(uvicorn.Config(api, lifespan="off", ws="none", log_level="error",
-                                           access_log=False))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            if serving.done():
-                pytest.fail(f"uvicorn did not start: {serving.exception()!r}")
-            await asyncio.sleep(0.01)
-        dom = (await run_browser(browser, url, tmp_path, "--dump-dom")).decode()
-        shot = tmp_path / "docs.png"
-        await run_browser(browser, url, tmp_path, f"--screenshot={shot}",
+    shot = tmp_path / "docs.png"
+    async with served(api) as base:
+        dom = (await run_browser(browser, f"{base}/docs", tmp_path, "--dump-dom")).decode()
+        await run_browser(browser, f"{base}/docs", tmp_path, f"--screenshot={shot}",
                           "--window-size=1280,1600")
-    finally:
-        server.should_exit = True
-        await serving
-        sock.close()
     for route in api.routes:
         assert f"{route.path}<" in dom or f"{route.path} " in dom, route.path
     with Image.open(shot) as image:

@@ -11,20 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 from pathlib import Path
 
 import httpx
 import msgpack
 import numpy as np
 import pytest
-import uvicorn
 
 from blitz import codecs
 from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
 from tests.local_dispatcher import LocalDispatcher
+from tests.served import served
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["a", "b c", "d e f"]
@@ -145,27 +144,13 @@ def node_and_package() -> str:
 
 async def run_node_against(api: HttpApi, node: str) -> dict:
     """Serve ``api`` on 127.0.0.1 and run the JavaScript check against it."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(api, lifespan="off", ws="none", log_level="error",
-                                           access_log=False))
-    serving = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        while not server.started:
-            if serving.done():
-                pytest.fail(f"uvicorn did not start: {serving.exception()!r}")
-            await asyncio.sleep(0.01)
+    async with served(api) as base:
         proc = await asyncio.create_subprocess_exec(
-            node, str(ROOT / "tests/js/portable_check.mjs"), f"http://127.0.0.1:{port}",
+            node, str(ROOT / "tests/js/portable_check.mjs"), base,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
         assert proc.returncode == 0, stderr.decode()
         return json.loads(stdout)
-    finally:
-        server.should_exit = True
-        await serving
-        sock.close()
 
 
 async def test_javascript_decodes_the_portable_layout_to_numpys_values(client):
