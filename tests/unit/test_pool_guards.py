@@ -1,57 +1,70 @@
-"""ModelPool's guards, on a pool object built without Serve (no replica, no Ray): it
-creates nothing for a model id the registry does not know, and its health check fails
-while its workers are all stuck."""
+"""A pool replica's logic without Serve (``blitz.pool.replica``, built through its own
+constructor on a fake model): it creates nothing for a model id the registry does not
+know, it runs and counts the jobs of one it does, reporting them through its events, and
+it names its problem while its workers are all stuck."""
 
 from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
+from blitz.encoders.base import Encoded
 from blitz.errors import TimedOut, UnknownModel
-from blitz.pool.load_queue import LoadQueue
-from blitz.pool.worker_slots import WorkerSlots
+from blitz.pool.replica import PoolEvents, PoolReplica
 from blitz.schemas import EmbedJob, RerankJob
-from blitz.settings.config import PoolSettings
-from blitz.settings.registry import ModelSpec, Registry
-from deployments import pool as pool_module
+from blitz.settings.config import BlitzSettings
+from blitz.settings.registry import ModelSpec
 from tests.waiting import wait_until_async
 
 
 @pytest.fixture
-def pool(monkeypatch):
-    """A ModelPool's state as ``__init__`` leaves it, minus models and Serve."""
-    replica = object.__new__(pool_module.ModelPool.func_or_class)
-    replica.pool = "cpu"
-    replica.pool_settings = PoolSettings(call_timeout_s=0.2)
-    replica.registry = Registry([ModelSpec(id="known", source="fake:8")])
-    replica._batchers = {}
-    replica.loaded = []
-    replica.workers = WorkerSlots(1, stuck_after_s=0.2, name="test-pool")
-    replica.loads = LoadQueue(deadline_s=10, name="test-pool-load")
-    monkeypatch.setattr(pool_module.serve, "get_multiplexed_model_id", lambda: "no-such-model")
-    return replica
+def heard() -> dict[str, list]:
+    return {"loaded": [], "batch": [], "evicted": []}
+
+
+@pytest.fixture
+def pool(heard) -> PoolReplica:
+    settings = BlitzSettings(models=[ModelSpec(id="known", source="fake:8")],
+                             cpu_pool={"workers": 1, "call_timeout_s": 0.2})
+    events = PoolEvents(loaded=lambda model, _s: heard["loaded"].append(model),
+                        batch=heard["batch"].append, evicted=heard["evicted"].append)
+    return PoolReplica(settings, "cpu", events)
 
 
 async def test_an_unknown_model_id_is_a_404_and_creates_nothing(pool):
     with pytest.raises(UnknownModel):
-        await pool.run_jobs([EmbedJob(texts=["x"]), EmbedJob(token_ids=[[1, 2]]),
-                             RerankJob(query="q", documents=["d"])])
-    assert pool._batchers == {} and pool.loaded == []
+        await pool.run_jobs("no-such-model", [EmbedJob(texts=["x"]), EmbedJob(token_ids=[[1, 2]]),
+                                              RerankJob(query="q", documents=["d"])])
+    assert pool.batchers == {} and pool.loaded == []
 
 
-async def test_health_fails_while_every_worker_is_stuck(pool):
+async def test_jobs_for_a_known_model_run_and_are_counted_and_reported(pool, heard):
+    first = await pool.run_jobs("known", [EmbedJob(texts=["a", "b"])])
+    second = await pool.run_jobs("known", [EmbedJob(texts=["a"]), RerankJob(query="q",
+                                                                            documents=["d"])])
+    assert all(isinstance(r, Encoded) for r in first + second)
+    assert np.allclose(first[0].values[0], second[0].values[0])  # one vector per text
+    # no cache in front outside Serve: each batch loads (and then frees) its own copy
+    assert heard["loaded"] and set(heard["loaded"]) == {"known"}
+    assert sum(heard["batch"]) == 2 + 1 + 1  # a rerank job counts its documents
+    stats = pool.stats()
+    assert stats["texts_run"] == {"known": 4} and stats["batches_run"]["known"] >= 1
+    assert stats["waiting_texts"] == {"known": 0} and stats["stuck_workers"] == 0
+
+
+async def test_a_problem_is_named_while_every_worker_is_stuck(pool):
     release = threading.Event()
-    await pool.check_health()
+    assert pool.problem() is None
     with pytest.raises(TimedOut):
         await pool.workers.run(lambda: release.wait(10), 0.2)
     try:
         await wait_until_async(pool.workers.problem, "the worker to be reported stuck", 10,
                                interval_s=0.01)
-        with pytest.raises(RuntimeError, match="worker threads are stuck"):
-            await pool.check_health()
+        assert "worker threads are stuck" in (pool.problem() or "")
     finally:
         release.set()
     await wait_until_async(lambda: not pool.workers.busy, "the worker to come back", 10,
                            interval_s=0.01)
-    await pool.check_health()
+    assert pool.problem() is None

@@ -1,0 +1,266 @@
+"""One pool replica's logic, without Serve: jobs in, one result or error per job out, each
+model's jobs batched in one queue and run on worker threads under a lease on the model.
+
+``PoolReplica`` holds up to ``MAX_MODELS_PER_REPLICA`` models (the deployment puts Serve's
+multiplexed LRU in front of ``load``, as ``cached_load``), batches concurrent jobs of every
+kind (texts, token ids, reranks) per model with one ``Batcher``, runs model work on
+``workers`` threads (``WorkerSlots``: that many model calls at once) and each load on a
+thread of its own (``LoadQueue``: one at a time, shared by its callers, within
+``load_timeout_s``), never on the event loop, so a long load does not stall the models
+already resident. Work holds a lease on its model, so an eviction never frees a model
+mid-batch. ``problem()`` names a load or all workers stuck past their deadlines; the
+deployment's health check raises it, and Serve replaces the replica. What the replica
+does is reported through ``PoolEvents`` callbacks (the deployment wires Ray's metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from blitz import timing
+from blitz.encoders.base import Encoded, Encoder
+from blitz.encoders.sparse import cap_token_budget
+from blitz.errors import ModelLoadFailed, Overloaded, Unavailable
+from blitz.loading.failures import LoadFailures, as_load_failure
+from blitz.loading.fetch import preflight_source
+from blitz.loading.load import load_encoder, resolve_device
+from blitz.pool.batching import Batcher
+from blitz.pool.holder import ModelFreed, ModelHolder
+from blitz.pool.load_queue import LoadQueue
+from blitz.pool.work import Job, run_jobs
+from blitz.pool.worker_slots import WorkerSlots
+from blitz.runtime import malloc, model_threads
+from blitz.settings.config import BlitzSettings
+from blitz.settings.registry import ModelSpec
+
+logger = logging.getLogger("blitz.pool")
+EVICTIONS_KEPT = 32  # the last evicted ids kept for stats(); the count is kept in full
+LEASE_TRIES = 3  # a model evicted between lookup and use is loaded again this often
+
+
+def _nothing(*_: Any) -> None:
+    return None
+
+
+@dataclass
+class PoolEvents:
+    """What a pool replica reports, one callback each; every default does nothing."""
+
+    loaded: Callable[[str, float], None] = _nothing  # model id, seconds the load took
+    load_failed: Callable[[str], None] = _nothing  # model id
+    evicted: Callable[[str], None] = _nothing  # model id
+    rejected: Callable[[], None] = _nothing  # a job refused: the model's queue is full
+    waiting: Callable[[str], Callable[[int], None] | None] = _nothing  # model id ->
+    # the Batcher's ``on_waiting`` for that model's queue (texts waiting)
+    batch: Callable[[int], None] = _nothing  # a model call of this many texts, about to run
+    padding: Callable[[float], None] = _nothing  # real tokens / computed tokens of a call
+    noted: Callable[[], None] = _nothing  # a rare event was logged (a load, an eviction)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PoolReplica:
+    def __init__(self, settings: BlitzSettings, pool: str, events: PoolEvents | None = None):
+        self.settings = settings
+        self.registry = settings.registry()
+        self.pool = pool
+        self.pool_settings = settings.pool(pool)
+        self.events = events or PoolEvents()
+        self.device = resolve_device("cuda" if pool == "gpu" else "cpu")
+        self.cache_dir = settings.resolved_cache_dir()
+        self.workers = WorkerSlots(self.pool_settings.worker_count,
+                                   stuck_after_s=self.pool_settings.call_timeout_s,
+                                   name=f"blitz-{pool}")
+        self.loads: LoadQueue[Encoder] = LoadQueue(
+            deadline_s=self.pool_settings.load_timeout_s, name=f"blitz-{pool}-load",
+            on_failure=lambda model_id, exc: self._load_failed(self.registry.get(model_id), exc))
+        # torch itself is imported only if a model needs it (blitz.runtime.model_threads)
+        model_threads.configure(self.pool_settings.torch_threads)
+        self.failures = LoadFailures(self.pool_settings.load_failure_ttl_s)
+        # the loader work goes through: Serve's multiplexed LRU in a replica, else no cache
+        self.cached_load: Callable[[str], Awaitable[ModelHolder]] = self.load
+        self.batchers: dict[str, Batcher] = {}  # one queue per model
+        self.batches_run: dict[str, int] = {}  # per model: batches, and the texts in them
+        self.texts_run: dict[str, int] = {}
+        self.loaded: list[str] = []  # resident models, least recently loaded first
+        self.backends: dict[str, str] = {}  # resident model -> the backend serving it
+        self.auto_choices: dict[str, dict[str, Any]] = {}  # cpu_backend auto: the choice
+        self.evicted: deque[str] = deque(maxlen=EVICTIONS_KEPT)
+        self.evictions = 0
+
+    # ---- models ----------------------------------------------------------------------
+
+    async def load(self, model_id: str) -> ModelHolder:
+        """Load a registered model (one load at a time). A caller that gives up leaves the
+        load running for the next caller of the id; a failure comes through
+        ``_load_failed`` (the queue's ``on_failure``), so it is remembered and counted
+        once per load."""
+        spec = self.registry.get(model_id)  # only registered ids ever load
+        started = time.perf_counter()
+        timeout = self.pool_settings.load_timeout_s
+
+        def load() -> Encoder:
+            # the deadline travels with the load: a child build or measurement dies with it
+            encoder = load_encoder(spec, self.device, self.cache_dir, timeout_s=timeout)
+            cap_token_budget(encoder, self.pool_settings.sparse_token_budget)
+            encoder.warmup()
+            malloc.trim()  # what the load only passed through (file reads, graph
+            # optimisation) back to the system: glibc would keep it (blitz.pool.holder)
+            return encoder
+
+        encoder = await self.loads.load(model_id, load)
+        seconds = time.perf_counter() - started
+        self.events.loaded(model_id, seconds)
+        logger.info("loaded model %r on %s (%s) in %.2fs", model_id, self.device,
+                    encoder.backend, seconds)
+        self.loaded.append(model_id)
+        self.backends[model_id] = encoder.backend
+        if encoder.auto_choice is not None:
+            self.auto_choices[model_id] = encoder.auto_choice
+        self.events.noted()
+        return ModelHolder(encoder, on_release=self._released)
+
+    async def preload(self) -> None:
+        """Load the pool's ``preload`` models through ``cached_load``, so the cache in front
+        (Serve's LRU) holds them and reports their ids, and routing sends their requests
+        here."""
+        for model_id in self.pool_settings.preload:
+            await self.holder(model_id)
+        if self.pool_settings.preload:
+            logger.info("%s pool replica preloaded %s", self.pool, self.pool_settings.preload)
+
+    def _load_failed(self, spec: ModelSpec, exc: BaseException) -> ModelLoadFailed:
+        """The one way a failed load ends: one ``ModelLoadFailed``, remembered for
+        ``load_failure_ttl_s`` and counted."""
+        error = as_load_failure(spec.id, exc, spec.source)
+        self.failures.remember(spec.id, error)
+        self.events.load_failed(spec.id)
+        return error
+
+    def _released(self, model_id: str) -> None:
+        if model_id in self.loaded:
+            self.loaded.remove(model_id)
+        self.backends.pop(model_id, None)
+        self.auto_choices.pop(model_id, None)
+        self.evicted.append(model_id)
+        self.evictions += 1
+        self.events.evicted(model_id)
+        logger.info("evicted model %r", model_id)
+        self.events.noted()
+
+    async def holder(self, model_id: str) -> ModelHolder:
+        """The model's holder. A load that failed recently, or a local source that is
+        missing, fails here, before the cache in front evicts a healthy model for it."""
+        if model_id not in self.loaded:
+            self.failures.check(model_id)
+            spec = self.registry.get(model_id)  # an unknown id is a 404, not a failed load
+            try:
+                preflight_source(spec)
+            except Exception as exc:
+                raise self._load_failed(spec, exc) from exc
+        return await self.cached_load(model_id)
+
+    def problem(self) -> str | None:
+        """Why this replica cannot work, or None: a model load stuck past
+        ``load_timeout_s`` (no other model can load), or every worker stuck in a call past
+        ``call_timeout_s`` (no work can run)."""
+        return self.loads.problem() or self.workers.problem()
+
+    # ---- work ------------------------------------------------------------------------
+
+    async def run_jobs(self, model_id: str, jobs: list[Job]) -> list[Encoded | BaseException]:
+        """Several requests' jobs for one model (the ingress merges concurrent ones), of any
+        kind: they enter the model's one queue together, so they can share a batch, and
+        each gets its own result or error, so one bad job fails alone."""
+        self.registry.get(model_id)  # an unknown id: UnknownModel (404), and no queue made
+        self.workers.refuse_if_stuck(f"model {model_id!r}")  # queued, it could never run
+        entered = time.perf_counter()
+        try:
+            results = await self._batcher(model_id).submit_many(jobs)
+        except Overloaded as exc:
+            return [exc] * len(jobs)
+        timing.since(results, "pool-queue", entered)
+        timing.record(results, pool=time.perf_counter() - entered)
+        return results
+
+    def _batcher(self, model_id: str) -> Batcher:
+        batcher = self.batchers.get(model_id)
+        if batcher is None:
+            batcher = self.batchers[model_id] = Batcher(
+                lambda jobs: self._run_batch(model_id, jobs),
+                max_batch=self.pool_settings.max_batch_size,
+                max_waiting=self.pool_settings.max_queued_texts,
+                max_in_flight=self.pool_settings.worker_count,
+                name=f"{self.pool} pool, model {model_id!r}",
+                on_reject=self.events.rejected, on_waiting=self.events.waiting(model_id))
+        return batcher
+
+    async def _run_batch(self, model_id: str, jobs: list[Job]) -> list:
+        """One batch of the model's queue: counted, run, timed; padding observed."""
+        started = time.perf_counter()
+        texts = sum(len(j) for j in jobs)
+        self.events.batch(texts)
+        self.batches_run[model_id] = self.batches_run.get(model_id, 0) + 1
+        self.texts_run[model_id] = self.texts_run.get(model_id, 0) + texts
+        results, waited, ran = await self._call_model(
+            model_id, lambda encoder: run_jobs(encoder, jobs))
+        timing.mark(results, "pool-queue", started)
+        timing.record(results, worker_wait=waited, model=ran)
+        real = sum(int(r.token_counts.sum()) for r in results if isinstance(r, Encoded))
+        padded = sum(r.padded_tokens for r in results if isinstance(r, Encoded))
+        if padded:  # billed tokens can pass computed ones: an embedding model's rerank
+            # bills its query once per document but computes it once
+            self.events.padding(min(1.0, real / padded))
+        return results
+
+    async def _call_model(self, model_id: str, fn: Callable[[Encoder], Any]
+                          ) -> tuple[Any, float, float]:
+        """``fn(encoder)`` on a worker thread, holding a lease on the model throughout;
+        with the seconds it waited for the thread (the hand-off included) and ran there.
+        A model evicted between lookup and lease is loaded again, ``LEASE_TRIES`` times."""
+        what = f"model {model_id!r}"
+        for _ in range(LEASE_TRIES):
+            self.workers.refuse_if_stuck(what)  # before loading a model for nothing
+            holder = await self.holder(model_id)
+            ran: list[float] = []
+
+            def work(holder: ModelHolder = holder, ran: list[float] = ran) -> Any:
+                ran.append(time.perf_counter())
+                try:
+                    with holder.lease() as encoder:  # raises ModelFreed if evicted meanwhile
+                        return fn(encoder)
+                finally:
+                    ran.append(time.perf_counter())
+
+            asked = time.perf_counter()
+            try:
+                result = await self.workers.run(work, self.pool_settings.call_timeout_s, what)
+            except ModelFreed:
+                continue
+            return result, ran[0] - asked, ran[1] - ran[0]
+        raise Unavailable(f"model {model_id!r} was evicted {LEASE_TRIES} times in a row "
+                          "while waiting; the pool holds too many models for its load")
+
+    def stats(self) -> dict[str, Any]:
+        """What this replica holds and does: for tests and operators."""
+        return {"pool": self.pool, "device": self.device,
+                "workers": self.pool_settings.worker_count, "loaded": list(self.loaded),
+                "backends": dict(self.backends), "auto_choices": dict(self.auto_choices),
+                "evicted": list(self.evicted), "evictions": self.evictions,
+                "pid": os.getpid(), "rss_bytes": rss_bytes(), "malloc": malloc.info(),
+                "batches_run": dict(self.batches_run), "texts_run": dict(self.texts_run),
+                "waiting_texts": {m: b.waiting for m, b in self.batchers.items()},
+                "running_batches": {m: b.in_flight for m, b in self.batchers.items()},
+                "busy_workers": self.workers.busy, "stuck_workers": self.workers.stuck,
+                "waiting_for_workers": self.workers.waiting,
+                "loading": self.loads.loading, "queued_loads": self.loads.queued,
+                "load_overdue_s": round(self.loads.overdue_s(), 3)}
