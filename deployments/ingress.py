@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ray import serve
@@ -19,32 +20,19 @@ from ray.serve.handle import DeploymentHandle
 
 from blitz import timing
 from blitz.encoders.base import Encoded
-from blitz.encoders.postprocess import OutputDtype
 from blitz.errors import Overloaded, Unavailable
 from blitz.grpc_api.servicer import TeiServicer
 from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
-from blitz.ingress import status
 from blitz.ingress.outputs import OutputService
 from blitz.ingress.service import EmbeddingService
-from blitz.ingress.tokenizing import OffsetUnit, TokenService
+from blitz.ingress.tokenizing import TokenService
 from blitz.pool.batching import Batcher
 from blitz.pool.local_hop import HopLost
 from blitz.pool.work import Job
-from blitz.schemas import (
-    ClassifyResult,
-    DecodeResult,
-    EmbedJob,
-    EmbedResult,
-    RerankJob,
-    RerankResult,
-    SimilarityResult,
-    SparseResult,
-    TokenEmbeddingsResult,
-    TokenizeResult,
-)
 from blitz.settings.config import BlitzSettings
 from deployments.grpc_methods import GrpcMethods
+from deployments.handle_methods import HandleMethods
 from deployments.local_hops import LocalHops
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.loopback import (
@@ -61,13 +49,14 @@ logger = logging.getLogger("ray.serve")
 
 # pool calls in flight per (pool, model) and pool replica before requests wait to be
 # merged: at least two keep a replica busy while the ingress gathers the next (with
-# `workers: 2`, both compute at once; three measured 0.89x on int8 single, 0.95x batch32),
-# and one per worker so that every worker of a bigger replica has a batch
+# `workers: 2`, both compute at once; three cost throughput, as more small calls share
+# the cores: docs/benchmarks-history.md), and one per worker so that every worker of a
+# bigger replica has a batch
 CALLS_IN_FLIGHT_PER_REPLICA = 2
 
 
 def calls_in_flight(workers: int, replicas: int) -> int:
-    """Pool calls one ingress lane keeps in flight to a pool of ``replicas`` replicas with
+    """Pool calls one ingress batcher keeps in flight to a pool of ``replicas`` replicas with
     ``workers`` worker threads each."""
     return max(CALLS_IN_FLIGHT_PER_REPLICA, workers) * max(1, replicas)
 
@@ -100,7 +89,7 @@ class ServeDispatcher:
         self.settings = settings
         self.handles = handles
         self.pools = frozenset(handles)
-        self._lanes: dict[tuple[str, str], Batcher] = {}
+        self._batchers: dict[tuple[str, str], Batcher] = {}
         self._waker = PoolWaker(handles, settings.ingress.pool_timeout_s)
         self._hops = LocalHops(settings, handles)
         self.placement = PlacementWatch(
@@ -128,28 +117,19 @@ class ServeDispatcher:
     async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
         hop = self._hops.client(pool)
         if hop is not None:  # the pool's one replica, on this node: no Serve hop
-            started = time.perf_counter()
             try:
-                results = await hop.call(model_id, arg)
+                return await self._timed(lambda: hop.call(model_id, arg))
             except HopLost as exc:  # it died or was replaced: Serve's handle, as below
                 metrics.pool_failures.inc(tags={"pool": pool, "outcome": "retried"})
                 logger.warning("%s pool call over the local hop failed (%s); retrying over "
                                "Serve's handle", pool, exc)
-            else:
-                timing.mark(results, "ingress-queue", started)
-                timing.record(results, call=time.perf_counter() - started)
-                return results
         handle = self.handles[pool].options(multiplexed_model_id=model_id,
                                             request_serialization=SERIALIZATION,
                                             response_serialization=SERIALIZATION)
         for attempt in (1, 2):
             try:
                 await self._await_replica(pool)
-                started = time.perf_counter()
-                results = await getattr(handle, method).remote(arg)
-                timing.mark(results, "ingress-queue", started)
-                timing.record(results, call=time.perf_counter() - started)
-                return results
+                return await self._timed(lambda: getattr(handle, method).remote(arg))
             except BackPressureError as exc:
                 metrics.rejected.inc(tags={"hop": f"{pool}-serve-queue"})
                 raise Overloaded(f"the {pool} pool is at capacity; retry shortly") from exc
@@ -183,12 +163,12 @@ class ServeDispatcher:
                                   "replaced or restarting); retry shortly")
             await asyncio.sleep(REPLICA_POLL_S)
 
-    def _lane(self, pool: str, model_id: str) -> Batcher:
+    def _batcher(self, pool: str, model_id: str) -> Batcher:
         """The one queue for ``model_id``'s jobs of every kind on ``pool``."""
-        lane = self._lanes.get((pool, model_id))
-        if lane is None:
+        batcher = self._batchers.get((pool, model_id))
+        if batcher is None:
             settings = self.settings.pool(pool)
-            lane = self._lanes[(pool, model_id)] = Batcher(
+            batcher = self._batchers[(pool, model_id)] = Batcher(
                 lambda jobs: self._call(pool, model_id, "run_jobs", jobs),
                 max_batch=settings.max_batch_size,
                 max_waiting=self.settings.ingress.max_queued_texts,
@@ -197,19 +177,25 @@ class ServeDispatcher:
                 name=f"{pool} pool queue for {model_id!r}",
                 on_reject=lambda: metrics.rejected.inc(tags={"hop": "ingress"}),
                 on_waiting=metrics.waiting("ingress", pool, model_id))
-        return lane
-
-    async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded:
-        return await self.submit(pool, model_id, job)
-
-    async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded:
-        return await self.submit(pool, model_id, job)
+        return batcher
 
     async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
+        """``job`` through the one queue for ``pool`` and ``model_id``; its
+        ``ingress-queue`` is the time from here to its pool call (``_timed``)."""
         entered = time.perf_counter()
-        result = await self._lane(pool, model_id).submit(job)
+        result = await self._batcher(pool, model_id).submit(job)
         timing.since([result], "ingress-queue", entered)
         return result
+
+    @staticmethod
+    async def _timed(call: Callable[[], Awaitable[Any]]) -> Any:
+        """``call()``'s results, each stamped with when the pool call began (the mark
+        ``submit`` turns into ``ingress-queue``) and its round trip (``call``)."""
+        started = time.perf_counter()
+        results = await call()
+        timing.mark(results, "ingress-queue", started)
+        timing.record(results, call=time.perf_counter() - started)
+        return results
 
 
 class InProcessCpuDispatcher(ServeDispatcher):
@@ -229,11 +215,7 @@ class InProcessCpuDispatcher(ServeDispatcher):
     async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
         if pool != "cpu":
             return await super()._call(pool, model_id, method, arg)
-        started = time.perf_counter()
-        results = await getattr(self.cpu_pool, f"{method}_for")(model_id, arg)
-        timing.mark(results, "ingress-queue", started)
-        timing.record(results, call=time.perf_counter() - started)
-        return results
+        return await self._timed(lambda: getattr(self.cpu_pool, f"{method}_for")(model_id, arg))
 
 
 def _app_name() -> str:
@@ -243,9 +225,9 @@ def _app_name() -> str:
         return "blitz"
 
 
-class _IngressMethods(GrpcMethods):
+class _IngressMethods(GrpcMethods, HandleMethods):
     """What both ingress deployments answer: HTTP (the ASGI app), gRPC (TEI's services,
-    ``deployments/grpc_methods.py``) and the handle API."""
+    ``deployments/grpc_methods.py``) and the handle API (``deployments/handle_methods.py``)."""
 
     settings: BlitzSettings
     dispatcher: ServeDispatcher
@@ -270,79 +252,6 @@ class _IngressMethods(GrpcMethods):
 
     def __serve_build_asgi_app__(self) -> HttpApi:
         return self.api
-
-    async def embed(self, texts: str | list[str], model: str | None = None, *,
-                    normalize: bool | None = None, truncate: bool = True,
-                    dimensions: int | None = None, dtype: OutputDtype = "float32",
-                    prompt_name: str | None = None) -> EmbedResult:
-        """Handle API: ``await handle.embed.remote(texts, model="minilm")``; the options
-        are ``POST /embed``'s."""
-        return await self.service.embed(texts, model=model, normalize=normalize,
-                                        truncate=truncate, dimensions=dimensions, dtype=dtype,
-                                        prompt_name=prompt_name)
-
-    async def rerank(self, query: str, documents: list[str], model: str | None = None, *,
-                     top_n: int | None = None, return_documents: bool = False,
-                     truncate: bool = True) -> RerankResult:
-        """Handle API: ``await handle.rerank.remote(query, documents, model=...)``; the
-        options are ``POST /rerank``'s."""
-        return await self.service.rerank(query, documents, model=model, top_n=top_n,
-                                         return_documents=return_documents,
-                                         truncate=truncate)
-
-
-    async def embed_all(self, texts: str | list[str], model: str | None = None, *,
-                        truncate: bool = True,
-                        prompt_name: str | None = None) -> TokenEmbeddingsResult:
-        """Handle API: ``await handle.embed_all.remote(texts, model=...)``; the options are
-        ``POST /embed_all``'s."""
-        return await self.outputs.embed_all(texts, model=model, truncate=truncate,
-                                            prompt_name=prompt_name)
-
-    async def embed_sparse(self, texts: str | list[str], model: str | None = None, *,
-                           truncate: bool = True,
-                           prompt_name: str | None = None) -> SparseResult:
-        """Handle API: ``await handle.embed_sparse.remote(texts, model=...)``; the options
-        are ``POST /embed_sparse``'s."""
-        return await self.outputs.embed_sparse(texts, model=model, truncate=truncate,
-                                               prompt_name=prompt_name)
-
-    async def similarity(self, source: str, sentences: list[str], model: str | None = None,
-                         *, truncate: bool = True,
-                         prompt_name: str | None = None) -> SimilarityResult:
-        """Handle API: ``await handle.similarity.remote(source, sentences, model=...)``;
-        ``POST /similarity``."""
-        return await self.outputs.similarity(source, sentences, model=model,
-                                             truncate=truncate, prompt_name=prompt_name)
-
-    async def classify(self, inputs: str | list[str] | list[list[str]],
-                       model: str | None = None, *, raw_scores: bool = False,
-                       top_k: int | None = None, truncate: bool = True) -> ClassifyResult:
-        """Handle API: ``await handle.classify.remote(texts, model=...)``: each text's (or
-        ``[text, text]`` pair's) label scores; ``POST /predict`` and ``/classify``."""
-        return await self.outputs.classify(inputs, model=model, raw_scores=raw_scores,
-                                           top_k=top_k, truncate=truncate)
-
-    async def tokenize(self, texts: str | list[str], model: str | None = None, *,
-                       add_special_tokens: bool = True, prompt_name: str | None = None,
-                       return_offsets: bool = True,
-                       offsets: OffsetUnit = "chars") -> TokenizeResult:
-        """Handle API: ``await handle.tokenize.remote(texts, model=...)``; the options are
-        ``POST /tokenize``'s."""
-        return await self.tokens.tokenize(texts, model=model,
-                                          add_special_tokens=add_special_tokens,
-                                          prompt_name=prompt_name,
-                                          return_offsets=return_offsets, offsets=offsets)
-
-    async def decode(self, ids: list[int] | list[list[int]], model: str | None = None, *,
-                     skip_special_tokens: bool = True) -> DecodeResult:
-        """Handle API: ``await handle.decode.remote(ids, model=...)``; ``POST /decode``."""
-        return await self.tokens.decode(ids, model=model,
-                                        skip_special_tokens=skip_special_tokens)
-
-    async def info(self, model: str | None = None) -> dict[str, Any]:
-        """Handle API: ``await handle.info.remote()``; ``GET /info``."""
-        return status.info(self.service, model)
 
 
 @serve.deployment

@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from blitz.encoders.base import Encoded, Encoder
 from blitz.loading.load import load_encoder
 from blitz.pool.work import Job, run_jobs
-from blitz.schemas import EmbedJob, RerankJob
 from blitz.settings.config import BlitzSettings
 
 
@@ -36,8 +35,9 @@ class LocalDispatcher:
     def unplaced_pools(self) -> dict[str, str]:
         return {}
 
-    async def _run(self, model_id: str, job: Job) -> Encoded:
-        """``job`` on this process's encoder for ``model_id``, as a pool batch runs it."""
+    async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
+        """``job`` on this process's encoder for ``model_id``, as a pool batch runs it;
+        every pool is this one."""
         loop = asyncio.get_running_loop()
 
         def call() -> Encoded | Exception:
@@ -52,15 +52,6 @@ class LocalDispatcher:
         if isinstance(result, Exception):
             raise result
         return result
-
-    async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded:
-        return await self._run(model_id, job)
-
-    async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded:
-        return await self._run(model_id, job)
-
-    async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
-        return await self._run(model_id, job)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False)

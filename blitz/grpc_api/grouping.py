@@ -26,7 +26,7 @@ from blitz.errors import ClientError, as_blitz_error
 from blitz.grpc_api import convert
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.services import BY_METHOD, Malformed
-from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.ingress.service import EmbeddingService, RequestRecord, record_failure
 from blitz.pool.batching import Batcher
 
 Alone = Callable[[Any], Awaitable[tuple[Any, Exception | None]]]
@@ -96,8 +96,7 @@ class EmbedGroups:
             error = as_blitz_error(exc)
             if isinstance(error, ClientError):  # whose? each alone says
                 return list(await asyncio.gather(*(self._one(r) for r in run)))
-            record.error = error.code
-            self.service.observe(record, error.status)
+            record_failure(record, error, self.service.observe)
             return [exc] * len(run)
         seconds = time.perf_counter() - started
         self.service.observe(record, 200)

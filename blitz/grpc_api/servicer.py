@@ -33,7 +33,7 @@ from blitz.grpc_api.grouping import EmbedGroups
 from blitz.grpc_api.services import BY_METHOD
 from blitz.ingress.keys import ApiKeys
 from blitz.ingress.outputs import OutputService
-from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.ingress.service import EmbeddingService, RequestRecord, record_failure
 from blitz.ingress.tokenizing import TokenService
 
 CODES = {  # an error's HTTP status -> its gRPC status code
@@ -112,12 +112,12 @@ class TeiServicer:
         size = request.ByteSize() if hasattr(request, "ByteSize") else 0
         limit = self.service.settings.limits.max_buffered_bytes
         if self.held_bytes + size > limit:
-            record = RequestRecord(BY_METHOD[method].path, error=Overloaded.code)
-            self.service.observe(record, Overloaded.status)
-            return None, Overloaded(
+            refused = Overloaded(
                 f"this server holds {self.held_bytes} bytes of gRPC messages being answered; "
                 f"this {size}-byte one would pass the limit max_buffered_bytes ({limit}): "
                 "retry shortly")
+            record_failure(RequestRecord(BY_METHOD[method].path), refused, self.service.observe)
+            return None, refused
         self.held_bytes += size
         try:
             return await answer(request)
@@ -134,9 +134,7 @@ class TeiServicer:
         try:
             reply = await convert.ANSWER[method](self, request, model, record)
         except Exception as exc:
-            error = as_blitz_error(exc)
-            record.error = error.code
-            self.service.observe(record, error.status)
+            record_failure(record, exc, self.service.observe)
             return None, exc
         convert.fill_metadata(reply, request, record, time.perf_counter() - started)
         self.service.observe(record, 200)

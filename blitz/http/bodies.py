@@ -25,7 +25,8 @@ from pydantic import (
 
 from blitz.codecs import ArrayLayout
 from blitz.encoders.postprocess import OutputDtype
-from blitz.errors import BadRequest, InvalidValue, PayloadTooLarge, echo
+from blitz.errors import BadRequest, InvalidValue, echo
+from blitz.ingress.limits import check_count, check_token_total
 
 if TYPE_CHECKING:
     from blitz.settings.config import Limits
@@ -60,10 +61,8 @@ class _Request(BaseModel):
     def _check_sizes(cls, payload: dict, limits: Limits) -> None:
         for key in cls._list_keys:
             items = payload.get(key)
-            if isinstance(items, list) and len(items) > limits.max_texts_per_request:
-                raise PayloadTooLarge(
-                    f"{len(items)} {key} in one request; the limit max_texts_per_request is "
-                    f"{limits.max_texts_per_request}", param=key)
+            if isinstance(items, list):
+                check_count(len(items), limits, key, key)
 
 
 def _texts_or_ids_shape(value: Any, field: str) -> Any:
@@ -104,20 +103,15 @@ def _count_token_ids(items: Any, field: str, limits: Limits) -> None:
     """413 when a texts-or-token-ids input is over the limits (counted before validation)."""
     if not isinstance(items, list) or not items:
         return
-    if not isinstance(items[0], int) and len(items) > limits.max_texts_per_request:
-        raise PayloadTooLarge(
-            f"{len(items)} inputs in one request; the limit max_texts_per_request is "
-            f"{limits.max_texts_per_request}", param=field)
+    if not isinstance(items[0], int):
+        check_count(len(items), limits, "inputs", field)
     if isinstance(items[0], list):
         total = sum(len(row) if isinstance(row, list) else 1 for row in items)
     elif isinstance(items[0], int):
         total = len(items)
     else:
         return
-    if total > limits.max_token_ids_per_request:
-        raise PayloadTooLarge(
-            f"{total} token ids in one request; the limit max_token_ids_per_request is "
-            f"{limits.max_token_ids_per_request}", param=field)
+    check_token_total(total, limits, field)
 
 
 class _TruncationSide(BaseModel):
@@ -297,11 +291,9 @@ class SimilarityRequest(_Request):
     def _check_sizes(cls, payload: dict, limits: Limits) -> None:
         inputs = payload.get("inputs")
         sentences = inputs.get("sentences") if isinstance(inputs, dict) else None
-        if isinstance(sentences, list) and len(sentences) + 1 > limits.max_texts_per_request:
-            raise PayloadTooLarge(
-                f"{len(sentences)} sentences and a source in one request; the limit "
-                f"max_texts_per_request is {limits.max_texts_per_request}",
-                param="inputs.sentences")
+        if isinstance(sentences, list):
+            check_count(len(sentences), limits, "sentences and a source", "inputs.sentences",
+                        plus=1)
 
 
 class PredictRequest(_Request):
@@ -367,17 +359,11 @@ class DecodeRequest(_Request):
     def _check_sizes(cls, payload: dict, limits: Limits) -> None:
         ids = payload.get("ids")
         if isinstance(ids, list) and ids and isinstance(ids[0], list):
-            if len(ids) > limits.max_texts_per_request:
-                raise PayloadTooLarge(
-                    f"{len(ids)} rows of ids in one request; the limit max_texts_per_request "
-                    f"is {limits.max_texts_per_request}", param="ids")
+            check_count(len(ids), limits, "rows of ids", "ids")
             total = sum(len(row) if isinstance(row, list) else 1 for row in ids)
         else:
             total = len(ids) if isinstance(ids, list) else 0
-        if total > limits.max_token_ids_per_request:
-            raise PayloadTooLarge(
-                f"{total} token ids in one request; the limit max_token_ids_per_request is "
-                f"{limits.max_token_ids_per_request}", param="ids")
+        check_token_total(total, limits, "ids")
 
     @field_validator("ids", mode="before")
     @classmethod

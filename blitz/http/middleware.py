@@ -34,7 +34,7 @@ from blitz.errors import (
 from blitz.http import disconnect
 from blitz.http.responses import JSONBytesResponse
 from blitz.ingress.keys import ApiKeys
-from blitz.ingress.service import RequestRecord
+from blitz.ingress.service import RequestRecord, record_failure
 from blitz.settings.config import AuthSettings
 
 logger = logging.getLogger("blitz.http")
@@ -129,8 +129,9 @@ class RequestMiddleware:
             if status:  # the reply has begun; nothing more can be said
                 raise
             error, reply = self._error_reply(exc, scope, path, request_id)
-            record.error = error.code
             await reply(scope, receive, send_with_headers)
+            record_failure(record, error, self.observe)  # as sent: error.status
+            return
         self.observe(record, status)
 
     @staticmethod

@@ -1,6 +1,6 @@
-"""The ingress's request logic, free of Ray and of HTTP: limits, chunking and output
-options (``service``), which pool serves a request (``routing``) and why a pool replica
-waits for the cluster (``placement``).
+"""The ingress's request logic, free of Ray and of HTTP: the request pipeline and output
+options (``service``), the request limits' checks (``limits``), which pool serves a
+request (``routing``) and why a pool replica waits for the cluster (``placement``).
 
 May import every floor below it (``blitz.pool``, ``blitz.bulk``, ``blitz.schemas``,
 ``blitz.loading``, ``blitz.encoders``, ``blitz.settings``, ``blitz.sources``,

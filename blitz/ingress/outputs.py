@@ -11,17 +11,14 @@ text.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from blitz import timing
-from blitz.encoders.base import Encoded
 from blitz.errors import InvalidValue, PayloadTooLarge
+from blitz.ingress.limits import check_count, check_texts
 from blitz.ingress.tokenizing import TokenService, count_tokens, off_loop
 from blitz.loading.fetch import read_facts
-from blitz.pool.work import Job
 from blitz.schemas import (
     ClassifyJob,
     ClassifyResult,
@@ -41,9 +38,9 @@ if TYPE_CHECKING:
 
 
 class OutputService:
-    """``embed_all``, ``embed_sparse`` and ``classify`` for HTTP and handle calls, on
-    ``service``'s dispatcher: each checks the model's kind and the limits, routes, splits
-    the inputs into jobs of the pool's batch size and gathers their parts."""
+    """``embed_all``, ``embed_sparse`` and ``classify`` for HTTP and handle calls: each
+    checks its inputs against the limits, then runs them through ``service``'s pipeline
+    (``EmbeddingService.run``: the model's kind, routing, jobs of the pool's batch size)."""
 
     def __init__(self, service: EmbeddingService, tokens: TokenService | None = None):
         self.service = service
@@ -52,35 +49,14 @@ class OutputService:
         self.tokens = tokens or TokenService(service)
         self._longest: dict[str, int | None] = {}  # model id -> its max input length
 
-    async def _run(self, record: RequestRecord, model: str | None, kind: str, use: str,
-                   items: list[Any], make_job: Callable[[list[Any]], Job],
-                   ) -> tuple[ModelSpec, str, list[Encoded]]:
-        """(the spec, the pool, one part per job) for ``items`` on a model of ``kind``;
-        ``use`` names the route in the error for a model of another kind."""
-        service = self.service
-        record.texts, record.model = len(items), model or ""
-        spec = service.spec(model)
-        record.model = spec.id
-        if spec.kind != kind:
-            raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; {use} takes a model of "
-                               f"kind {kind}", param="model")
-        pool = service.route(spec.kind, len(items)).pool
-        size = service.dispatcher.max_batch(pool)
-        parts = await service.gather(
-            [service.dispatcher.submit(pool, spec.id, make_job(items[i:i + size]))
-             for i in range(0, len(items), size)], size)
-        record.pool, record.timings = pool, timing.slowest(parts)
-        record.tokens = int(sum(int(p.token_counts.sum()) for p in parts))
-        return spec, pool, parts
-
     def _texts(self, texts: str | list[str], model: str | None,
                prompt_name: str | None) -> list[str]:
         """``texts`` checked against the limits, behind the model's prompt if named."""
         items = [texts] if isinstance(texts, str) else list(texts or ())
-        self.service.check_texts(items)
+        check_texts(items, self.service.settings.limits)
         return apply_prompt(self.service.spec(model), items, prompt_name)
 
-    async def embed_all(self, texts: str | list[str], *, model: str | None = None,
+    async def embed_all(self, texts: str | list[str], model: str | None = None, *,
                         truncate: bool = True, prompt_name: str | None = None,
                         record: RequestRecord | None = None) -> TokenEmbeddingsResult:
         """Each text's token vectors (special tokens included, no padding) from an
@@ -89,9 +65,10 @@ class OutputService:
             record.model = model or ""
             items = self._texts(texts, model, prompt_name)
             await self._check_vectors(self.service.spec(model), items)
-            spec, pool, parts = await self._run(
-                record, model, "embedding", "/embed_all", items,
-                lambda chunk: TokenEmbedJob(chunk, truncate))
+            record.texts = len(items)
+            spec, pool, parts = await self.service.run(
+                record, model, lambda _: items, lambda _, chunk: TokenEmbedJob(chunk, truncate),
+                kind="embedding", other_kind="/embed_all takes a model of kind embedding")
             limit = self.service.settings.limits.max_token_vectors_per_request
             if record.tokens > limit:  # what the ingress could not count (no tokenizer here)
                 raise too_many_vectors(record.tokens, limit)
@@ -121,16 +98,17 @@ class OutputService:
         if counted > limit:
             raise too_many_vectors(counted, limit, counted_all=False)
 
-    async def embed_sparse(self, texts: str | list[str], *, model: str | None = None,
+    async def embed_sparse(self, texts: str | list[str], model: str | None = None, *,
                            truncate: bool = True, prompt_name: str | None = None,
                            record: RequestRecord | None = None) -> SparseResult:
         """Each text's non-zero vocabulary weights from a sparse (SPLADE) model."""
         with self.service.recorded(record, "handle.embed_sparse") as record:
             record.model = model or ""
             items = self._texts(texts, model, prompt_name)
-            spec, pool, parts = await self._run(
-                record, model, "sparse", "/embed_sparse", items,
-                lambda chunk: SparseEmbedJob(chunk, truncate))
+            record.texts = len(items)
+            spec, pool, parts = await self.service.run(
+                record, model, lambda _: items, lambda _, chunk: SparseEmbedJob(chunk, truncate),
+                kind="sparse", other_kind="/embed_sparse takes a model of kind sparse")
             vectors: list[SparseVector] = []
             for part in parts:
                 assert part.indices is not None and part.rows is not None
@@ -140,8 +118,8 @@ class OutputService:
             return SparseResult(vectors, self.service.dimension_of(spec), spec.id,
                                 Usage.of(record.tokens), pool)
 
-    async def similarity(self, source: str, sentences: list[str], *,
-                         model: str | None = None, truncate: bool = True,
+    async def similarity(self, source: str, sentences: list[str],
+                         model: str | None = None, *, truncate: bool = True,
                          prompt_name: str | None = None,
                          record: RequestRecord | None = None) -> SimilarityResult:
         """The cosine similarity of ``source`` to each of ``sentences`` (TEI's
@@ -157,8 +135,8 @@ class OutputService:
             return SimilarityResult([float(x) for x in scores], result.model, result.usage,
                                     result.pool)
 
-    async def classify(self, inputs: str | list[str] | list[list[str]], *,
-                       model: str | None = None, raw_scores: bool = False,
+    async def classify(self, inputs: str | list[str] | list[list[str]],
+                       model: str | None = None, *, raw_scores: bool = False,
                        top_k: int | None = None, truncate: bool = True,
                        record: RequestRecord | None = None) -> ClassifyResult:
         """Each input's (a text, or a ``[text, text]`` pair) label scores, best first:
@@ -167,16 +145,16 @@ class OutputService:
         with service.recorded(record, "handle.classify") as record:
             record.model = model or ""
             items = _classify_inputs(inputs)
-            if len(items) > service.settings.limits.max_texts_per_request:
-                raise PayloadTooLarge(
-                    f"{len(items)} inputs in one request; the limit max_texts_per_request "
-                    f"is {service.settings.limits.max_texts_per_request}", param="inputs")
-            service.check_texts([text for item in items for text in item], "inputs")
+            limits = service.settings.limits
+            check_count(len(items), limits, "inputs", "inputs")
+            check_texts([text for item in items for text in item], limits, "inputs")
             if top_k is not None and top_k < 1:
                 raise InvalidValue("top_k must be at least 1", param="top_k")
-            spec, pool, parts = await self._run(
-                record, model, "classifier", "/predict and /classify", items,
-                lambda chunk: ClassifyJob(chunk, truncate))
+            record.texts = len(items)
+            spec, pool, parts = await service.run(
+                record, model, lambda _: items, lambda _, chunk: ClassifyJob(chunk, truncate),
+                kind="classifier", other_kind="/predict and /classify takes a model of kind "
+                "classifier")
             logits = np.concatenate([p.values for p in parts])
             labels = parts[0].labels or tuple(f"LABEL_{i}" for i in range(logits.shape[1]))
             scores = logits if raw_scores else probabilities(logits)

@@ -1,8 +1,10 @@
-"""The ingress's request logic, free of Ray: limits, routing, chunking, output options.
+"""The ingress's request logic, free of Ray: the request pipeline, routing, output options.
 
 A ``Dispatcher`` runs jobs on pools; deployments/ implements it with Serve handles, tests
-with in-process encoders. Every request is checked against the limits here, before any
-model work, and its metrics are recorded here, for HTTP requests and handle calls alike.
+with in-process encoders. Every request that runs a model goes through one pipeline
+(``EmbeddingService.run``): its model resolved, its inputs checked against the limits
+(``blitz.ingress.limits``) before any model work, routed, sent in jobs of the pool's batch
+limit; its metrics are recorded here, for HTTP requests and handle calls alike.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -21,12 +23,14 @@ from blitz import timing
 from blitz.encoders.base import Encoded
 from blitz.encoders.postprocess import OutputDtype, quantize, truncate_dimensions
 from blitz.errors import (
+    BlitzError,
     InputTooLong,
     InvalidValue,
     ModelLoadFailed,
     PayloadTooLarge,
     as_blitz_error,
 )
+from blitz.ingress.limits import check_length, check_texts, check_token_ids
 from blitz.ingress.routing import Route, choose_pool
 from blitz.ingress.vector_cache import CachedEmbedder, Computed, Key, fingerprint
 from blitz.loading.fetch import read_dimension
@@ -69,6 +73,16 @@ Observer = Callable[[RequestRecord, int, float], None]
 """Receives (record, status, seconds since the record was made) once per request."""
 
 
+def record_failure(record: RequestRecord, exc: BaseException,
+                   observe: Callable[[RequestRecord, int], None]) -> BlitzError:
+    """The one way a failed request is counted: ``exc``'s error code into ``record``, then
+    ``observe(record, its status)``. Returns the error answered for ``exc``."""
+    error = as_blitz_error(exc)
+    record.error = error.code
+    observe(record, error.status)
+    return error
+
+
 class Dispatcher(Protocol):
     """Runs one job on one pool for one model."""
 
@@ -88,13 +102,34 @@ class Dispatcher(Protocol):
         """Pools with a replica the cluster cannot place, and why (``blitz.ingress.placement``)."""
         ...
 
-    async def embed(self, pool: str, model_id: str, job: EmbedJob) -> Encoded: ...
-
-    async def rerank(self, pool: str, model_id: str, job: RerankJob) -> Encoded: ...
-
     async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
-        """Any job (``blitz.pool.work.Job``) through the same queue as embed and rerank."""
+        """``job`` (any ``blitz.pool.work.Job``) for ``model_id`` on ``pool``, through the
+        one queue of that pool and model; what the pool raised is raised here."""
         ...
+
+
+Send = Callable[[list[Any]], Awaitable[list[Encoded]]]
+"""Sends some of a request's items to its pool, in jobs of the pool's batch limit; their
+parts, one per job."""
+Through = Callable[[ModelSpec, str, list[Any], Send], Awaitable[list[Encoded]]]
+"""Stands between a request's items and its pool (the vector cache): given the spec, the
+pool, the items and ``Send``, parts that answer all of the items."""
+
+
+class Ran(NamedTuple):
+    """What the pipeline (``EmbeddingService.run``) gives back."""
+
+    spec: ModelSpec
+    pool: str
+    parts: list[Encoded]  # one per job, in the items' order
+
+
+def joined(parts: list[Encoded]) -> Computed:
+    """The parts' rows and token counts as one array each, and the parts."""
+    if len(parts) == 1:
+        return parts[0].values, parts[0].token_counts, parts
+    return (np.concatenate([p.values for p in parts]),
+            np.concatenate([p.token_counts for p in parts]), parts)
 
 
 class EmbeddingService:
@@ -146,13 +181,43 @@ class EmbeddingService:
         try:
             yield record
         except Exception as exc:
-            error = as_blitz_error(exc)
-            record.error = error.code
-            self.observe(record, error.status)
+            record_failure(record, exc, self.observe)
             raise
         self.observe(record, 200)
 
-    # ---- routing ---------------------------------------------------------------------
+    # ---- the pipeline ----------------------------------------------------------------
+
+    async def run(self, record: RequestRecord, model: str | None,
+                  inputs: Callable[[ModelSpec], list[Any]],
+                  make_job: Callable[[ModelSpec, list[Any]], Job], *,
+                  kind: str | None = None, other_kind: str = "",
+                  through: Through | None = None) -> Ran:
+        """The ingress request pipeline, one for every route that runs a model: resolve
+        ``model`` (the default when None) into ``record``; refuse a model not of ``kind``
+        (None: any kind), the error saying ``other_kind`` after the model's kind; take
+        ``inputs(spec)``, the request's items, checked; route them; send them in
+        ``make_job(spec, chunk)`` jobs of the pool's batch limit, in parallel (through
+        ``through`` when given); gather the parts; fill the record's pool, tokens and
+        timings. The caller sets ``record.texts``."""
+        record.model = model or ""  # observed as "other" if it is unknown
+        spec = self.spec(model)
+        record.model = spec.id
+        if kind is not None and spec.kind != kind:
+            raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; {other_kind}",
+                               param="model")
+        items = inputs(spec)
+        pool = self.route(spec.kind, len(items)).pool
+        size = self.dispatcher.max_batch(pool)
+
+        async def send(some: list[Any]) -> list[Encoded]:
+            return await self.gather([self.dispatcher.submit(pool, spec.id,
+                                                             make_job(spec, some[i:i + size]))
+                                      for i in range(0, len(some), size)], size)
+
+        parts = await (send(items) if through is None else through(spec, pool, items, send))
+        record.pool, record.timings = pool, timing.slowest(parts)
+        record.tokens = int(sum(int(p.token_counts.sum()) for p in parts))
+        return Ran(spec, pool, parts)
 
     def route(self, kind: str, n_items: int) -> Route:
         """The pool for this request (``blitz.ingress.routing.choose_pool``), observed. A request
@@ -165,138 +230,6 @@ class EmbeddingService:
         if self.route_observer is not None:
             self.route_observer(route.pool, route.reason)
         return route
-
-    # ---- limits ----------------------------------------------------------------------
-
-    def check_texts(self, texts: list[str], what: str = "texts") -> None:
-        limits = self.settings.limits
-        if not texts:
-            raise InvalidValue(f"{what} must contain at least one text", param=what)
-        if len(texts) > limits.max_texts_per_request:
-            raise PayloadTooLarge(
-                f"{len(texts)} {what} in one request; the limit max_texts_per_request is "
-                f"{limits.max_texts_per_request}", param=what)
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise InvalidValue(f"{what}[{i}] must be a string", param=what)
-            if len(text) > limits.max_chars_per_text:
-                raise PayloadTooLarge(
-                    f"{what}[{i}] has {len(text)} characters; the limit max_chars_per_text is "
-                    f"{limits.max_chars_per_text}", param=what)
-            if not text.strip():
-                raise InvalidValue(f"{what}[{i}] is empty", param=what)
-
-    # ---- embeddings ------------------------------------------------------------------
-
-    async def embed(self, texts: str | list[str] | None = None, *, model: str | None = None,
-                    token_ids: list[list[int]] | None = None, normalize: bool | None = None,
-                    truncate: bool = True, dimensions: int | None = None,
-                    dtype: OutputDtype = "float32", prompt_name: str | None = None,
-                    record: RequestRecord | None = None) -> EmbedResult:
-        """Embed ``texts`` (or ``token_ids``) with ``model`` (the default when None).
-
-        ``record`` is the HTTP request's record; without one (a handle call) the call is
-        observed here as route ``handle.embed``."""
-        with self.recorded(record, "handle.embed") as record:
-            record.texts = (len(token_ids) if token_ids is not None else
-                            1 if isinstance(texts, str) else len(texts or ()))
-            record.model = model or ""  # observed as "other" if it is unknown
-            spec = self.spec(model)
-            record.model = spec.id
-            if spec.kind != "embedding":
-                raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; use /rerank for it",
-                                   param="model")
-            normalize = spec.normalize if normalize is None else normalize
-            items: list[str] | None = None
-            if token_ids is not None:
-                self.check_token_ids(token_ids)
-                count = len(token_ids)
-            else:
-                items = [texts] if isinstance(texts, str) else list(texts or [])
-                self.check_texts(items)
-                items = apply_prompt(spec, items, prompt_name)
-                count = len(items)
-            self._check_dimensions(spec, dimensions)
-
-            pool = self.route(spec.kind, count).pool
-            compute = self._computer(pool, spec.id, token_ids, normalize, truncate)
-            cache_s = None
-            if self.vectors is not None and items is not None:
-                values, counts, parts, cache_s = await self.vectors.embed(
-                    Key(self._fingerprints[spec.id], pool, normalize, truncate, "",
-                        record.api_key), items, compute, record)
-            else:
-                values, counts, parts = await compute(items)
-            self._dimensions[spec.id] = int(values.shape[1])  # known now, if it was not
-            tokens = int(counts.sum())
-            values = quantize(truncate_dimensions(values, dimensions, normalize), dtype)
-            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
-            if cache_s is not None:
-                record.timings["cache"] = cache_s
-            return EmbedResult(values, spec.id, Usage.of(tokens), pool)
-
-    def _computer(self, pool: str, model_id: str, token_ids: list[list[int]] | None,
-                  normalize: bool, truncate: bool,
-                  ) -> Callable[[list[str] | None], Awaitable[Computed]]:
-        """``compute(texts)``: the rows, token counts and parts of ``texts`` (or of
-        ``token_ids`` when texts is None) from ``pool``, in chunks of its batch limit."""
-        size = self.dispatcher.max_batch(pool)
-
-        async def compute(texts: list[str] | None) -> Computed:
-            count = len(texts) if texts is not None else len(token_ids or ())
-            jobs = [EmbedJob(texts=texts[i:i + size] if texts is not None else None,
-                             token_ids=token_ids[i:i + size] if token_ids is not None else None,
-                             normalize=normalize, truncate=truncate)
-                    for i in range(0, count, size)]
-            parts = await self.gather(
-                [self.dispatcher.embed(pool, model_id, job) for job in jobs], size)
-            if len(parts) == 1:
-                return parts[0].values, parts[0].token_counts, parts
-            return (np.concatenate([p.values for p in parts]),
-                    np.concatenate([p.token_counts for p in parts]), parts)
-
-        return compute
-
-    def check_token_ids(self, token_ids: list[list[int]], what: str = "input") -> None:
-        limits = self.settings.limits
-        if not token_ids or any(len(row) == 0 for row in token_ids):
-            raise InvalidValue(f"{what} must contain at least one token id per item",
-                               param=what)
-        if len(token_ids) > limits.max_texts_per_request:
-            raise PayloadTooLarge(
-                f"{len(token_ids)} inputs in one request; the limit max_texts_per_request is "
-                f"{limits.max_texts_per_request}", param=what)
-        total = 0
-        for i, row in enumerate(token_ids):
-            if len(row) > limits.max_chars_per_text:
-                raise PayloadTooLarge(
-                    f"{what}[{i}] has {len(row)} token ids; the limit max_chars_per_text is "
-                    f"{limits.max_chars_per_text}", param=what)
-            total += len(row)
-        if total > limits.max_token_ids_per_request:
-            raise PayloadTooLarge(
-                f"{total} token ids in one request; the limit max_token_ids_per_request is "
-                f"{limits.max_token_ids_per_request}", param=what)
-
-    def dimension_of(self, spec: ModelSpec) -> int | None:
-        """``spec``'s vector size (a sparse model's: its vocabulary), once known: from the
-        files, or for a model whose files are remote, its first reply."""
-        known = self._dimensions.get(spec.id)
-        if known is None:
-            known = self._dimensions[spec.id] = read_dimension(spec)
-        return known
-
-    def _check_dimensions(self, spec: ModelSpec, dimensions: int | None) -> None:
-        if dimensions is None:
-            return
-        if dimensions < 1:  # HTTP's bodies refuse it first, in these words (gt=0); gRPC's
-            raise InvalidValue("dimensions: Input should be greater than 0",  # proto3 sends 0
-                               param="dimensions")
-        known = self.dimension_of(spec)
-        if known is not None and dimensions > known:
-            raise InvalidValue(
-                f"dimensions={dimensions} is larger than model {spec.id!r}'s dimension {known}",
-                param="dimensions")
 
     @staticmethod
     async def gather(calls: list, chunk_size: int) -> list[Encoded]:
@@ -321,42 +254,124 @@ class EmbeddingService:
             parts.append(res)
         return parts
 
+    # ---- embeddings ------------------------------------------------------------------
+
+    async def embed(self, texts: str | list[str] | None = None, model: str | None = None, *,
+                    token_ids: list[list[int]] | None = None, normalize: bool | None = None,
+                    truncate: bool = True, dimensions: int | None = None,
+                    dtype: OutputDtype = "float32", prompt_name: str | None = None,
+                    record: RequestRecord | None = None) -> EmbedResult:
+        """Embed ``texts`` (or ``token_ids``) with ``model`` (the default when None).
+
+        ``record`` is the HTTP request's record; without one (a handle call) the call is
+        observed here as route ``handle.embed``."""
+        with self.recorded(record, "handle.embed") as record:
+            record.texts = (len(token_ids) if token_ids is not None else
+                            1 if isinstance(texts, str) else len(texts or ()))
+            limits = self.settings.limits
+
+            def inputs(spec: ModelSpec) -> list[Any]:
+                items: list[Any]
+                if token_ids is not None:
+                    check_token_ids(token_ids, limits)
+                    items = token_ids
+                else:
+                    items = [texts] if isinstance(texts, str) else list(texts or [])
+                    check_texts(items, limits)
+                    items = apply_prompt(spec, items, prompt_name)
+                self._check_dimensions(spec, dimensions)
+                return items
+
+            def job(spec: ModelSpec, chunk: list[Any]) -> EmbedJob:
+                ids = token_ids is not None
+                return EmbedJob(texts=None if ids else chunk, token_ids=chunk if ids else None,
+                                normalize=_normalized(spec, normalize), truncate=truncate)
+
+            cached = (self._cached(record, normalize, truncate)
+                      if self.vectors is not None and token_ids is None else None)
+            spec, pool, parts = await self.run(record, model, inputs, job, kind="embedding",
+                                               other_kind="use /rerank for it", through=cached)
+            values = joined(parts)[0]
+            self._dimensions[spec.id] = int(values.shape[1])  # known now, if it was not
+            normalized = _normalized(spec, normalize)
+            values = quantize(truncate_dimensions(values, dimensions, normalized), dtype)
+            return EmbedResult(values, spec.id, Usage.of(record.tokens), pool)
+
+    def _cached(self, record: RequestRecord, normalize: bool | None,
+                truncate: bool) -> Through:
+        """The vector cache between an embedding request's texts and the pool: its parts
+        are one, the texts' rows in order, timed with the pool's slowest part and the
+        cache's own ``cache``."""
+        vectors = self.vectors
+        assert vectors is not None
+
+        async def through(spec: ModelSpec, pool: str, texts: list[Any],
+                          send: Send) -> list[Encoded]:
+            async def rows(some: list[str]) -> Computed:
+                return joined(await send(some))
+
+            key = Key(self._fingerprints[spec.id], pool, _normalized(spec, normalize),
+                      truncate, "", record.api_key)
+            values, counts, parts, cache_s = await vectors.embed(key, texts, rows, record)
+            return [Encoded(values, counts,
+                            timings={**timing.slowest(parts), "cache": cache_s})]
+
+        return through
+
+    def dimension_of(self, spec: ModelSpec) -> int | None:
+        """``spec``'s vector size (a sparse model's: its vocabulary), once known: from the
+        files, or for a model whose files are remote, its first reply."""
+        known = self._dimensions.get(spec.id)
+        if known is None:
+            known = self._dimensions[spec.id] = read_dimension(spec)
+        return known
+
+    def _check_dimensions(self, spec: ModelSpec, dimensions: int | None) -> None:
+        if dimensions is None:
+            return
+        if dimensions < 1:  # HTTP's bodies refuse it first, in these words (gt=0); gRPC's
+            raise InvalidValue("dimensions: Input should be greater than 0",  # proto3 sends 0
+                               param="dimensions")
+        known = self.dimension_of(spec)
+        if known is not None and dimensions > known:
+            raise InvalidValue(
+                f"dimensions={dimensions} is larger than model {spec.id!r}'s dimension {known}",
+                param="dimensions")
+
     # ---- rerank ----------------------------------------------------------------------
 
-    async def rerank(self, query: str, documents: list[str], *, model: str | None = None,
+    async def rerank(self, query: str, documents: list[str], model: str | None = None, *,
                      top_n: int | None = None, return_documents: bool = False,
                      truncate: bool = True, record: RequestRecord | None = None) -> RerankResult:
         """Score ``documents`` against ``query``, best first; ``record`` as for ``embed``."""
         with self.recorded(record, "handle.rerank") as record:
             record.texts = len(documents or ())
-            record.model = model or ""  # observed as "other" if it is unknown
-            spec = self.spec(model)
-            record.model = spec.id
-            limits = self.settings.limits
-            if not isinstance(query, str) or not query.strip():
-                raise InvalidValue("query must be a non-empty string", param="query")
-            if len(query) > limits.max_chars_per_text:
-                raise PayloadTooLarge(f"query has {len(query)} characters; the limit "
-                                      f"max_chars_per_text is {limits.max_chars_per_text}",
-                                      param="query")
-            self.check_texts(documents, "documents")
-            if top_n is not None:
-                if top_n < 1:
-                    raise InvalidValue("top_n must be at least 1", param="top_n")
-                if top_n > limits.max_top_n:
-                    raise PayloadTooLarge(f"top_n={top_n}; the limit max_top_n is "
-                                          f"{limits.max_top_n}", param="top_n")
-
-            pool = self.route(spec.kind, len(documents)).pool
-            size = self.dispatcher.max_batch(pool)
-            jobs = [RerankJob(query, documents[i:i + size], truncate)
-                    for i in range(0, len(documents), size)]
-            parts = await self.gather(
-                [self.dispatcher.rerank(pool, spec.id, job) for job in jobs], size)
+            spec, pool, parts = await self.run(
+                record, model, lambda _: self._rerank_inputs(query, documents, top_n),
+                lambda _, chunk: RerankJob(query, chunk, truncate))
             scores = np.concatenate([p.values for p in parts])
-            tokens = int(sum(int(p.token_counts.sum()) for p in parts))
             order = np.argsort(-scores, kind="stable")[: top_n or len(documents)]
             hits = [RerankHit(int(i), float(scores[i]),
                               documents[i] if return_documents else None) for i in order]
-            record.pool, record.tokens, record.timings = pool, tokens, timing.slowest(parts)
-            return RerankResult(hits, spec.id, Usage.of(tokens), pool)
+            return RerankResult(hits, spec.id, Usage.of(record.tokens), pool)
+
+    def _rerank_inputs(self, query: str, documents: list[str],
+                       top_n: int | None) -> list[str]:
+        """``documents``, once the query, they and ``top_n`` are within the limits."""
+        limits = self.settings.limits
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidValue("query must be a non-empty string", param="query")
+        check_length(len(query), limits, "query", "query")
+        check_texts(documents, limits, "documents")
+        if top_n is not None:
+            if top_n < 1:
+                raise InvalidValue("top_n must be at least 1", param="top_n")
+            if top_n > limits.max_top_n:
+                raise PayloadTooLarge(f"top_n={top_n}; the limit max_top_n is "
+                                      f"{limits.max_top_n}", param="top_n")
+        return documents
+
+
+def _normalized(spec: ModelSpec, normalize: bool | None) -> bool:
+    """Whether to normalize: as asked, or the model's default."""
+    return spec.normalize if normalize is None else normalize

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from blitz.errors import InvalidValue, LoadProblem, ModelLoadFailed, PayloadTooLarge
+from blitz.ingress.limits import check_texts, check_token_ids
 from blitz.loading.fetch import resolve_source
 from blitz.schemas import DecodeResult, Token, TokenizeResult
 from blitz.settings.registry import ModelSpec, apply_prompt
@@ -236,7 +237,7 @@ class TokenService:
             raise ModelLoadFailed(f"model {spec.id!r}: its tokenizer could not be opened: "
                                   f"{exc}", param="model", model=spec.id) from exc
 
-    async def tokenize(self, texts: str | list[str], *, model: str | None = None,
+    async def tokenize(self, texts: str | list[str], model: str | None = None, *,
                        add_special_tokens: bool = True, prompt_name: str | None = None,
                        return_offsets: bool = True, offsets: OffsetUnit = "chars",
                        record: RequestRecord | None = None,
@@ -248,7 +249,7 @@ class TokenService:
             record.texts, record.model = len(items), model or ""
             spec = self.service.spec(model)
             record.model = spec.id
-            self.service.check_texts(items)
+            check_texts(items, self.service.settings.limits)
             items = apply_prompt(spec, items, prompt_name)
             tokenizer = await self._tokenizer(spec)
             limit = self.service.settings.limits.max_tokens_per_request
@@ -259,7 +260,7 @@ class TokenService:
             record.tokens = sum(map(len, rows))
             return TokenizeResult(rows, spec.id)
 
-    async def decode(self, ids: list[int] | list[list[int]], *, model: str | None = None,
+    async def decode(self, ids: list[int] | list[list[int]], model: str | None = None, *,
                      skip_special_tokens: bool = True,
                      record: RequestRecord | None = None) -> DecodeResult:
         """The text of each row of ``ids`` (one row: a list of ints) with ``model``'s
@@ -269,7 +270,7 @@ class TokenService:
             record.texts, record.model = len(rows), model or ""
             spec = self.service.spec(model)
             record.model = spec.id
-            self.service.check_token_ids(rows, "ids")
+            check_token_ids(rows, self.service.settings.limits, "ids")
             tokenizer = await self._tokenizer(spec)
             texts = await off_loop(lambda: decode(tokenizer, rows, skip_special_tokens),
                                    sum(map(len, rows)))

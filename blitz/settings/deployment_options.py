@@ -40,7 +40,7 @@ DEPLOYMENT_NOTES: dict[str, str] = {
     "autoscaling_config.min_replicas": "fewest replicas; 0: none while idle (a request "
     "wakes one)",
     "autoscaling_config.max_replicas": "most replicas; the ingress sizes its pool-call "
-    "lanes from it",
+    "queues (calls in flight) from it",
     "ray_actor_options.num_gpus": "GPUs each replica claims",
     "max_ongoing_requests": "calls one replica takes at once (the rest queue at the caller)",
     "graceful_shutdown_wait_loop_s": "how often a stopping replica checks whether its work "

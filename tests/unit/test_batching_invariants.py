@@ -92,13 +92,13 @@ async def _play(max_batch: int, max_waiting: int, max_in_flight: int,
             raise RuntimeError("batch crashed")
         return [ValueError(i.id) if i.outcome == "error" else ("done", i.id) for i in items]
 
-    lane: Batcher[Item, tuple] = Batcher(run, max_batch=max_batch, max_waiting=max_waiting,
+    batcher: Batcher[Item, tuple] = Batcher(run, max_batch=max_batch, max_waiting=max_waiting,
                                          max_in_flight=max_in_flight,
                                          on_waiting=waiting_seen.append)
 
     async def call(caller: Caller) -> list | BaseException:
         try:
-            return await lane.submit_many(list(caller.items))
+            return await batcher.submit_many(list(caller.items))
         except asyncio.CancelledError:
             gone.update(i.id for i in caller.items)  # the batcher has dropped them by now
             raise
@@ -117,7 +117,7 @@ async def _play(max_batch: int, max_waiting: int, max_in_flight: int,
     await _turns(10)  # batches whose callers all left wind down
 
     assert all(0 <= w <= max_waiting for w in waiting_seen)
-    assert lane.waiting == 0 and lane.in_flight == 0
+    assert batcher.waiting == 0 and batcher.in_flight == 0
     assert all(n == 1 for n in runs.values()), "an item ran twice"
     for caller, outcome in zip(callers, outcomes, strict=True):
         ids = [i.id for i in caller.items]

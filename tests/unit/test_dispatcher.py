@@ -66,18 +66,18 @@ def dispatcher(handle) -> ServeDispatcher:
 
 
 async def _merged(handle, texts, rerank=()):
-    """Fill every pool call the lane allows in flight with one job each and hold them, then
+    """Fill every pool call the batcher allows in flight with one job each and hold them, then
     submit one job per text (and a rerank job per query in ``rerank``): those wait, and
     merge into one call. Returns the in-flight bound and every job's result."""
     handle.gate = asyncio.Event()
     d = dispatcher(handle)
-    bound = d._lane("cpu", "m").max_in_flight
-    first = asyncio.gather(*(d.embed("cpu", "m", EmbedJob(texts=[str(k)]))
+    bound = d._batcher("cpu", "m").max_in_flight
+    first = asyncio.gather(*(d.submit("cpu", "m", EmbedJob(texts=[str(k)]))
                              for k in range(bound)))
     for _ in range(10):  # the held calls reach the handle
         await asyncio.sleep(0)
-    rest = [asyncio.ensure_future(d.embed("cpu", "m", EmbedJob(texts=[t]))) for t in texts]
-    rest += [asyncio.ensure_future(d.rerank("cpu", "m", RerankJob(q, ["d1", "d2"])))
+    rest = [asyncio.ensure_future(d.submit("cpu", "m", EmbedJob(texts=[t]))) for t in texts]
+    rest += [asyncio.ensure_future(d.submit("cpu", "m", RerankJob(q, ["d1", "d2"])))
              for q in rerank]
     for _ in range(10):
         await asyncio.sleep(0)
@@ -108,21 +108,21 @@ async def test_a_rerank_job_is_bounded_by_the_same_queue_as_embedding_jobs():
     d = ServeDispatcher(BlitzSettings.from_args({"models": [{"id": "m", "source": "fake:4"}],
                                                  "ingress": {"max_queued_texts": 4}}),
                         {"cpu": handle})
-    held = [asyncio.ensure_future(d.embed("cpu", "m", EmbedJob(texts=["x"])))
-            for _ in range(d._lane("cpu", "m").max_in_flight)]
-    queued = asyncio.ensure_future(d.embed("cpu", "m", EmbedJob(texts=["a", "b", "c"])))
+    held = [asyncio.ensure_future(d.submit("cpu", "m", EmbedJob(texts=["x"])))
+            for _ in range(d._batcher("cpu", "m").max_in_flight)]
+    queued = asyncio.ensure_future(d.submit("cpu", "m", EmbedJob(texts=["a", "b", "c"])))
     for _ in range(10):
         await asyncio.sleep(0)
     with pytest.raises(Overloaded):  # 3 texts wait; 2 documents more would pass the 4
-        await d.rerank("cpu", "m", RerankJob("q", ["d1", "d2"]))
+        await d.submit("cpu", "m", RerankJob("q", ["d1", "d2"]))
     handle.gate.set()
     await asyncio.gather(*held, queued)
-    assert len((await d.rerank("cpu", "m", RerankJob("q", ["d1", "d2"]))).values) == 2
+    assert len((await d.submit("cpu", "m", RerankJob("q", ["d1", "d2"]))).values) == 2
 
 
 @pytest.mark.parametrize("error", [Overloaded("full"), ModelLoadFailed("gone", model="m")])
 async def test_a_failed_merged_call_is_not_retried_per_request(error):
-    bound = dispatcher(FakeHandle([]))._lane("cpu", "m").max_in_flight
+    bound = dispatcher(FakeHandle([]))._batcher("cpu", "m").max_in_flight
     handle = FakeHandle([None] * bound + [RayTaskError("run_jobs", "tb", error)])
     _, results = await _merged(handle, ["a", "b", "c"])
     assert handle.calls == [1] * bound + [3]  # no second round of three single calls
@@ -132,12 +132,12 @@ async def test_a_failed_merged_call_is_not_retried_per_request(error):
 
 async def test_a_dead_replica_is_retried_once_then_answered_503():
     handle = FakeHandle([ActorDiedError()])
-    result = await dispatcher(handle).embed("cpu", "m", EmbedJob(texts=["x"]))
+    result = await dispatcher(handle).submit("cpu", "m", EmbedJob(texts=["x"]))
     assert isinstance(result, Encoded) and handle.calls == [1, 1]
 
     handle = FakeHandle([ActorDiedError(), ActorDiedError()])
     with pytest.raises(Unavailable) as info:
-        await dispatcher(handle).embed("cpu", "m", EmbedJob(texts=["x"]))
+        await dispatcher(handle).submit("cpu", "m", EmbedJob(texts=["x"]))
     assert info.value.status == 503 and info.value.retry_after_s and handle.calls == [1, 1]
 
 
@@ -145,7 +145,7 @@ async def test_an_unexpected_replica_error_is_a_500_without_its_text():
     handle = FakeHandle([RayTaskError("run_jobs", "tb", TypeError("'NoneType' is not "
                                                                      "callable"))])
     with pytest.raises(RayTaskError) as info:
-        await dispatcher(handle).embed("cpu", "m", EmbedJob(texts=["x"]))
+        await dispatcher(handle).submit("cpu", "m", EmbedJob(texts=["x"]))
     error = as_blitz_error(info.value)
     assert isinstance(error, InternalError) and error.status == 500
     assert "NoneType" not in error.to_payload("rid")["error"]["message"]
@@ -237,8 +237,8 @@ async def test_an_in_process_cpu_pool_is_called_here_and_the_gpu_pool_over_its_h
     assert d.pools == {"cpu", "gpu"}
     assert "cpu" in d.running_pools()  # it runs wherever the ingress runs
 
-    cpu_result = await d.embed("cpu", "m", EmbedJob(texts=["a", "b"]))
-    gpu_result = await d.embed("gpu", "m", EmbedJob(texts=["c"]))
+    cpu_result = await d.submit("cpu", "m", EmbedJob(texts=["a", "b"]))
+    gpu_result = await d.submit("gpu", "m", EmbedJob(texts=["c"]))
     assert local.calls == [("m", 1)] and gpu.calls == [1]  # each pool got its own job
     assert cpu_result.values.shape == (2, 4) and float(cpu_result.values[0, 0]) == 2.0
     assert gpu_result.values.shape == (1, 4) and float(gpu_result.values[0, 0]) == 1.0

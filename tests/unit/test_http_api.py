@@ -26,13 +26,9 @@ class PoolRecordingDispatcher(LocalDispatcher):
         super().__init__(settings, pools)
         self.pools_asked: list[str] = []
 
-    async def embed(self, pool, model_id, job):
+    async def submit(self, pool, model_id, job):
         self.pools_asked.append(pool)
-        return await super().embed(pool, model_id, job)
-
-    async def rerank(self, pool, model_id, job):
-        self.pools_asked.append(pool)
-        return await super().rerank(pool, model_id, job)
+        return await super().submit(pool, model_id, job)
 
 
 def make_api(extra: dict | None = None, pools=frozenset({"cpu"})) -> HttpApi:
@@ -262,11 +258,28 @@ async def test_routes_to_gpu_pool_when_present():
         assert r.headers["x-blitz-pool"] == "cpu" and asked == ["cpu", "gpu", "cpu"]
 
 
+async def test_jobs_of_every_kind_are_routed_and_sent_alike(tiny_dir):
+    """/embed_all and /classify send jobs of their own kinds through the dispatcher's one
+    call (``submit``), routed by the same rules as /embed."""
+    api = make_api({"models": [{"id": "tiny", "source": str(tiny_dir), "cpu_backend": "torch"},
+                               {"id": "cls", "source": "fake:3", "kind": "classifier"}],
+                    "routing": {"gpu_min_batch": 3}}, pools=frozenset({"cpu", "gpu"}))
+    asked = api.service.dispatcher.pools_asked
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
+                                 base_url="http://blitz") as c:
+        r = await c.post("/embed_all", json={"inputs": ["a b"], "model": "tiny"})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-blitz-pool"] == "cpu" and asked == ["cpu"]
+        r = await c.post("/classify", json={"input": ["a", "b", "c"], "model": "cls"})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-blitz-pool"] == "gpu" and asked == ["cpu", "gpu"]
+
+
 class TimedDispatcher(LocalDispatcher):
     """Stamps what the Serve dispatcher and a pool replica would measure."""
 
-    async def embed(self, pool, model_id, job):
-        result = await super().embed(pool, model_id, job)
+    async def submit(self, pool, model_id, job):
+        result = await super().submit(pool, model_id, job)
         timing.record([result], ingress_queue=0.0001, call=0.002, pool=0.0015,
                       pool_queue=0.0001, worker_wait=0.0002, model=0.001)
         return result

@@ -31,11 +31,11 @@ class CountingDispatcher(LocalDispatcher):
         self.calls = 0
         self.fail = fail
 
-    async def embed(self, pool, model_id, job):
+    async def submit(self, pool, model_id, job):
         self.calls += 1
         if self.fail is not None:
             raise self.fail
-        return await super().embed(pool, model_id, job)
+        return await super().submit(pool, model_id, job)
 
 
 def build(extra: dict | None = None, fail: Exception | None = None):
@@ -54,7 +54,7 @@ def build(extra: dict | None = None, fail: Exception | None = None):
     return client, observed, dispatcher
 
 
-# ---- item 1: hostile bodies are refused before they are built or validated -------------
+# ---- hostile bodies are refused before they are built or validated --------------------
 
 HOSTILE = [
     ("/v1/embeddings", orjson.dumps({"input": [0.5] * 500_000}), "application/json", 413),
@@ -103,7 +103,7 @@ async def test_openai_boolean_input_is_not_token_ids():
     assert dispatcher.calls == 0
 
 
-# ---- item 2: metric labels come from bounded sets --------------------------------------
+# ---- metric labels come from bounded sets ----------------------------------------------
 
 async def test_unknown_routes_and_models_get_bounded_metric_labels():
     client, observed, _ = build()
@@ -134,7 +134,7 @@ async def test_each_http_request_is_observed_once_with_its_status():
                         ("/rerank", "", "", 413, 0), ("/health", "", "", 200, 0)]
 
 
-# ---- item 4: readiness says nothing internal and calls no model ------------------------
+# ---- readiness says nothing internal and calls no model --------------------------------
 
 async def test_ready_follows_the_default_models_load_failures_and_hides_the_cause(caplog):
     secret = "directory '/srv/models/secret-dir/bge' does not exist"
@@ -166,7 +166,7 @@ async def test_model_load_failures_name_the_model_not_the_cause(caplog):
     assert "secret" not in r.text and "secret-prefix" in caplog.text
 
 
-# ---- item 9: API keys ----------------------------------------------------------------
+# ---- API keys ------------------------------------------------------------------------
 
 def test_required_auth_refuses_to_start_without_keys(monkeypatch):
     monkeypatch.delenv("BLITZ_API_KEYS", raising=False)
@@ -205,7 +205,7 @@ def test_listening_beyond_loopback_without_keys_is_a_warning(caplog, monkeypatch
     assert ("with API keys off" in caplog.text) is warned
 
 
-# ---- item 5 (round two): model sources are for operators ------------------------------
+# ---- model sources are for operators --------------------------------------------------
 
 async def test_models_shows_sources_only_to_operators(monkeypatch):
     monkeypatch.delenv("BLITZ_API_KEYS", raising=False)
@@ -228,9 +228,9 @@ async def test_models_shows_sources_only_to_operators(monkeypatch):
 class RemoteModelDispatcher(CountingDispatcher):
     """A model whose files are elsewhere (hf:), so its dimension is unknown until it answers."""
 
-    async def embed(self, pool, model_id, job):
+    async def submit(self, pool, model_id, job):
         self.calls += 1
-        n = len(job.texts or job.token_ids or ())
+        n = len(job)
         return Encoded(np.ones((n, 8), np.float32), np.ones(n, np.int64), n)
 
 
@@ -280,7 +280,7 @@ async def test_bodies_read_at_once_share_one_bound_and_give_it_back():
 
 
 async def test_a_body_that_stops_arriving_is_answered_408_and_gives_its_bytes_back():
-    """Issue #33: the ingress read a body with no deadline of its own; now one that does
+    """The ingress reads a body under a deadline of its own: one that does
     not arrive within ``limits.body_timeout_s`` is a 408 closing the connection."""
     client, _, dispatcher = build({"limits": {"body_timeout_s": 0.2}})
     api = client._transport.app  # type: ignore[attr-defined]

@@ -57,10 +57,10 @@ class StartingDispatcher(LocalDispatcher):
     def running_pools(self):
         return self.running
 
-    async def embed(self, pool, model_id, job):
+    async def submit(self, pool, model_id, job):
         self.calls += 1
         await self.open.wait()
-        return await super().embed(pool, model_id, job)
+        return await super().submit(pool, model_id, job)
 
 
 async def test_impatient_probes_get_answers_during_start_up_and_ready_follows_the_pool():
@@ -105,7 +105,7 @@ class UnplacedDispatcher(StartingDispatcher):
 
 
 async def test_with_api_keys_ready_tells_a_caller_without_a_key_only_its_status():
-    """Issue 43: /ready stays public, but with keys on only a valid key reads the model
+    """/ready stays public, but with keys on only a valid key reads the model
     ids, pools and what the cluster has free; anyone else gets the bare status, with the
     same status code and Retry-After."""
     config = BlitzSettings.from_args({"models": [{"id": "secret-model", "source": "fake:8"}],

@@ -9,6 +9,7 @@ from ray.exceptions import RayTaskError
 
 from blitz.errors import InputTooLong, Overloaded, UnknownModel
 from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.schemas import RerankJob
 from blitz.settings.config import BlitzSettings
 from deployments.ingress import Ingress
 from tests.local_dispatcher import LocalDispatcher
@@ -81,17 +82,31 @@ async def test_a_misspelt_handle_option_is_a_type_error():
         await replica.embed(["a"], model="fake", normalise=False)
     with pytest.raises(TypeError, match="top_k"):
         await replica.rerank("q", ["a"], top_k=1)
+    with pytest.raises(TypeError, match="record"):  # the service's own, not the caller's
+        await replica.embed(["a"], model="fake", record=None)
     assert observed == []
+
+
+def test_every_handle_method_has_its_service_methods_signature_but_the_record():
+    import inspect
+
+    from deployments.handle_methods import HANDLE_METHODS
+
+    for name, (_holder, function) in HANDLE_METHODS.items():
+        mine = inspect.signature(getattr(Ingress.func_or_class, name))
+        theirs = [p for p in inspect.signature(function).parameters.values()
+                  if p.name != "record"]
+        assert list(mine.parameters.values()) == theirs, name
 
 
 class WrappingDispatcher(LocalDispatcher):
     """Answers the second rerank chunk with an over-long input, wrapped as Ray wraps what a
     replica raised."""
 
-    async def rerank(self, pool, model_id, job):
-        if job.documents[0] == "long":
+    async def submit(self, pool, model_id, job):
+        if isinstance(job, RerankJob) and job.documents[0] == "long":
             raise RayTaskError("run_jobs", "tb", InputTooLong.at(0, 999, 8))
-        return await super().rerank(pool, model_id, job)
+        return await super().submit(pool, model_id, job)
 
 
 async def test_an_over_long_input_a_pool_raised_is_reported_at_its_request_index():
@@ -118,13 +133,9 @@ class ColdGpuDispatcher(LocalDispatcher):
     def wake(self, pool):
         self.woken.append(pool)
 
-    async def embed(self, pool, model_id, job):
+    async def submit(self, pool, model_id, job):
         self.asked.append(pool)
-        return await super().embed(pool, model_id, job)
-
-    async def rerank(self, pool, model_id, job):
-        self.asked.append(pool)
-        return await super().rerank(pool, model_id, job)
+        return await super().submit(pool, model_id, job)
 
 
 async def test_a_cold_gpu_pool_is_woken_while_its_requests_are_served_on_the_cpu_pool():
@@ -165,7 +176,7 @@ async def test_with_cold_gpu_wait_requests_queue_for_the_gpu_pool_and_wake_nothi
 
 
 class OverloadedDispatcher(LocalDispatcher):
-    async def embed(self, pool, model_id, job):
+    async def submit(self, pool, model_id, job):
         raise RayTaskError("run_jobs", "tb", Overloaded("the cpu pool is at capacity"))
 
 

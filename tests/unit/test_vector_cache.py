@@ -26,9 +26,9 @@ class CountingDispatcher(LocalDispatcher):
         super().__init__(settings, pools)
         self.sent: list[list[str]] = []
 
-    async def embed(self, pool, model_id, job):
+    async def submit(self, pool, model_id, job):
         self.sent.append(list(job.texts or ()))
-        return await super().embed(pool, model_id, job)
+        return await super().submit(pool, model_id, job)
 
 
 def make(cache_mb: float = 1.0, models: list | None = None):
@@ -100,7 +100,8 @@ async def test_the_record_counts_hits_and_misses_and_the_header_says_so():
 
 
 async def test_an_input_too_long_is_named_by_its_index_in_the_request_not_among_misses():
-    # issue 43: the pool saw only the misses, and the 413 named the index among them
+    # the pool sees only the misses: the 413 must name the index in the request, not
+    # among the misses
     service, dispatcher = make(models=[{"id": "fake", "source": "fake:16",
                                         "max_seq_length": 4}])
     await service.embed(["a", "b", "c", "d", "e"], model="fake", truncate=False)
@@ -115,8 +116,8 @@ async def test_an_input_too_long_is_named_by_its_index_in_the_request_not_among_
 
 
 async def test_with_api_keys_each_key_hits_only_the_texts_its_own_clients_sent():
-    # issue 43: a hit shows (server-timing's "hit 1 of 1", gRPC's inference_time_ns=0, the
-    # time saved): one key's client learned which texts another key's had sent
+    # a hit shows (server-timing's "hit 1 of 1", gRPC's inference_time_ns=0, the time
+    # saved): a shared cache would tell one key's client which texts another key's sent
     service, dispatcher = make(models=[{"id": "fake", "source": "fake:16"}])
     service.settings.auth.api_keys = ["key-a", "key-b"]
     api = HttpApi(service)

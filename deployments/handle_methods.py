@@ -1,0 +1,61 @@
+"""The ingress's handle API, generated: ``await handle.embed.remote(texts, model=...)`` and
+its eight siblings call the service method of the same name, with its own signature,
+options and docstring, so the handle cannot drift from ``POST /embed`` and the rest.
+
+Each entry of ``HANDLE_METHODS`` names the service the ingress holds (``service``,
+``outputs`` or ``tokens``) and the function called; ``info`` is a function of the service
+(``blitz.ingress.status.info``), the others its methods. As ``deployments/grpc_methods.py``
+does for gRPC, each becomes a method of ``HandleMethods``, mixed into both ingresses.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from blitz.ingress import status
+from blitz.ingress.outputs import OutputService
+from blitz.ingress.service import EmbeddingService
+from blitz.ingress.tokenizing import TokenService
+
+INTERNAL = "record"  # the services' parameter that the handle does not offer
+HANDLE_METHODS: dict[str, tuple[str, Callable[..., Any]]] = {
+    "embed": ("service", EmbeddingService.embed),
+    "rerank": ("service", EmbeddingService.rerank),
+    "embed_all": ("outputs", OutputService.embed_all),
+    "embed_sparse": ("outputs", OutputService.embed_sparse),
+    "similarity": ("outputs", OutputService.similarity),
+    "classify": ("outputs", OutputService.classify),
+    "tokenize": ("tokens", TokenService.tokenize),
+    "decode": ("tokens", TokenService.decode),
+    "info": ("service", status.info),
+}
+
+
+def _method(name: str, holder: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(function)
+
+    async def call(self: HandleMethods, *args: Any, **kwargs: Any) -> Any:
+        if INTERNAL in kwargs:  # the request record is the service's own, never a caller's
+            raise TypeError(f"{name}() got an unexpected keyword argument {INTERNAL!r}")
+        result = function(getattr(self, holder), *args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+
+    call.__name__ = call.__qualname__ = name  # Serve finds a handle's method by its name
+    call.__doc__ = f"Handle API: ``await handle.{name}.remote(...)``.\n\n{function.__doc__}"
+    call.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[p for p in signature.parameters.values() if p.name != INTERNAL])
+    return call
+
+
+class HandleMethods:
+    """Mixed into the ingress deployments; the services are set when they are built."""
+
+    service: EmbeddingService
+    outputs: OutputService
+    tokens: TokenService
+
+
+for _name, (_holder, _function) in HANDLE_METHODS.items():
+    setattr(HandleMethods, _name, _method(_name, _holder, _function))
