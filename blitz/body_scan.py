@@ -2,7 +2,7 @@
 
 Each decoded value costs tens of bytes for a few on the wire (a 3-byte string is a
 50-byte ``str``), so a body of millions of tiny values would cost many times its size
-once decoded (issue #33: orjson peaked at 13-17x a body of tiny strings). These scans
+once decoded (``tests/unit/test_codecs.py`` measures the multiple). These scans
 count the containers, values and strings of a JSON or msgpack body in time linear in its
 size, whatever its bytes, so ``codecs`` refuses one past its bounds before decoding it.
 Imports nothing of Blitz.
@@ -31,7 +31,7 @@ def json_over(data: bytes, max_containers: int, max_values: int) -> str | None:
     outside strings, plus the containers) or more than ``2 * max_containers + 64``
     strings. Each decoded value costs tens of bytes for a few on the wire (a 3-byte
     string is a 50-byte ``str``), so these bounds keep a decode within a small multiple
-    of the body (issue #33: orjson peaked at 13-17x a body of tiny strings).
+    of the body, where a body of tiny strings would otherwise decode to many times it.
 
     Counting every bracket, comma and quote settles it when each count is within its
     bound (a quote inside a string only adds). Otherwise one pass over fixed-size chunks

@@ -23,14 +23,11 @@ logger = logging.getLogger("ray.serve")
 FAST_PATH_ENV = ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY")
 FAST_PATH_WARNING = (
     "blitz: Ray runs without Serve's fast request path ({missing} unset), so HTTP goes "
-    "through Serve's default Python proxy: measured on 2 cores it serves {single} the "
-    "single-text requests/s and {batch32} the 32-text batches of the fast path, at "
-    "{cpu_ms} CPU-ms more per single-text request (BENCHMARKS.md, \"Entry points\"). "
+    "through Serve's default Python proxy: without HAProxy the node serves fewer "
+    "single-text requests/s at more CPU per request (BENCHMARKS.md, \"Entry points\", "
+    "measures the cost). "
     "Fix: give the config serve_config.yaml's `controller_options` block (or `source "
     "scripts/fast-path.env.sh` before `ray start`), then start Serve anew")
-# What the default proxy cost against the fast path in the entry-point rounds
-# (BENCHMARKS.md, "Entry points"), named in the WARNING above.
-DEFAULT_PROXY_COST = {"single": "0.49x", "batch32": "1.01x", "cpu_ms": "~14"}
 
 
 def cluster_has_gpus() -> bool:
@@ -43,7 +40,7 @@ def fast_path_warning(environ: Mapping[str, str]) -> str | None:
     missing = [name for name in FAST_PATH_ENV if environ.get(name, "0") in ("", "0")]
     if not missing:
         return None
-    return FAST_PATH_WARNING.format(missing=" and ".join(missing), **DEFAULT_PROXY_COST)
+    return FAST_PATH_WARNING.format(missing=" and ".join(missing))
 
 
 def node_shape() -> NodeShape:

@@ -1,7 +1,7 @@
 """Pool replicas Ray cannot place, found by the ingress and said out loud.
 
-Serve reports a replica that waits for resources only as "Upscaling" (issue #33: a GPU
-pool whose 0.5 CPU had nowhere to go stayed silent for as long as anyone watched). Every
+Serve reports a replica that waits for resources only as "Upscaling", without naming
+what it lacks, so a pool whose claim fits nowhere would wait in silence forever. Every
 ``CHECK_EVERY_S`` the ingress asks Ray's GCS which replica actors of its pools are still
 ``PENDING_CREATION``; one that has waited ``ingress.unplaced_after_s`` (30 s: longer
 than a worker process takes to start) is *unplaced*: one WARNING naming the claim and what is free

@@ -14,7 +14,7 @@ ROOT="$PWD"
 BEFORE="${1:?usage: before_after.sh BEFORE_REF [OUT_DIR]}"
 OUT="${2:-results/before-after-$(date +%Y%m%d-%H%M%S)}"
 DUR="${DUR:-20}"; WARM="${WARM:-5}"; ROUNDS="${ROUNDS:-3}"
-MODELS="${MODELS:-minilm minilm-int8}"; export MODELS
+MODELS="${MODELS:-minilm minilm-int8}"
 mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY="$ROOT/.venv/bin/python"
@@ -54,8 +54,7 @@ for round in $(seq 1 "$ROUNDS"); do
   serve_and_measure "before-r$round" "$TREE"
   serve_and_measure "after-r$round" "$ROOT"
 done
-"$PY" - "$OUT" "$ROUNDS" <<'PY'
-import os
+"$PY" - "$OUT" "$ROUNDS" $MODELS <<'PY'
 import sys
 from pathlib import Path
 from loadtest.rounds import read_figure, spread
@@ -65,7 +64,7 @@ print("after / before: the median of the per-round ratios (each round's after ov
 print("| model | profile | before emb/s (per round) | after emb/s (per round) | "
       "after / before, median | spread (min-max) | per round |")
 print("|---|---|---|---|---|---|---|")
-for model in os.environ["MODELS"].split():
+for model in sys.argv[3:] or ["minilm", "minilm-int8"]:
     for profile in ("single", "batch32"):
         rate = {side: [read_figure(out / f"{side}-r{n}-{model}-{profile}.json", profile)
                        for n in range(1, rounds + 1)] for side in ("before", "after")}

@@ -1,4 +1,4 @@
-"""Memory of a CPU pool replica under eviction, over a long soak (issue 43, item 8).
+"""Memory of a CPU pool replica under eviction, over a long soak .
 
     python -m loadtest.eviction_soak --minutes 15 [--out DIR]
 

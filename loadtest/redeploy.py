@@ -1,5 +1,5 @@
 """``python -m loadtest.redeploy``: a redeploy with one model more, under load, on a
-cluster the README's recipe starts (issue #33, item 1).
+cluster the README's recipe starts.
 
 Against a cluster already running ``serve deploy serve_config.yaml`` (for the issue's
 recipe: ``ray start --head --num-cpus 2 --num-gpus 1``, see ``loadtest/redeploy.sh``):

@@ -12,7 +12,7 @@ given with -f this rewrites, in place:
 - the admin socket's mode to 600 (`level admin` stays: Ray's reloads pass listening
   sockets with `-x`, which needs `expose-fd listeners`, which needs `level admin`).
 
-And it adds lines that bound what a client can hold (issue #33):
+And it adds lines that bound what a client can hold:
 
 - ``timeout http-request`` (``HTTP_REQUEST_TIMEOUT_S``, 10 s) in ``defaults`` when Ray
   wrote none: a request's headers must arrive within it (408), so connections that
@@ -28,7 +28,7 @@ And it adds lines that bound what a client can hold (issue #33):
 
 A config that routes nothing yet (no ``use_backend``: a new HAProxyManager's first,
 before Serve sends it the routes) answers 503 + Retry-After where Ray wrote 404: every
-path is unknown then, the application's real ones too (issue #33: a restarted HAProxy
+path is unknown then, the application's real ones too (a restarted HAProxy
 answered 404 for /embed).
 
 ``--private-dir`` makes or checks HAProxy's directory (``default_dir``, mode 700, this

@@ -3,7 +3,7 @@
 Serve's HAProxyManager notices its HAProxy is gone only through the controller's proxy
 health check (RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S, three failures in a row), then
 replaces the whole manager, whose first HAProxy knows no routes yet. Killed outright,
-HAProxy cost 30 s of refused connections and some 404s (issue #33). The HAProxy cannot
+HAProxy cost 30 s of refused connections and some 404s. The HAProxy cannot
 be restarted under the manager: Serve checks that the admin socket answers from the pid
 it spawned, so a process of ours in its place would fail every later reload.
 

@@ -3,7 +3,7 @@
     python scripts/serve_run.py run CONFIG [serve run args...]
 
 is `serve run CONFIG ...`, except that when it starts Ray itself it starts it with
-`include_dashboard=False` (issue #24, docs/benchmarks-history.md "Idle memory"): no
+`include_dashboard=False` (docs/benchmarks-history.md, "Idle memory"): no
 dashboard UI and
 no dashboard head modules (nine processes, ~190 MiB PSS at idle), and a dashboard head
 that loads only its usage-stats module. `serve run` calls `ray.init()` only when Ray is

@@ -8,7 +8,7 @@ Texts are tokenized once, sorted by length and run in micro-batches that fit a t
 budget, so short texts are not padded to the longest one in the request. A micro-batch
 also ends where widening it to the next text would pad more tokens than a model call of
 its own costs: that fixed cost, in tokens, is measured once after loading
-(``calibrate``). On a CPU it is small (~10-40 tokens for MiniLM), so a handful of texts
+(``calibrate``). On a CPU it is small (tens of tokens for MiniLM), so a handful of texts
 of mixed lengths runs as a few calls of similar lengths instead of one call padded to the
 longest (calls of up to ``SPLIT_MAX_TEXTS`` texts: the micro-batches of single-text
 traffic); on a GPU it is larger than the token budget and only the budget splits.
@@ -16,8 +16,8 @@ traffic); on a GPU it is larger than the token budget and only the budget splits
 ``rows_per_call`` caps the texts per model call: ``1`` for dynamically quantized int8,
 whose activation scales are computed per call over the whole padded batch, so a text's
 vector would depend on what it was batched with. Run alone, every text gets the same
-vector whatever shares its request or micro-batch (docs/benchmarks-history.md, issue
-#23).
+vector whatever shares its request or micro-batch (docs/benchmarks-history.md, "int8
+runs each text alone").
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ class BiEncoder(Encoder):
         out = np.empty((len(ids), self._dimension), dtype=np.float32)
         padded = 0
         # past SPLIT_MAX_TEXTS, larger products run cheaper per token than the calibration's
-        # one-row calls show, and splitting by call cost measured slower (BENCHMARKS.md)
+        # one-row calls show, so splitting by call cost is slower there and the token budget
+        # alone decides (docs/benchmarks-history.md, "Round three")
         call_tokens = self.call_tokens if len(ids) <= SPLIT_MAX_TEXTS else math.inf
         for batch in self._calls([len(r) for r in ids], call_tokens):
             width = max(len(ids[i]) for i in batch)

@@ -25,9 +25,10 @@ from blitz.settings.registry import HEADED_KINDS, ModelSpec
 if TYPE_CHECKING:
     from sentence_transformers import CrossEncoder, SentenceTransformer
 
-# Tokens per micro-batch. On CPU ~512 measured fastest on a 2-core Xeon, short and long
-# texts alike; 8192 was 2.5x slower at 128 texts/call (padding to the longest text,
-# cache misses). A GPU takes whole batches.
+# Tokens per micro-batch. On a CPU a small budget is fastest for short and long texts
+# alike: a large one pads every text to the longest and leaves the CPU's caches
+# (docs/benchmarks-history.md, "What was measured, adopted and rejected"). A GPU takes
+# whole batches.
 CPU_TOKEN_BUDGET = 512
 GPU_TOKEN_BUDGET = 262_144
 # (query, document) pairs per cross-encoder forward pass

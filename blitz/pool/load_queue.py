@@ -4,8 +4,8 @@
 
 - **On a thread of its own** that ends with the load, never on the event loop. Not a
   long-lived executor: a thread that ran torch keeps an idle OpenMP thread team for as
-  long as it lives, and with one such team beside the worker's, torch fp32 ran ~15%
-  slower on a 2-core machine (docs/benchmarks-history.md, "Before/after"). The team ends
+  long as it lives, and one such team beside the worker's slows the worker's torch
+  calls (they share the cores; measured in docs/benchmarks-history.md). The team ends
   with its thread.
 - **One at a time**, in the order asked for; callers wait as coroutines, so a caller
   that gives up leaves no thread behind.

@@ -1,8 +1,8 @@
 """The local hop: an ingress calls a pool replica on its own node over a Unix socket.
 
-Serve's handle hop (router, request metadata, gRPC, Serve's replica wrappers) cost ~3 ms
-of one user's latency and ~2 CPU-ms per call on a 2-core machine (BENCHMARKS.md, "Entry
-points"). When a pool runs one fixed replica on the ingress's node, the ingress sends the
+Serve's handle hop (router, request metadata, gRPC, Serve's replica wrappers) costs
+milliseconds of one user's latency and CPU per call (BENCHMARKS.md, "Entry points").
+When a pool runs one fixed replica on the ingress's node, the ingress sends the
 same ``run_jobs`` call down a socket instead: one frame out, one frame back.
 
 - **Frames**: a 4-byte big-endian length, then a pickle (protocol 5) of

@@ -86,10 +86,10 @@ class PoolSettings(_Settings):
         "unset: torch's own default. A replica uses up to torch_threads x workers cores")
     workers: int | Literal["auto"] = Field(
         "auto", description="model calls a replica runs at once, each on a worker "
-        "thread of its own (1-16): on a CPU, two 1-thread calls beside each other did "
-        "1.2-1.9x the texts/s of one 2-thread call (BENCHMARKS.md). `auto`: sized from the "
-        "node's cores (docs/operations.md, \"Scaling\"): on 2 cores the CPU pool runs 2, a "
-        "GPU pool 2")
+        "thread of its own (1-16): on a CPU, 1-thread calls side by side serve more texts/s "
+        "than one call on all the threads (docs/benchmarks-history.md, \"Round four\"). "
+        "`auto`: sized from the node's cores (docs/operations.md, \"Scaling\"): on 2 cores "
+        "the CPU pool runs 2, a GPU pool 2")
     sparse_token_budget: int = Field(
         8192, ge=1, description="tokens (padding included) in one model call of a sparse "
         "model, which holds tokens x vocabulary logits: 8192 x BERT's 30,522 is 0.5 GiB in "
@@ -206,8 +206,8 @@ class IngressSettings(_Settings):
     cpu_pool: Literal["replicas", "in_process"] = Field(
         "replicas", description="where the CPU pool's models run. `replicas`: replicas of "
         "their own, scaled on their own, called over Serve's handle hop. `in_process`: "
-        "inside each ingress replica, one hop and one process less (BENCHMARKS.md, \"One "
-        "hop less\"); the ingress then claims the CPU pool's CPUs besides its own and "
+        "inside each ingress replica, one hop and one process less (docs/benchmarks-history.md, "
+        "\"One hop less\"); the ingress then claims the CPU pool's CPUs besides its own and "
         "scales as one with it, and a model that crashes takes the ingress down with it. "
         "The CPU pool's settings apply either way; its `deployment` options only to "
         "`replicas`")
@@ -219,8 +219,9 @@ class IngressSettings(_Settings):
         "a WARNING naming its claim and what is free, /ready, /models, blitz_pool_unplaced")
     pool_hop: Literal["auto", "serve"] = Field(
         "auto", description="how the ingress calls a pool replica. `auto`: a pool of one "
-        "fixed replica on the ingress's node over a local socket (mode 600; ~3 ms less for "
-        "one user), any other over Serve's handle; `serve`: always Serve's handle")
+        "fixed replica on the ingress's node over a local socket (mode 600: no Serve router "
+        "or request wrappers, BENCHMARKS.md, \"Entry points\"), any other over Serve's "
+        "handle; `serve`: always Serve's handle")
     vector_cache_mb: float = Field(
         0, ge=0, description="memory for the vector cache, per ingress replica, in MiB (0: "
         "off): a text embedded before with the same model, pool and options is answered "

@@ -1,4 +1,4 @@
-"""Fault: four models on a three-model replica under mixed load (issue #8, item 3).
+"""Fault: four models on a three-model replica under mixed load, evicting as it serves.
 
 Two clients send 64-text batches to one model while a third rotates single texts over
 the other three (wider, two on onnxruntime), so every rotation evicts a model, sometimes
@@ -7,10 +7,9 @@ Every answer must be a 200 equal to in-process encoding, and the replica's memor
 plateau over the evictions: past warm-up, the median RSS of the last quarter of the samples
 stays within 5% of the first half's, and so do the bytes live in malloc (``mallinfo2``: in use
 plus mapped: a leak); and it must plateau where it started: within 10% of the RSS once every
-model had loaded (issue 43 item 8: freed weights' pages stayed in glibc's arenas, and a
-replica of real MiniLMs climbed from ~1.0 to ~1.45 GiB in its first 50 evictions).
-200 by default (~2.5 min here): 500, the default before issue #34 item 5 (~6 min), caught a
-leak 2.5x smaller per eviction; set BLITZ_SOAK_EVICTIONS=500 or more for that. A long run
+model had loaded (the fault it guards: freed weights' pages kept in glibc's arenas, so a
+replica's RSS climbed with every eviction). 200 evictions by default (a few minutes);
+500 catch a leak 2.5x smaller per eviction: set BLITZ_SOAK_EVICTIONS=500 or more for that. A long run
 with real models: ``python -m loadtest.eviction_soak --minutes 15``.
 """
 

@@ -418,8 +418,8 @@ def failed_start(run: Run, ports: dict[str, int]) -> str:
 
 
 def test_a_pool_that_cannot_be_placed_ends_the_run_with_the_reason(ports, tmp_path):
-    """Issue #33: a CPU pool claiming more CPUs than the machine has left serve.sh neither
-    serving nor exiting; now the wait for RUNNING ends once Ray has left the replica
+    """A CPU pool claiming more CPUs than the machine has must not leave serve.sh neither
+    serving nor exiting: the wait for RUNNING ends once Ray has left the replica
     unplaced for ``ingress.unplaced_after_s``, naming its claim and what is free."""
     def too_big(args):
         args["cpu_pool"]["deployment"] = {"ray_actor_options": {"num_cpus": 64}}
@@ -485,7 +485,7 @@ def join(args: list[str], env: dict, cwd: Path, what: str) -> subprocess.Complet
 
 @pytest.mark.parametrize("path", ["driver-less", "serve run"])
 def test_readme_ray_handle_and_drain_join_the_run(serve_env, ports, tmp_path, path):
-    """Issue 43, item 4: the README's "Ray handle" example, run as it is in a process of
+    """The README's "Ray handle" example, run as it is in a process of
     its own, and `lifecycle.py drain` with no address (scripts/stop.sh's first step) join
     a running `scripts/serve.sh` within JOIN_S. Both call `ray.init(address="auto")`, which
     takes the raylet's GCS address and swaps a 127.0.0.1 there for the machine's routable

@@ -1,5 +1,5 @@
 """Fault: the app is redeployed (one model more: new versions of the ingress and the CPU
-pool) while 8 clients send single texts (issue #33, item 1).
+pool) while 8 clients send single texts: no request may be lost to the swap.
 
 The CPU pool is replaced in place (Serve's default for it, and what a full cluster
 forces: the old replica stops before the new one starts), so for a while it has no

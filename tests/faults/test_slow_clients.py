@@ -1,4 +1,4 @@
-"""Fault: slow clients against `bash scripts/serve.sh` (issue #33, item 4), with real
+"""Fault: slow clients (slowloris, stalled bodies) against `bash scripts/serve.sh`, with real
 sockets, while an ordinary client keeps sending requests.
 
 - Headers that trickle in (a request line, then a header line every 2 s: slowloris) are

@@ -1,5 +1,5 @@
-"""Fault: what `bash scripts/serve.sh` exposes and how it survives its HAProxy (issue #33,
-items 5 and 6), on a real run with its own Ray (RAY_ADDRESS=local) and ports.
+"""Fault: what `bash scripts/serve.sh` exposes (loopback only) and how it survives its
+HAProxy dying, on a real run with its own Ray (RAY_ADDRESS=local) and ports.
 
 - Every socket that any process of the run listens on (serve.sh's descendants, Ray's
   session, HAProxy) is bound to loopback: Ray's node on 127.0.0.1 (scripts/ray_up.py),

@@ -1,6 +1,6 @@
 """The bulk job (deployments/bulk.py) on the session's shared Ray instance: Parquet,
 JSONL and CSV in, Parquet out, vectors against in-process sentence-transformers; every
-ordinary mistake of the issue #22 list (OUTPUT holding INPUT, colliding names, a bad
+ordinary operator mistake refused with a reason (OUTPUT holding INPUT, colliding names, a bad
 first line, deep nesting, a rerun with another model or dtype, OUTPUT under INPUT);
 s3:// in and out against a moto server with credentials that rotate mid-job; the
 ``blitz embed`` command, its default config and exit statuses."""
@@ -300,9 +300,9 @@ def test_blitz_embed_command(serve_instance, settings, tmp_path, capsys, monkeyp
 
 def test_a_long_csv_cell_costs_no_other_row_and_linked_folders_are_read(
         serve_instance, settings, tmp_path):
-    """Issue #33: an 11-row CSV whose row 5 held 2 MiB (under --max-row-bytes) lost rows
-    6-10 to pyarrow's 1 MiB blocks; a row over the limit costs only itself; a link to a
-    folder inside INPUT was skipped without a word."""
+    """A CSV cell longer than pyarrow's 1 MiB block (yet under --max-row-bytes) must not
+    lose the rows after it; a row over the limit costs only itself; a link to a folder
+    inside INPUT is read, not skipped without a word."""
     root, elsewhere = tmp_path / "in", tmp_path / "elsewhere"
     root.mkdir()
     elsewhere.mkdir()

@@ -10,7 +10,8 @@ the ingress, the handle hop) delivers ~40-150 single texts/s here, so a device w
 batch limit of a real GPU pool would idle for want of texts, not for a bubble, and the
 ratio would measure the front instead. The stand-in's batch limit (BATCH) and call time
 (BATCH_S) put its capacity (25 texts/s) below that, so texts always wait for it, as they
-do for a real GPU behind a fast front (BENCHMARKS.md, "GPU stand-in")."""
+do for a real GPU behind a fast front (docs/benchmarks-history.md, "GPU: no device this
+session", records a run)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A pool replica Ray cannot place is said out loud (issue #33): an app whose GPU pool
+"""A pool replica Ray cannot place is said out loud, not left "Upscaling": an app whose GPU pool
 claims a resource no node has keeps serving from its CPU pool, and the ingress reports
 the GPU pool as unplaced, naming the claim and what is free, in ``/ready``, ``/models``
 and the gauge ``blitz_pool_unplaced``. (The WARNING goes to the replica's log.)"""

@@ -141,5 +141,5 @@ def test_a_ray_without_the_fast_path_gets_one_warning_naming_the_cost_and_the_fi
     warning = fast_path_warning({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"})
     assert warning is not None
     assert "RAY_SERVE_ENABLE_HA_PROXY unset" in warning
-    assert "controller_options" in warning and "x the" in warning
+    assert "controller_options" in warning and "Entry points" in warning
     assert "and" in (fast_path_warning({}) or "").split(" unset")[0]

@@ -88,7 +88,7 @@ def test_an_errors_file_is_only_overwritten_when_it_is_ours(tmp_path, fs):
     check_errors_target(fs, str(tmp_path / "new.jsonl"))
     (tmp_path / "empty.jsonl").write_text("")  # a run without refusals writes this
     check_errors_target(fs, str(tmp_path / "empty.jsonl"))
-    for first in ("\n", "  \r\n", "\n\n"):  # issue #33: a blank first line was taken as ours
+    for first in ("\n", "  \r\n", "\n\n"):  # a blank first line is not ours
         (tmp_path / "blank.jsonl").write_text(first + '{"id": 1, "reason": "x", "file": "a"}\n')
         with pytest.raises(InvalidValue, match="not one blitz embed wrote"):
             check_errors_target(fs, str(tmp_path / "blank.jsonl"))

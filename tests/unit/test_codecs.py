@@ -130,7 +130,7 @@ def _peak(decode, out: list | None = None) -> int:
 
 
 def test_a_decode_stays_a_small_multiple_of_the_body():
-    """Issue #33: orjson built 13-17x a body of tiny strings before any check. With the
+    """A body of tiny strings decodes to many times its size. With the
     bounds an ingress uses (2048 texts, 1M token ids) such a body is refused before it is
     decoded. Numbers stay the dear case (about 84 bytes each once decoded, ~20x a body of
     3-digit token ids): their count is bounded by the token-id limit instead."""

@@ -35,8 +35,8 @@ def csv_bytes(rows: list[list[str]]) -> bytes:
 
 
 def test_a_cell_longer_than_a_block_is_read_and_so_are_the_rows_after_it():
-    # issue #33: row 5 held 2 MiB (under --max-row-bytes 4 MiB); pyarrow's 1 MiB blocks
-    # lost rows 6-10
+    # row 5 holds 2 MiB (under --max-row-bytes 4 MiB): pyarrow's 1 MiB blocks must not
+    # lose rows 6-10
     long = "x" * (2 * MIB)
     data = csv_bytes([["id", "text"]] + [[str(i), long if i == 5 else f"text {i}"]
                                          for i in range(1, 11)])
@@ -81,8 +81,9 @@ def test_rows_are_cut_at_line_ends_outside_quotes_only():
 
 
 def test_a_quoted_first_header_cell_after_a_bom_is_read_as_quoted():
-    # issue 43: the byte before the cell's quote was the BOM's, so the quote did not open
-    # it; a line end inside it cut the header, a comma then a quote opened a false one
+    # the byte before the cell's quote is the BOM's, and must not keep the quote from
+    # opening it: else a line end inside it cuts the header, a comma then a quote opens a
+    # false one
     for header in ('"id\nnumber",text', '"a,""b""",text'):
         data = b"\xef\xbb\xbf" + f"{header}\n1,first\n2,second\n".encode()
         for chunk in (1, 2, 3, 4, 5, 1000):

@@ -56,7 +56,7 @@ def test_every_shipped_config_turns_on_the_fast_request_path():
         assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
         assert env["RAY_SERVE_HAPROXY_BINARY_PATH"] == "scripts/haproxy-loopback"
         assert (ROOT / env["RAY_SERVE_HAPROXY_BINARY_PATH"]).is_file()
-        # issue #33: a silent client is cut, and a replica that never answers too, past
+        # a silent client is cut, and a replica that never answers too, past
         # Serve's own request timeout
         assert int(env["RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"]) <= 60
         assert (int(env["RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"])

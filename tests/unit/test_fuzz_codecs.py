@@ -174,7 +174,7 @@ MSGPACK_BODIES = MSGPACK_VALUES.map(lambda v: msgpack.packb(v, use_bin_type=True
 @given(JSON_VALUES, st.integers(0, 40), st.integers(0, 80))
 def test_json_is_parsed_exactly_when_within_its_bounds(value, limit, max_values):
     """Containers within ``limit``, values within ``max_values``, strings within
-    ``2 * limit + 64`` (issue #33: what a decode may build stays a small multiple of the
+    ``2 * limit + 64`` (so what a decode may build stays a small multiple of the
     body); brackets, commas and quotes inside strings do not count."""
     body = orjson.dumps(value)
     if (containers(value) > limit or values(value) > max_values
@@ -339,7 +339,7 @@ def _nd_shape(n: int) -> bytes:
                           b"data": b""})
 
 
-# (body at size n, parser, n). The escaped-quote family is the issue's body, small enough
+# (body at size n, parser, n). The escaped-quote family is the worst case, small enough
 # that the quadratic pre-scan it replaced takes seconds, not minutes. Sizes avoid what a
 # doubling can cost beyond the parser's own work on a shared machine: bodies stay within
 # a few hundred KB, so that one doubling does not move the work from the CPU's caches to

@@ -413,8 +413,8 @@ async def test_an_embed_stream_is_answered_in_groups_with_each_texts_own_vector(
 @pytest.mark.parametrize("ending", ["the client cancels", "the client half-closes, a message fails"])
 async def test_a_stream_that_ends_with_a_full_window_leaves_no_answer_running(
         monkeypatch, ending):
-    """Issue 43: with the window full, the reader had begun the next message's answer and
-    waited for room to queue it; cancelled there, that answer went on running alone."""
+    """With the window full, the reader may have begun the next message's answer and be
+    waiting for room to queue it; cancelled there, that answer must not run on alone."""
     from blitz.grpc_api import servicer
 
     monkeypatch.setattr(servicer, "STREAM_WINDOW", 2)
@@ -463,7 +463,8 @@ async def test_a_stream_that_ends_with_a_full_window_leaves_no_answer_running(
 
 
 async def test_embed_with_dimensions_0_is_refused_as_http_refuses_it():
-    """Issue 43: proto3's ``dimensions: 0`` answered OK with an empty vector."""
+    """proto3's ``dimensions: 0`` (its default) is refused, not answered OK with an empty
+    vector."""
     from blitz.http.bodies import EmbedRequest
     from blitz.settings.config import Limits
 

@@ -104,7 +104,7 @@ def section_lines(text: str) -> dict[str, list[str]]:
 
 
 def test_what_a_client_can_hold_is_bounded(cfg, fake):
-    """Issue #33: headers must arrive within 10 s, and a client cannot lift Serve's
+    """Headers must arrive within 10 s, and a client cannot lift Serve's
     request timeout with `x-request-timeout-seconds: 0`."""
     before = ray_config(cfg, "0.0.0.0", grpc=True)
     assert "timeout http-request" not in before
@@ -122,8 +122,8 @@ def test_what_a_client_can_hold_is_bounded(cfg, fake):
 
 
 def test_a_config_without_routes_answers_503_not_404(cfg, fake):
-    """Issue #33: a new HAProxyManager starts HAProxy before Serve sends it the routes;
-    every path, the application's too, fell to Ray's 404 then."""
+    """A new HAProxyManager starts HAProxy before Serve sends it the routes; meanwhile
+    every path, the application's too, must answer 503 (retry), not Ray's 404."""
     before = ray_config(cfg)
     code = [line.split("#", 1)[0].strip() for line in before.splitlines()]
     assert not [c for c in code if c.startswith("use_backend")]

@@ -1,5 +1,5 @@
 """scripts/haproxy_standin.py: the stand-in HAProxy the supervisor starts while Serve
-replaces one that died (issue #33, item 6), with the real HAProxy binary."""
+replaces one that died, so port 8000 keeps answering; with the real HAProxy binary."""
 
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ def test_overlapping_leases_free_after_the_last():
 
 def test_freeing_gives_the_pages_back_once(monkeypatch):
     """A freed model's pages go back to the system (``malloc_trim``), once per free: glibc
-    kept them in its arenas, and a replica under eviction grew (issue 43 item 8)."""
+    would keep them in its arenas, and a replica under eviction would grow."""
     from blitz.runtime import malloc
 
     trims: list[bool] = []

@@ -1,6 +1,6 @@
 """blitz/http/disconnect.py: a request Serve does not watch (a large or chunked body,
 marked by HAProxy) is cancelled when its client leaves after sending the body, and only
-then (issue #33, item 4)."""
+then, so a departed client frees its slot."""
 
 from __future__ import annotations
 

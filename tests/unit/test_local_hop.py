@@ -156,8 +156,8 @@ class ClosedWriter:
 
 
 async def test_a_socket_closed_before_the_reader_saw_it_is_a_lost_hop_not_a_500():
-    """Issue #33's run: a redeploy closed the pool's socket; the next call's write raised
-    RuntimeError, which reached the client as a 500 instead of a retry over the handle."""
+    """A redeploy closes the pool's socket; the next call's write raises RuntimeError,
+    which must be a lost hop (retried over the handle), not a 500 to the client."""
     pool = Pool()
     server, client = await _pair(pool)
     real, client._writer = client._writer, ClosedWriter()  # type: ignore[assignment]

@@ -1,4 +1,4 @@
-"""Every output bounded like the inputs (issue 43 item 6), in process (no Ray):
+"""Every output bounded like the inputs, in process (no Ray):
 ``limits.max_tokens_per_request`` (``/tokenize``, gRPC ``Tokenize``),
 ``limits.max_token_vectors_per_request`` (``/embed_all``, gRPC ``EmbedAll``), gRPC's
 bytes in flight held to ``limits.max_buffered_bytes``, a sparse model's
@@ -415,7 +415,7 @@ async def test_a_stream_past_the_bytes_in_flight_ends_resource_exhausted(method)
 
 
 def old_weights(logits, attention):
-    """The formula before issue 43: (rows, tokens, vocabulary) in fp32, then the max."""
+    """The reference formula: the whole (rows, tokens, vocabulary) tensor in fp32, then the max."""
     import torch
 
     weights = torch.log1p(torch.relu(logits.float())) * attention.unsqueeze(-1)

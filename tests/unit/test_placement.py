@@ -9,7 +9,7 @@ from blitz.ingress.placement import short_of, unplaced_message
 
 
 def test_the_message_names_the_claim_what_is_free_and_what_is_short():
-    # issue #33's cluster: the CPU pool holds both cores, the GPU pool wants 0.5 of one
+    # a 2-core node: the CPU pool holds both cores, the GPU pool wants 0.5 of one
     claim = {"CPU": 0.5, "GPU": 1.0}
     free = {"CPU": 0.0, "GPU": 1.0, "memory": 2**33}
     assert short_of(claim, free) == ["CPU"]

@@ -1,5 +1,4 @@
-"""scripts/ray_up.py's single-machine start stays on this machine and this user (issue
-#33, item 5): Ray's node on 127.0.0.1 unless BLITZ_NODE_IP names another, and Ray's
+"""scripts/ray_up.py's single-machine start stays on this machine and this user: Ray's node on 127.0.0.1 unless BLITZ_NODE_IP names another, and Ray's
 token file created readable by this user alone (Ray writes it 0644)."""
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def test_the_node_and_its_driver_stay_on_loopback(tmp_path):
 
 
 def test_the_gcs_is_published_under_a_loopback_name_ray_keeps(tmp_path):
-    """Issue 43, item 4: a driver's `ray.init(address="auto")` takes the raylet's
+    """A driver's `ray.init(address="auto")` takes the raylet's
     --gcs-address and swaps 127.0.0.1 there for the machine's routable address
     (`canonicalize_bootstrap_address`), where a loopback Ray does not listen: it waited for
     ever. The address ray_up.py hands out is the same socket as [::ffff:127.0.0.1], which

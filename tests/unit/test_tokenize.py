@@ -130,7 +130,7 @@ async def test_bad_requests_get_a_clear_4xx(client, route, body, status, param):
 
 @pytest.mark.parametrize("bad", [2**63, 2**64 - 1])
 async def test_an_id_past_int64_is_a_422_naming_the_id_and_the_range(client, bad):
-    # issue 43: an id in [2^63, 2^64) overflowed numpy's int64 and answered 500
+    # an id in [2^63, 2^64) overflows numpy's int64: it must be a 422, not a 500
     for body, where in (({"ids": [1, bad]}, "ids[0][1]"),
                         ({"ids": [[1], [2, 3, bad]]}, "ids[1][2]")):
         for content, kind in ((codecs.dumps_json(body), "application/json"),
