@@ -47,7 +47,7 @@ from blitz.settings.bulk import BulkSettings
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
 from blitz.sources.storage import filesystem_for, location_env
-from deployments.bulk_extra import require_ray_data
+from deployments.bulk_requirements import require_ray_data
 
 
 class EmbedBatches:
@@ -139,7 +139,7 @@ def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = N
                 report.rows_total += int(unit.done.get("rows", 0))
         if plan.pending:
             attempt = bulk_units.new_attempt(out_fs, out_path)
-            _run(plan.pending, spec, options, device, str(settings.resolved_cache_dir()),
+            _embed_units(plan.pending, spec, options, device, str(settings.resolved_cache_dir()),
                  out_fs, attempt, job, report, log, progress, started)
             bulk_units.end_attempt(out_fs, out_path)
         report.refused = bulk_write.merge_errors(errors_fs, [u.directory for u in units],
@@ -168,9 +168,10 @@ def _check_columns(in_fs: Any, pending: list[bulk_units.Unit], options: BulkSett
                            param="text_column")
 
 
-def _run(pending: list[bulk_units.Unit], spec: ModelSpec, options: BulkSettings, device: str,
-         cache_dir: str, out_fs: Any, attempt: str, job: dict[str, Any], report: BulkReport,
-         log: TextIO | None, progress: bool | None, started: float) -> None:
+def _embed_units(pending: list[bulk_units.Unit], spec: ModelSpec, options: BulkSettings,
+                 device: str, cache_dir: str, out_fs: Any, attempt: str, job: dict[str, Any],
+                 report: BulkReport, log: TextIO | None, progress: bool | None,
+                 started: float) -> None:
     """The pipeline over ``pending``; each unit published as soon as it is complete."""
     from tqdm import tqdm
 

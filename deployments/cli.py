@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from blitz import cli
 from blitz.settings.bulk import BulkSettings
-from deployments.bulk_extra import require_ray_data
+from deployments.bulk_requirements import require_ray_data
 
 EXIT_CODES = """exit status: 0 every row is in OUTPUT; 3 done, but some rows were refused (see
 the errors file); 1 the job failed or no row could be embedded; 2 usage (bad options,

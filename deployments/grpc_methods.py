@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from blitz.grpc_api.rpc_table import RPCS
 from blitz.grpc_api.servicer import TeiServicer
-from blitz.grpc_api.services import RPCS
 
 
 def _unary(method: str) -> Callable[..., Any]:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from blitz.ingress import status
-from blitz.ingress.outputs import OutputService
+from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizing import TokenService
 

@@ -24,22 +24,22 @@ from blitz.errors import Overloaded, Unavailable
 from blitz.grpc_api.servicer import TeiServicer
 from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
-from blitz.ingress.outputs import OutputService
+from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizing import TokenService
 from blitz.pool.batching import Batcher
 from blitz.pool.local_hop import HopLost
-from blitz.pool.work import Job
+from blitz.pool.mixed_batch import Job
 from blitz.settings.config import BlitzSettings
-from deployments.grpc_methods import GrpcMethods
-from deployments.handle_methods import HandleMethods
-from deployments.local_hops import LocalHops
-from deployments.logs import flush_replica_log, route_library_logs_to_serve
-from deployments.loopback import (
+from deployments.bind_addresses import (
     http_host,
     keep_grpc_on_http_host,
     keep_replica_grpc_on_node_ip,
 )
+from deployments.grpc_methods import GrpcMethods
+from deployments.handle_methods import HandleMethods
+from deployments.local_hops import LocalHops
+from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.metrics import metrics
 from deployments.placement import PlacementWatch
 from deployments.pool import in_process

@@ -70,9 +70,9 @@ class PlacementWatch:
             return
         if self._task is None or self._task.done():
             with contextlib.suppress(RuntimeError):  # no running loop: a later call starts it
-                self._task = asyncio.get_running_loop().create_task(self._run())
+                self._task = asyncio.get_running_loop().create_task(self._watch())
 
-    async def _run(self) -> None:
+    async def _watch(self) -> None:
         while True:
             try:
                 pending, free = await asyncio.wait_for(

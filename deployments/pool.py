@@ -22,12 +22,12 @@ from ray import serve
 from blitz.encoders.base import Encoded
 from blitz.pool.holder import ModelHolder
 from blitz.pool.local_hop import LocalHopServer
+from blitz.pool.mixed_batch import Job
 from blitz.pool.replica import PoolEvents, PoolReplica
-from blitz.pool.work import Job
 from blitz.runtime import gpu_memory, lean_imports, malloc
 from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
+from deployments.bind_addresses import keep_replica_grpc_on_node_ip
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
-from deployments.loopback import keep_replica_grpc_on_node_ip
 from deployments.metrics import metrics
 
 logger = logging.getLogger("ray.serve")

@@ -34,7 +34,7 @@ import httpx
 import numpy as np
 
 from blitz import codecs
-from blitz.grpc_api import services
+from blitz.grpc_api import rpc_table
 from blitz.grpc_api import tei_pb2 as pb
 from loadtest.corpus import sentences
 from loadtest.report import environment
@@ -66,8 +66,8 @@ class Grpc:
 
     def __init__(self, target: str, model: str | None):
         self.channel = grpc.aio.insecure_channel(target)
-        self.unary = services.client_method(self.channel, "Embed")
-        self.stream = services.client_method(self.channel, "EmbedStream")
+        self.unary = rpc_table.client_method(self.channel, "Embed")
+        self.stream = rpc_table.client_method(self.channel, "EmbedStream")
         self.metadata = (("model", model),) if model else ()
 
     async def embed(self, texts: list[str]) -> np.ndarray:

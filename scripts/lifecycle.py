@@ -332,7 +332,7 @@ def needed_ports(config: str) -> list[tuple[str, int, str]]:
     side = "0.0.0.0" if host in ("*", "::") else host
     ports = [(side, int(http.get("port", 8000)), f"HTTP, http_options.port in {config}")]
     grpc = loaded.get("grpc_options") or {}
-    if grpc.get("grpc_servicer_functions"):  # gRPC listens where HTTP does (deployments/loopback.py)
+    if grpc.get("grpc_servicer_functions"):  # gRPC listens where HTTP does (deployments/bind_addresses.py)
         ports.append((side, int(grpc.get("port", 9000)), f"gRPC, grpc_options.port in {config}"))
     if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
         local = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH", "").endswith("haproxy-loopback")

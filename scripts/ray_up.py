@@ -8,7 +8,7 @@ scripts/serve.sh leaves out") in a session of its own and waits for it:
 1. Start Ray's head node as `ray.init()` does for a new local cluster (worker.py `init`:
    a ray._private.node.Node), on 127.0.0.1 (BLITZ_NODE_IP names another address): GCS,
    raylet, workers, the agents and the metrics export then listen on loopback only
-   (deployments/loopback.py does it for the replicas' gRPC servers). The GCS address the
+   (deployments/bind_addresses.py does it for the replicas' gRPC servers). The GCS address the
    raylet, agents and workers are given is [::ffff:127.0.0.1]:PORT, the same loopback
    socket under a name Ray's drivers do not swap for the machine's routable address, so
    that `ray.init(address="auto")` on this machine (the README's Ray handle example,

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from blitz.encoders.base import Encoded, Encoder
 from blitz.loading.load import load_encoder
-from blitz.pool.work import Job, run_jobs
+from blitz.pool.mixed_batch import Job, run_jobs
 from blitz.settings.config import BlitzSettings
 
 

@@ -77,7 +77,7 @@ class BiEncoder(Encoder):
 
     def embed(self, texts: list[str], *, normalize: bool, truncate: bool = True) -> Encoded:
         ids, counts = self.token_ids(texts, truncate)
-        return self._run(ids, counts, normalize)
+        return self._embed_ids(ids, counts, normalize)
 
     def embed_many(self, jobs: list[tuple[list[str], bool, bool]]) -> list[Encoded | Exception]:
         """Tokenize each request alone, then run all of them as one length-sorted batch."""
@@ -92,7 +92,7 @@ class BiEncoder(Encoder):
             results.append(exc_placeholder)
             good.append((k, ids, counts, normalize))
         if good:
-            merged = self._run([row for _, ids, _, _ in good for row in ids],
+            merged = self._embed_ids([row for _, ids, _, _ in good for row in ids],
                                np.zeros(0, np.int64), normalize=False)
             start, rows = 0, max(len(merged.values), 1)
             for k, ids, counts, normalize in good:
@@ -136,9 +136,9 @@ class BiEncoder(Encoder):
         lengths = np.array([len(row) + self.tokens.specials for row in ids], dtype=np.int64)
         counts = check_lengths(lengths, self.max_seq_length, truncate)
         full = self.tokens.with_specials([row[:room] for row in ids])
-        return self._run(full, counts, normalize)
+        return self._embed_ids(full, counts, normalize)
 
-    def _run(self, ids: list[list[int]], counts: np.ndarray, normalize: bool) -> Encoded:
+    def _embed_ids(self, ids: list[list[int]], counts: np.ndarray, normalize: bool) -> Encoded:
         out = np.empty((len(ids), self._dimension), dtype=np.float32)
         padded = 0
         # past SPLIT_MAX_TEXTS, larger products run cheaper per token than the calibration's

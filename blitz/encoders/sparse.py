@@ -74,7 +74,7 @@ class SparseEncoder(BiEncoder):
         """``values``: the non-zero weights of every text, one text after the other, in
         vocabulary order; ``indices``: their vocabulary ids; ``rows``: how many per text."""
         ids, counts = self.token_ids(texts, truncate)
-        dense = self._run(ids, counts, normalize=False)
+        dense = self._embed_ids(ids, counts, normalize=False)
         rows, cols = np.nonzero(dense.values)
         return Encoded(dense.values[rows, cols].astype(np.float32), counts,
                        dense.padded_tokens, indices=cols.astype(np.int32),

@@ -8,9 +8,9 @@ from typing import Any, Protocol
 
 from blitz.errors import InvalidValue
 from blitz.grpc_api import tei_pb2 as pb
-from blitz.grpc_api.services import Malformed
+from blitz.grpc_api.rpc_table import Malformed
 from blitz.ingress import status
-from blitz.ingress.outputs import OutputService
+from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.tokenizing import INLINE_VALUES, TokenService, off_loop
 

@@ -25,7 +25,7 @@ from typing import Any
 from blitz.errors import ClientError, as_blitz_error
 from blitz.grpc_api import convert
 from blitz.grpc_api import tei_pb2 as pb
-from blitz.grpc_api.services import BY_METHOD, Malformed
+from blitz.grpc_api.rpc_table import BY_METHOD, Malformed
 from blitz.ingress.service import EmbeddingService, RequestRecord, record_failure
 from blitz.pool.batching import Batcher
 
@@ -62,7 +62,7 @@ class EmbedGroups:
         self.alone = alone
         self.path = BY_METHOD["EmbedStream"].path
         self.batcher: Batcher[Any, Any] = Batcher(
-            self._run, max_batch=service.settings.limits.max_texts_per_request,
+            self._answer_group, max_batch=service.settings.limits.max_texts_per_request,
             max_waiting=window, size=lambda _: 1, max_in_flight=2,
             name="a gRPC EmbedStream")
 
@@ -72,7 +72,7 @@ class EmbedGroups:
         except Exception as exc:
             return None, exc
 
-    async def _run(self, requests: list[Any]) -> list[Any]:
+    async def _answer_group(self, requests: list[Any]) -> list[Any]:
         out: list[Any] = []
         for run in runs(requests):
             out.extend(await self._group(run) if len(run) > 1 else [await self._one(run[0])])

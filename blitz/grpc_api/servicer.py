@@ -30,9 +30,9 @@ import grpc
 from blitz.errors import BlitzError, Overloaded, as_blitz_error
 from blitz.grpc_api import convert
 from blitz.grpc_api.grouping import EmbedGroups
-from blitz.grpc_api.services import BY_METHOD
+from blitz.grpc_api.rpc_table import BY_METHOD
 from blitz.ingress.keys import ApiKeys
-from blitz.ingress.outputs import OutputService
+from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord, record_failure
 from blitz.ingress.tokenizing import TokenService
 

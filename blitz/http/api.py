@@ -29,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from blitz import codecs
 from blitz.errors import ErrorShape, InvalidValue, Overloaded, PayloadTooLarge, RequestTimeout
-from blitz.http import openapi, responses, wire
+from blitz.http import openapi, reply_bodies, responses
 from blitz.http.bodies import (
     ClassifyRequest,
     DecodeRequest,
@@ -46,7 +46,7 @@ from blitz.http.middleware import RequestMiddleware, record_of, request_id_of, s
 from blitz.http.peers import PeerRoutes
 from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
 from blitz.ingress import status
-from blitz.ingress.outputs import OutputService
+from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.tokenizing import TokenService
 
@@ -197,9 +197,9 @@ class HttpApi:
         if fmt == "raw":
             return RawArrayResponse(result.embeddings)
         if fmt == "json":
-            return JSONBytesResponse(wire.tei_embed_reply(result) if tei
-                                     else wire.embed_reply(result))
-        return MsgpackResponse(wire.embed_reply(result, req.layout or accept_layout or "numpy"))
+            return JSONBytesResponse(reply_bodies.tei_embed_reply(result) if tei
+                                     else reply_bodies.embed_reply(result))
+        return MsgpackResponse(reply_bodies.embed_reply(result, req.layout or accept_layout or "numpy"))
 
     async def openai_embeddings(self, request: Request, payload: Payload) -> Response:
         """OpenAI's ``/v1/embeddings``, and Infinity's and TEI's ``/embeddings``."""
@@ -208,7 +208,7 @@ class HttpApi:
         result = await self.service.embed(
             texts, token_ids=token_ids, model=self.model_id(request, req.model),
             dimensions=req.dimensions, record=_record(request))
-        return JSONBytesResponse(wire.openai_embeddings_reply(result, req.encoding_format))
+        return JSONBytesResponse(reply_bodies.openai_embeddings_reply(result, req.encoding_format))
 
     async def rerank(self, request: Request, payload: Payload) -> Response:
         """``/rerank``: TEI's ``texts`` get TEI's list, Infinity's ``documents`` Infinity's
@@ -220,16 +220,16 @@ class HttpApi:
             _speaks(request, "tei")
         req = await self.rerank_result(request, payload, RerankRequest)
         if fmt == "msgpack":
-            return MsgpackResponse(wire.rerank_reply(req, _request_id(request)))
+            return MsgpackResponse(reply_bodies.rerank_reply(req, _request_id(request)))
         if tei:
-            return JSONBytesResponse(wire.tei_rerank_reply(req))
-        return JSONBytesResponse(wire.infinity_rerank_reply(req, _request_id(request),
+            return JSONBytesResponse(reply_bodies.tei_rerank_reply(req))
+        return JSONBytesResponse(reply_bodies.infinity_rerank_reply(req, _request_id(request),
                                                             int(time.time())))
 
     async def cohere_v1_rerank(self, request: Request, payload: Payload) -> Response:
         fmt = self._reply(request)[0]
         result = await self.rerank_result(request, payload, RerankRequest)
-        return _plain(wire.rerank_reply(result, _request_id(request)), fmt)
+        return _plain(reply_bodies.rerank_reply(result, _request_id(request)), fmt)
 
     async def rerank_result(self, request: Request, payload: Payload,
                       body: type[RerankRequest]) -> Any:
@@ -246,11 +246,11 @@ class HttpApi:
 
     async def embed_all(self, request: Request, payload: Payload) -> Response:
         return await self._arrays(request, payload, EmbedAllRequest, self.outputs.embed_all,
-                                  wire.embed_all_reply)
+                                  reply_bodies.embed_all_reply)
 
     async def embed_sparse(self, request: Request, payload: Payload) -> Response:
         return await self._arrays(request, payload, EmbedSparseRequest,
-                                  self.outputs.embed_sparse, wire.embed_sparse_reply)
+                                  self.outputs.embed_sparse, reply_bodies.embed_sparse_reply)
 
     async def _arrays(self, request: Request, payload: Payload, body: type[EmbedAllRequest],
                       run: Any, reply: Any) -> Response:
@@ -275,7 +275,7 @@ class HttpApi:
             model=self.model_id(request, req.model),
             truncate=True if options is None or options.truncate is None else options.truncate,
             prompt_name=options.prompt_name if options else None, record=_record(request))
-        return _plain(wire.similarity_reply(result), fmt)
+        return _plain(reply_bodies.similarity_reply(result), fmt)
 
     async def predict(self, request: Request, payload: Payload) -> Response:
         fmt = self._reply(request)[0]  # before work
@@ -284,7 +284,7 @@ class HttpApi:
         result = await self.outputs.classify(
             items, model=self.model_id(request, req.model), raw_scores=req.raw_scores,
             top_k=req.top_k, truncate=req.truncate, record=_record(request))
-        return _plain(wire.predict_reply(result, single), fmt)
+        return _plain(reply_bodies.predict_reply(result, single), fmt)
 
     async def classify(self, request: Request, payload: Payload) -> Response:
         fmt = self._reply(request)[0]  # before work
@@ -293,7 +293,7 @@ class HttpApi:
         result = await self.outputs.classify(
             texts, model=self.model_id(request, req.model), raw_scores=req.raw_scores,
             top_k=req.top_k, truncate=req.truncate, record=_record(request))
-        return _plain(wire.classify_reply(result, f"blitz-{uuid.uuid4().hex}",
+        return _plain(reply_bodies.classify_reply(result, f"blitz-{uuid.uuid4().hex}",
                                           int(time.time())), fmt)
 
     async def tokenize(self, request: Request, payload: Payload) -> Response:
@@ -304,7 +304,7 @@ class HttpApi:
             add_special_tokens=req.add_special_tokens, prompt_name=req.prompt_name,
             return_offsets=req.return_offsets, offsets=req.offsets, record=_record(request))
         return await responses.built(  # a large reply is built off the event loop
-            lambda: _plain(wire.tokenize_reply(result), fmt),
+            lambda: _plain(reply_bodies.tokenize_reply(result), fmt),
             5 * sum(map(len, result.tokens)))
 
     async def decode(self, request: Request, payload: Payload) -> Response:
@@ -313,7 +313,7 @@ class HttpApi:
         result = await self.tokens.decode(
             req.ids, model=self.model_id(request, req.model),
             skip_special_tokens=req.skip_special_tokens, record=_record(request))
-        return _plain(wire.decode_reply(result), fmt)
+        return _plain(reply_bodies.decode_reply(result), fmt)
 
     async def info(self, request: Request) -> Response:
         return JSONBytesResponse(status.info(self.service,
@@ -323,7 +323,7 @@ class HttpApi:
         """Blitz's registry in Infinity's ``GET /models`` list."""
         created = self.service.started
         return JSONBytesResponse({"object": "list", "data": [
-            wire.infinity_model(m, created)
+            reply_bodies.infinity_model(m, created)
             for m in status.describe_models(self.service, sources=self._show_sources)]})
 
     async def openai_models(self, request: Request) -> Response:

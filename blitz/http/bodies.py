@@ -4,8 +4,8 @@
 non-object is a 400, a list over the limits a 413 naming the limit (counted before
 anything else), a bad value a 422 naming the field. Numbers and booleans are strict
 (``true`` is not ``1``). What the ingress does with them is ``blitz.ingress.service``'s;
-what the reply looks like is ``blitz.http.wire``'s; the jobs and results that cross
-the hops are ``blitz.schemas``.
+what the reply looks like is ``blitz.http.reply_bodies``'s; the jobs and results that cross
+the hops are ``blitz.hop_messages``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from blitz import codecs
 from blitz.encoders.postprocess import quantize
-from blitz.http import wire
+from blitz.http import reply_bodies
 from blitz.http.bodies import PredictRequest
 from blitz.http.middleware import record_of, request_id_of, speaks
 from blitz.http.peer_bodies import CohereEmbedRequest, CohereRerankRequest
@@ -31,7 +31,7 @@ class PeerRoutes:
     async def cohere_v2_rerank(self, request: Request, payload: Payload) -> Response:
         speaks(request.scope, "cohere")
         result = await self.api.rerank_result(request, payload, CohereRerankRequest)
-        return JSONBytesResponse(wire.cohere_rerank_reply(result, request_id_of(request.scope)))
+        return JSONBytesResponse(reply_bodies.cohere_rerank_reply(result, request_id_of(request.scope)))
 
     async def cohere_embed_v1(self, request: Request, payload: Payload) -> Response:
         return await self._cohere_embed(request, payload, "1")
@@ -55,7 +55,7 @@ class PeerRoutes:
         request_id = request_id_of(request.scope)
         tokens = result.usage.total_tokens
         if version == "1" and req.embedding_types is None:
-            return JSONBytesResponse(wire.cohere_embed_reply(result.embeddings, req.texts,
+            return JSONBytesResponse(reply_bodies.cohere_embed_reply(result.embeddings, req.texts,
                                                              request_id, tokens, version))
         by_type: dict[str, Any] = {}
         for kind in req.embedding_types or ["float"]:
@@ -64,7 +64,7 @@ class PeerRoutes:
             else:
                 by_type[kind] = quantize(result.embeddings,
                                          "float32" if kind == "float" else kind)
-        return JSONBytesResponse(wire.cohere_embed_reply(by_type, req.texts, request_id,
+        return JSONBytesResponse(reply_bodies.cohere_embed_reply(by_type, req.texts, request_id,
                                                          tokens, version))
 
     async def tei_root(self, request: Request, payload: Payload) -> Response:
@@ -103,4 +103,4 @@ class PeerRoutes:
         result = await self.api.outputs.classify(
             items, model=self.api.model_id(request, None), raw_scores=req.raw_scores,
             top_k=req.top_k, truncate=req.truncate, record=record_of(request.scope))
-        return JSONBytesResponse(wire.predict_reply(result, False))
+        return JSONBytesResponse(reply_bodies.predict_reply(result, False))

@@ -30,12 +30,12 @@ from blitz.errors import (
     PayloadTooLarge,
     as_blitz_error,
 )
+from blitz.hop_messages import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankResult, Usage
 from blitz.ingress.limits import check_length, check_texts, check_token_ids
 from blitz.ingress.routing import Route, choose_pool
 from blitz.ingress.vector_cache import CachedEmbedder, Computed, Key, fingerprint
 from blitz.loading.fetch import read_dimension
-from blitz.pool.work import Job
-from blitz.schemas import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankResult, Usage
+from blitz.pool.mixed_batch import Job
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec, apply_prompt
 
@@ -103,7 +103,7 @@ class Dispatcher(Protocol):
         ...
 
     async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
-        """``job`` (any ``blitz.pool.work.Job``) for ``model_id`` on ``pool``, through the
+        """``job`` (any ``blitz.pool.mixed_batch.Job``) for ``model_id`` on ``pool``, through the
         one queue of that pool and model; what the pool raised is raised here."""
         ...
 

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from blitz.errors import InvalidValue, LoadProblem, ModelLoadFailed, PayloadTooLarge
+from blitz.hop_messages import DecodeResult, Token, TokenizeResult
 from blitz.ingress.limits import check_texts, check_token_ids
 from blitz.loading.fetch import resolve_source
-from blitz.schemas import DecodeResult, Token, TokenizeResult
 from blitz.settings.registry import ModelSpec, apply_prompt
 
 if TYPE_CHECKING:

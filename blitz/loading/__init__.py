@@ -4,7 +4,7 @@ One way: the source as a local folder (``fetch``), checked for code of its own
 (``model_trust``), built and opened (``opening.open_backend``), one encoder. The ONNX builds
 (``onnx_export``) and their accuracy guard (``accuracy``), ``cpu_backend: auto``'s choice
 (``auto``, recorded in the model cache), the child processes that build and measure
-(``children``, ``child``), failed loads remembered (``failures``), and in-process
+(``child_work``, the parent's side; ``child_main``, the child's), failed loads remembered (``failures``), and in-process
 throughput (``throughput``, for ``blitz optimize``).
 
 May import ``blitz.encoders``, ``blitz.settings``, ``blitz.sources``, ``blitz.runtime`` and

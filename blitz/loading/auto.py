@@ -15,7 +15,7 @@ the same key reuses it, timing nothing:
 
     load_auto(spec, open_backend, folder, chooser, ...)
       -> remember_choice(...)             the record under choice_key(...), else measure:
-      -> chooser(spec)                    loading.children: measure_choice in a child process
+      -> chooser(spec)                    loading.child_work: measure_choice in a child process
          or measure_choice(...)           (here, when there is no chooser or it failed):
            -> candidates()                torch, torch-bf16 (native bf16 only), onnx, onnx-int8
            -> open_backend(name) for each guard failures and load errors drop the candidate
@@ -184,7 +184,7 @@ class RememberedChoice:
 
 
 Chooser = Callable[[ModelSpec], "AutoChoice | None"]
-"""Measures and chooses elsewhere (``blitz.loading.children.choose_in_child``); None when that
+"""Measures and chooses elsewhere (``blitz.loading.child_work.choose_in_child``); None when that
 failed and the choice is to be measured here."""
 Measure = Callable[[], AutoChoice]
 
@@ -240,7 +240,7 @@ def load_auto(spec: ModelSpec, open_backend: Callable[[str], Encoder], *,
     same model, candidates, CPU, ``threads``, libraries and guard in the model cache
     under ``cache_dir`` is reused and nothing is timed; otherwise it measures (below) and
     records what it chose. With a ``chooser`` (the loader passes
-    ``blitz.loading.children.choose_in_child``), the candidates are opened and timed
+    ``blitz.loading.child_work.choose_in_child``), the candidates are opened and timed
     elsewhere and only the winner is opened here: a replica that opened all four kept
     ~170 MiB of the losers' memory after closing them (docs/benchmarks-history.md,
     "Memory per process"). Otherwise, or when the chooser fails, ``measure_choice`` runs

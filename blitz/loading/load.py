@@ -32,7 +32,7 @@ from pathlib import Path
 
 from blitz.encoders.base import Encoder
 from blitz.loading.auto import load_auto
-from blitz.loading.children import choose_in_child
+from blitz.loading.child_work import choose_in_child
 from blitz.loading.failures import as_load_failure
 from blitz.loading.fetch import resolve_source
 from blitz.loading.model_trust import check_model_folder

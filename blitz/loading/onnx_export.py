@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from blitz.encoders.bi_encoder import BiEncoder
-from blitz.encoders.models import (
+from blitz.encoders.onnx_native import verify
+from blitz.encoders.st_models import (
     onnx_model_kwargs,
     open_onnx_file,
     open_torch_bi_encoder,
@@ -43,7 +44,6 @@ from blitz.encoders.models import (
     transformer_trust,
     wrap,
 )
-from blitz.encoders.onnx_native import verify
 from blitz.loading.accuracy import AccuracyReport, compare, cut, enforce_accuracy, probe
 from blitz.loading.model_trust import check_model_folder
 from blitz.runtime.cpu_features import quantization_target

@@ -27,14 +27,14 @@ from typing import Any
 
 from blitz.encoders.base import Encoder
 from blitz.encoders.fake import FakeEncoder
-from blitz.encoders.models import (
+from blitz.encoders.st_models import (
     open_sparse,
     open_torch_bi_encoder,
     open_torch_cross_encoder,
     wrap,
 )
 from blitz.loading import accuracy
-from blitz.loading.children import build_in_child
+from blitz.loading.child_work import build_in_child
 from blitz.loading.onnx_export import load_onnx
 from blitz.runtime.cpu_features import cpu_supports_bf16
 from blitz.settings.registry import ModelSpec
@@ -42,7 +42,7 @@ from blitz.settings.registry import ModelSpec
 logger = logging.getLogger("blitz.encoders")
 
 BUILD_IN_CHILD = True
-"""ONNX builds run in a child process (``blitz.loading.children``) so that the loading process,
+"""ONNX builds run in a child process (``blitz.loading.child_work``) so that the loading process,
 a long-lived replica or bulk actor, does not keep the export's memory."""
 
 

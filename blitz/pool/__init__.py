@@ -4,7 +4,7 @@ ingress for its pool calls), worker threads (``worker_slots``), model loads one 
 (``load_queue``), one batch of mixed jobs (``work``), the loaded model's holder (``holder``)
 and the local hop over a Unix socket (``local_hop``).
 
-May import ``blitz.schemas``, ``blitz.loading``, ``blitz.encoders``, ``blitz.settings``,
+May import ``blitz.hop_messages``, ``blitz.loading``, ``blitz.encoders``, ``blitz.settings``,
 ``blitz.sources``, ``blitz.runtime`` and the top-level leaf modules; never ``blitz.bulk``,
 the ingress or HTTP.
 """

@@ -63,7 +63,7 @@ class Batcher(Generic[T, R]):
                  on_waiting: Callable[[int], None] | None = None):
         if max_batch < 1 or max_waiting < 1 or max_in_flight < 1:
             raise ValueError("max_batch, max_waiting and max_in_flight must be at least 1")
-        self._run = run
+        self._call_run = run  # the caller's function: one batch of items in, one result each out
         self.max_batch = max_batch
         self.max_waiting = max_waiting
         self.max_in_flight = max_in_flight
@@ -184,7 +184,7 @@ class Batcher(Generic[T, R]):
             return
         try:
             async with asyncio.timeout(self.timeout_s):  # no task of its own, unlike wait_for
-                results = await self._run([e.item for e in live])
+                results = await self._call_run([e.item for e in live])
             if len(results) != len(live):
                 raise RuntimeError(f"batch function returned {len(results)} results "
                                    f"for {len(live)} items")

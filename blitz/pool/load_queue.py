@@ -135,13 +135,13 @@ class LoadQueue(Generic[V]):
                 if entry.waiters == 0 or entry.future.done():  # everyone left, or failed
                     self._settle(entry, cancel=True)
                     continue
-                await self._run(entry)
+                await self._load_one(entry)
         finally:
             self._drainer = None
             for entry in list(self._loads.values()):  # only when the loop itself stops
                 self._settle(entry, cancel=True)
 
-    async def _run(self, entry: _Load) -> None:
+    async def _load_one(self, entry: _Load) -> None:
         self._running = entry
         entry.started = self._clock()
         thread = in_own_thread(entry.fn, self.name)

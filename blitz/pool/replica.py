@@ -33,7 +33,7 @@ from blitz.loading.load import load_encoder, resolve_device
 from blitz.pool.batching import Batcher
 from blitz.pool.holder import ModelFreed, ModelHolder
 from blitz.pool.load_queue import LoadQueue
-from blitz.pool.work import Job, run_jobs
+from blitz.pool.mixed_batch import Job, run_jobs
 from blitz.pool.worker_slots import WorkerSlots
 from blitz.runtime import malloc, model_threads
 from blitz.settings.config import BlitzSettings

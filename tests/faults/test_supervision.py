@@ -4,7 +4,7 @@ HAProxy dying, on a real run with its own Ray (RAY_ADDRESS=local) and ports.
 - Every socket that any process of the run listens on (serve.sh's descendants, Ray's
   session, HAProxy) is bound to loopback: Ray's node on 127.0.0.1 (scripts/ray_up.py),
   each replica's inter-deployment gRPC server on its node's address
-  (deployments/loopback.py), the metrics export where Ray puts it for a loopback node.
+  (deployments/bind_addresses.py), the metrics export where Ray puts it for a loopback node.
 - Ray's token file and HAProxy's directory are this user's alone.
 - HAProxy killed outright (SIGKILL) while a client sends requests: a stand-in serves
   the last routes while no HAProxy of Serve's runs (scripts/haproxy_standin.py), no

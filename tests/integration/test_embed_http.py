@@ -81,7 +81,7 @@ async def test_async_client(blitz_app):
 async def test_handle_api_equals_in_process(blitz_app, reference):
     from ray import serve
 
-    from blitz.schemas import EmbedResult, RerankResult
+    from blitz.hop_messages import EmbedResult, RerankResult
 
     handle = serve.get_app_handle("it-main")
     result = await handle.embed.remote(TEXTS, model="minilm")

@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 
-from blitz.grpc_api import services
+from blitz.grpc_api import rpc_table
 from blitz.grpc_api import tei_pb2 as pb
 from tests.integration.conftest import APP
 from tests.integration.test_embed_http import cosines
@@ -26,7 +26,7 @@ def channel(blitz_app, grpc_port):
 
 def call(channel, method: str, request, model: str | None = None, **kwargs):
     metadata = (("application", APP),) + ((("model", model),) if model else ())
-    return services.client_method(channel, method)(request, metadata=metadata, timeout=120,
+    return rpc_table.client_method(channel, method)(request, metadata=metadata, timeout=120,
                                                    **kwargs)
 
 
@@ -106,7 +106,7 @@ def test_metrics_count_each_method(channel):
 
 
 def test_the_grpc_port_listens_on_loopback_only(blitz_app, grpc_port):
-    """Serve binds its gRPC server to every interface; deployments/loopback.py keeps it on
+    """Serve binds its gRPC server to every interface; deployments/bind_addresses.py keeps it on
     the HTTP host (127.0.0.1 here)."""
     listening = listeners(grpc_port)
     assert listening, f"nothing listens on {grpc_port}"

@@ -109,7 +109,7 @@ def test_rerank_openai_and_errors_answer_as_with_pool_replicas(http):
 async def test_the_handle_api_embeds_in_the_ingress(inproc_app):
     from ray import serve
 
-    from blitz.schemas import EmbedResult
+    from blitz.hop_messages import EmbedResult
 
     result = await serve.get_app_handle(APP).embed.remote(TEXTS, model="tiny-b")
     assert isinstance(result, EmbedResult)

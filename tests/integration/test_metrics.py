@@ -11,7 +11,7 @@ import threading
 
 import httpx
 
-from blitz.grpc_api.services import RPCS
+from blitz.grpc_api.rpc_table import RPCS
 from blitz.ingress.routing import REASONS
 from tests.integration.conftest import APP
 from tests.metrics_scrape import (

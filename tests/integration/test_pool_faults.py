@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from blitz.errors import as_blitz_error
-from blitz.schemas import EmbedJob, RerankJob
+from blitz.hop_messages import EmbedJob, RerankJob
 from tests.integration.conftest import APP as MAIN_APP
 from tests.waiting import wait_until_async
 

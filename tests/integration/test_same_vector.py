@@ -10,7 +10,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from blitz.schemas import EmbedJob
+from blitz.hop_messages import EmbedJob
 from tests.integration.conftest import APP, CPU_BATCH, GPU_BATCH
 from tests.same_vector import OTHERS, TEXTS, min_cosine
 

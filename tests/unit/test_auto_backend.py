@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from blitz.loading import auto
-from blitz.loading import children as load_children
+from blitz.loading import child_work as load_children
 from blitz.loading.accuracy import AccuracyRefused
 from blitz.loading.auto import AutoChoice
 from blitz.loading.load import load_encoder

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from deployments.bulk_extra import require_ray_data
+from deployments.bulk_requirements import require_ray_data
 from deployments.cli import main
 
 

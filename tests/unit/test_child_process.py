@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from blitz.errors import ModelLoadFailed
-from blitz.loading import children as load_children
+from blitz.loading import child_work as load_children
 from blitz.loading.load import load_encoder
 from blitz.runtime import child_process
 from blitz.runtime.child_process import ChildTimedOut, run_child
@@ -115,7 +115,7 @@ def hanging_onnx_build(tmp_path, hanging_python, monkeypatch) -> ModelSpec:
 
 def test_the_load_deadline_kills_the_onnx_build_child(tmp_path, hanging_onnx_build):
     started = time.monotonic()
-    with pytest.raises(ChildTimedOut, match="blitz.loading.child"):
+    with pytest.raises(ChildTimedOut, match="blitz.loading.child_main"):
         load_children.build_in_child(hanging_onnx_build, Path(hanging_onnx_build.source),
                                      tmp_path / "cache", timeout_s=0.5)
     assert time.monotonic() - started < 5
@@ -134,7 +134,7 @@ def test_the_load_deadline_kills_the_auto_backend_child(tmp_path, hanging_python
     spec = ModelSpec(id="m", source=str(tmp_path), cpu_backend="auto")
     monkeypatch.setattr(load_children, "sys", hanging_python)
     started = time.monotonic()
-    with pytest.raises(ChildTimedOut, match="blitz.loading.child"):
+    with pytest.raises(ChildTimedOut, match="blitz.loading.child_main"):
         load_children.choose_in_child(spec, tmp_path, tmp_path / "cache", threads=1,
                                       timeout_s=0.5)
     assert time.monotonic() - started < 5

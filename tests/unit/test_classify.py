@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from blitz.http.api import HttpApi
-from blitz.ingress.outputs import probabilities
+from blitz.ingress.other_outputs import probabilities
 from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
 from tests.error_body import error_body

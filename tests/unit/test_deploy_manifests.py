@@ -109,18 +109,18 @@ def test_every_shipped_config_serves_the_grpc_api_where_http_listens():
     """TEI's gRPC services on port 9000 in serve_config.yaml and the RayService alike: each
     servicer function imports and registers its service, the callback that binds gRPC
     where HTTP listens is set, and a gRPC message is held to an HTTP body's limit."""
-    from blitz.grpc_api import services
+    from blitz.grpc_api import rpc_table
     from blitz.settings.config import Limits
-    from deployments import loopback
+    from deployments import bind_addresses
 
     served = yaml.safe_load(rayservice()["spec"]["serveConfigV2"])
     for config in (serve_config(), served):
         grpc = config["grpc_options"]
         assert grpc["port"] == 9000
         assert grpc["request_timeout_s"] == config["http_options"]["request_timeout_s"]
-        assert tuple(grpc["grpc_servicer_functions"]) == services.SERVICER_FUNCTIONS
+        assert tuple(grpc["grpc_servicer_functions"]) == rpc_table.SERVICER_FUNCTIONS
         env = config["controller_options"]["runtime_env"]["env_vars"]
         module, _, name = env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"].partition(":")
-        assert module == loopback.__name__ and callable(getattr(loopback, name))
+        assert module == bind_addresses.__name__ and callable(getattr(bind_addresses, name))
         assert int(env["RAY_SERVE_GRPC_MAX_MESSAGE_SIZE"]) == Limits().max_body_bytes
     assert "EXPOSE 8000 9000" in (ROOT / "Dockerfile").read_text()

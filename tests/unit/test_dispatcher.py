@@ -21,7 +21,7 @@ from blitz.errors import (
     Unavailable,
     as_blitz_error,
 )
-from blitz.schemas import EmbedJob, RerankJob
+from blitz.hop_messages import EmbedJob, RerankJob
 from blitz.settings.config import BlitzSettings
 from deployments.ingress import ServeDispatcher
 from deployments.replicas import PoolWaker, running_replicas

@@ -77,13 +77,13 @@ def test_embed_many_isolates_errors_and_matches_single_calls(tiny):
 def test_merged_requests_share_the_padded_tokens_whole(tiny, monkeypatch):
     """The parts of a merged call's padded tokens add up to the whole, so a batch's real
     tokens over its padded ones (blitz_padding_efficiency) never pass 1."""
-    whole = tiny._run
+    whole = tiny._embed_ids
 
     def run(ids, counts, normalize):  # 10 padded tokens: no three parts are equal
         out = whole(ids, counts, normalize)
         return Encoded(out.values, out.token_counts, 10)
 
-    monkeypatch.setattr(tiny, "_run", run)
+    monkeypatch.setattr(tiny, "_embed_ids", run)
     merged = tiny.embed_many([(["a"], True, True), (["b"], True, True), (["c"], True, True)])
     assert sum(r.padded_tokens for r in merged) == 10
 

@@ -20,10 +20,10 @@ from blitz.errors import (
     UnknownModel,
     as_blitz_error,
 )
-from blitz.grpc_api import services
+from blitz.grpc_api import rpc_table
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.servicer import TeiServicer, status_code
-from blitz.ingress.outputs import OutputService
+from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizing import TokenService
 from blitz.settings.config import BlitzSettings
@@ -53,7 +53,7 @@ def make_servicer(auth: dict | None = None, observed: list | None = None,
 def bridge(tei: TeiServicer) -> SimpleNamespace:
     """grpc.aio's servicer: each method one call into ``tei``, as the ingress's are."""
     methods = {}
-    for rpc in services.RPCS:
+    for rpc in rpc_table.RPCS:
         if rpc.streaming:
             async def stream(requests, context, method=rpc.method):
                 async for reply in tei.stream(method, requests, context):
@@ -71,8 +71,8 @@ async def served(tei: TeiServicer | None = None):
     """A gRPC channel to ``tei`` on a real server on loopback (made on the test's loop:
     grpc.aio keeps to the loop it was made on)."""
     server = grpc.aio.server()
-    for service in services.SERVICES:
-        getattr(services, f"add_{service}Servicer_to_server")(bridge(tei or make_servicer()),
+    for service in rpc_table.SERVICES:
+        getattr(rpc_table, f"add_{service}Servicer_to_server")(bridge(tei or make_servicer()),
                                                                 server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
@@ -84,7 +84,7 @@ async def served(tei: TeiServicer | None = None):
 
 
 def call(channel, method: str):
-    return services.client_method(channel, method)
+    return rpc_table.client_method(channel, method)
 
 
 async def test_embed_is_the_services_vector():
@@ -290,7 +290,7 @@ def test_messages_pickle_as_serves_proxy_sends_them():
     classes must import by their module's full name."""
     import pickle
 
-    for rpc in services.RPCS:
+    for rpc in rpc_table.RPCS:
         for message in (rpc.request(), rpc.response()):
             assert type(message).__module__ == pb.__name__
             assert pickle.loads(pickle.dumps(message)) == message
@@ -310,7 +310,7 @@ async def test_strangers_bytes_get_an_answer_or_invalid_argument():
     payloads += [rng.randbytes(rng.randrange(0, 64)) for _ in range(40)]
     payloads += [bytes([0x0a, n]) + rng.randbytes(n) for n in range(1, 40)]  # field 1, len n
     async with served() as channel:
-        for rpc in services.RPCS:
+        for rpc in rpc_table.RPCS:
             raw = (channel.stream_stream if rpc.streaming else channel.unary_unary)(rpc.path)
             for payload in payloads:
                 metadata = (("model", "minilm" if rpc.service == "Tokenize" else
@@ -339,7 +339,7 @@ async def test_strangers_bytes_get_an_answer_or_invalid_argument():
 def test_parsing_a_message_costs_linear_time(message, build):
     from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
 
-    assert cost_ratio(build, services.reader(message), 20_000) <= MAX_RATIO
+    assert cost_ratio(build, rpc_table.reader(message), 20_000) <= MAX_RATIO
 
 
 async def test_a_stream_holds_at_most_one_body_of_messages():

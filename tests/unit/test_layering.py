@@ -161,7 +161,7 @@ FLOORS = (  # lowest first: a module imports its own package, lower floors and L
     ("blitz.sources",),  # the model cache, object-storage sources
     ("blitz.settings",),  # typed settings, the model registry, sizes
     ("blitz.encoders",),  # the encoder contract, one backend per module, output options
-    ("blitz.loading", "blitz.schemas"),  # a ModelSpec to an Encoder; the jobs and results of the hops
+    ("blitz.loading", "blitz.hop_messages"),  # a ModelSpec to an Encoder; the jobs and results of the hops
     ("blitz.pool", "blitz.bulk"),  # a pool replica's Ray-free half; the bulk job's
     ("blitz.ingress",),  # request logic: limits, routing, output options
     ("blitz.http", "blitz.grpc_api"),  # the HTTP API; the gRPC API (TEI's tei.v1)
@@ -197,19 +197,19 @@ def test_an_upward_import_is_named():
             "from blitz import errors\nfrom blitz.runtime import model_threads\n"
             "if TYPE_CHECKING:\n    from blitz.ingress.service import RequestRecord\n"
             "def f():\n    from ..http import api\n")
-    found = imports_in(text, "blitz.pool.work", is_package=False)
-    assert upward_imports("blitz.pool.work", found) == [
+    found = imports_in(text, "blitz.pool.mixed_batch", is_package=False)
+    assert upward_imports("blitz.pool.mixed_batch", found) == [
         "blitz.http", "blitz.http.api", "blitz.ingress.service",
         "blitz.ingress.service.RequestRecord"]
 
 
 def test_a_floor_may_not_import_its_neighbour_or_an_unknown_unit():
-    assert upward_imports("blitz.pool.work", {"blitz.bulk.job"}) == ["blitz.bulk.job"]
-    assert upward_imports("blitz.pool.work", {"blitz.attic.x"}) == ["blitz.attic.x"]
+    assert upward_imports("blitz.pool.mixed_batch", {"blitz.bulk.job"}) == ["blitz.bulk.job"]
+    assert upward_imports("blitz.pool.mixed_batch", {"blitz.attic.x"}) == ["blitz.attic.x"]
     assert upward_imports("blitz.errors", {"blitz.runtime.model_threads"}) == [
         "blitz.runtime.model_threads"]
     assert upward_imports("blitz.codecs", {"blitz", "blitz.errors", "numpy"}) == []
-    assert upward_imports("blitz.http.api", {"blitz.schemas", "blitz.http.responses",
+    assert upward_imports("blitz.http.api", {"blitz.hop_messages", "blitz.http.responses",
                                              "blitz.pool.batching", "blitz.timing"}) == []
 
 

@@ -1,4 +1,4 @@
-"""ONNX builds in a child process (blitz.loading.children): the loading process only opens the
+"""ONNX builds in a child process (blitz.loading.child_work): the loading process only opens the
 cached build, so it does not keep the export's memory."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from blitz.loading import onnx_export, opening
-from blitz.loading.children import build_in_child, is_cached
+from blitz.loading.child_work import build_in_child, is_cached
 from blitz.loading.load import load_encoder
 from blitz.settings.registry import ModelSpec
 

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("no_home_cache")
 @pytest.fixture(autouse=True)
 def build_in_process(monkeypatch):
     """These tests count and break exports in this process; the child build
-    (blitz.loading.children) has its own tests."""
+    (blitz.loading.child_work) has its own tests."""
     monkeypatch.setattr(opening, "BUILD_IN_CHILD", False)
 
 

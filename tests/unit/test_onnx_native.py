@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from blitz.encoders.models import open_onnx_file, wrap
 from blitz.encoders.onnx_native import (
     OnnxEncoder,
     UnsupportedLayout,
@@ -23,6 +22,7 @@ from blitz.encoders.onnx_native import (
 )
 from blitz.encoders.probes import PROBE_TEXTS
 from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
+from blitz.encoders.st_models import open_onnx_file, wrap
 from blitz.encoders.token_ids import FastTokenIds, HfTokenIds, UnsupportedTokenizer
 from blitz.loading import onnx_export, opening
 from blitz.loading.load import load_encoder

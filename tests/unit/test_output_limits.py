@@ -22,10 +22,10 @@ from blitz.encoders.base import Encoded
 from blitz.errors import PayloadTooLarge
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.servicer import TeiServicer
-from blitz.http import responses, wire
+from blitz.http import reply_bodies, responses
 from blitz.http.api import HttpApi
 from blitz.ingress import tokenizing
-from blitz.ingress.outputs import OutputService
+from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizing import TokenService
 from blitz.settings.config import BlitzSettings, PoolSettings
@@ -193,7 +193,7 @@ async def test_the_event_loop_keeps_ticking_through_a_reply_at_the_limit(referen
         return run
 
     monkeypatch.setattr(tokenizing, "tokenize", timed("tokenize", tokenizing.tokenize))
-    monkeypatch.setattr(wire, "tokenize_reply", timed("reply", wire.tokenize_reply))
+    monkeypatch.setattr(reply_bodies, "tokenize_reply", timed("reply", reply_bodies.tokenize_reply))
     monkeypatch.setattr(responses.JSONBytesResponse, "render",
                         timed("encode", responses.JSONBytesResponse.render))
     service = make_service({"max_tokens_per_request": limit, "max_texts_per_request": 200})
@@ -229,13 +229,13 @@ async def test_a_large_reply_is_encoded_in_another_thread(monkeypatch):
     """``responses.built`` builds (and renders) a reply over ``INLINE_VALUES`` values in a
     thread while the loop keeps ticking; a small one stays inline."""
     where: list[bool] = []
-    real = wire.tokenize_reply
+    real = reply_bodies.tokenize_reply
 
     def spied(result):
         where.append(threading.current_thread() is threading.main_thread())
         return real(result)
 
-    monkeypatch.setattr(wire, "tokenize_reply", spied)
+    monkeypatch.setattr(reply_bodies, "tokenize_reply", spied)
     async with await client(make_service({"max_texts_per_request": 100})) as c:
         assert (await c.post("/tokenize", json={"inputs": "small"})).status_code == 200
         big = [WORDS * 100] * 20  # ~18,000 tokens: 90,000 values

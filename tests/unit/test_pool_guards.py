@@ -12,8 +12,8 @@ import pytest
 
 from blitz.encoders.base import Encoded
 from blitz.errors import TimedOut, UnknownModel
+from blitz.hop_messages import EmbedJob, RerankJob
 from blitz.pool.replica import PoolEvents, PoolReplica
-from blitz.schemas import EmbedJob, RerankJob
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
 from tests.waiting import wait_until_async

@@ -7,8 +7,8 @@ import numpy as np
 
 from blitz.encoders.fake import FakeEncoder
 from blitz.errors import InputTooLong
-from blitz.pool.work import run_jobs
-from blitz.schemas import EmbedJob, RerankJob
+from blitz.hop_messages import EmbedJob, RerankJob
+from blitz.pool.mixed_batch import run_jobs
 
 
 def test_a_mixed_batch_answers_each_job_as_if_it_ran_alone():

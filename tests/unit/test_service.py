@@ -8,8 +8,8 @@ import pytest
 from ray.exceptions import RayTaskError
 
 from blitz.errors import InputTooLong, Overloaded, UnknownModel
+from blitz.hop_messages import RerankJob
 from blitz.ingress.service import EmbeddingService, RequestRecord
-from blitz.schemas import RerankJob
 from blitz.settings.config import BlitzSettings
 from deployments.ingress import Ingress
 from tests.local_dispatcher import LocalDispatcher

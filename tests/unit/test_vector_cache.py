@@ -143,7 +143,7 @@ async def test_with_api_keys_each_key_hits_only_the_texts_its_own_clients_sent()
 async def test_a_key_shares_its_cache_entries_across_http_and_grpc_but_not_with_others():
     from blitz.grpc_api import tei_pb2 as pb
     from blitz.grpc_api.servicer import TeiServicer
-    from blitz.ingress.outputs import OutputService
+    from blitz.ingress.other_outputs import OutputService
     from blitz.ingress.tokenizing import TokenService
     from tests.unit.test_grpc_api import call, served
 

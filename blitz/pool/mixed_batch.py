@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import cast
 
 from blitz.encoders.base import Encoded, Encoder
-from blitz.schemas import ClassifyJob, EmbedJob, RerankJob, SparseEmbedJob, TokenEmbedJob
+from blitz.hop_messages import ClassifyJob, EmbedJob, RerankJob, SparseEmbedJob, TokenEmbedJob
 
 Job = EmbedJob | RerankJob | TokenEmbedJob | ClassifyJob | SparseEmbedJob
 

@@ -16,7 +16,7 @@ the caller passes as ``timeout_s``, and with its parent):
   (``measure_choice``) with the caller's thread count, and prints its ``AutoChoice``; the
   caller then opens only the winner (its ONNX build is cached by then).
 
-The child is ``python -m blitz.loading.child`` (its own module: it imports the loader,
+The child is ``python -m blitz.loading.child_main`` (its own module: it imports the loader,
 which imports this one).
 
 A child that fails is logged and reported (False, None): the caller then does the work in
@@ -43,7 +43,7 @@ CHOICE_MARK = "blitz-auto-choice "  # the line of the child's stdout that holds 
 
 def _command(kind: str, spec: ModelSpec, path: Path, cache_dir: str | Path | None,
              *extra: str) -> list[str]:
-    return [sys.executable, "-m", "blitz.loading.child", kind, spec.model_dump_json(),
+    return [sys.executable, "-m", "blitz.loading.child_main", kind, spec.model_dump_json(),
             str(path), "" if cache_dir is None else str(cache_dir), *extra]
 
 

@@ -10,7 +10,7 @@ results the ingress answers with.
   (``Prediction``), ``TokenizeResult``
   (``Token``), ``DecodeResult``: what ``handle.embed.remote(...)``, ``handle.rerank``,
   ``handle.tokenize`` and ``handle.decode`` return, and what the HTTP routes write on
-  the wire (``blitz.http.wire``).
+  the wire (``blitz.http.reply_bodies``).
 
 Plain dataclasses, pickled by reference to this module: a rolling redeploy runs two
 versions side by side, so the module keeps its name. The HTTP request bodies are

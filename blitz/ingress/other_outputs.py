@@ -4,7 +4,7 @@ model's vocabulary weights (``/embed_sparse``, TEI's shape, for hybrid search) a
 classifier's label scores (``/predict``, TEI's shape; ``/classify``, Infinity's), and
 the similarity of one text to others (``/similarity``, TEI's).
 
-Each runs as a job of its own kind (``blitz.schemas``) through the same queue, pool and
+Each runs as a job of its own kind (``blitz.hop_messages``) through the same queue, pool and
 batcher as embeddings, routed and limited by the same rules, and answered one result per
 text.
 """
@@ -16,10 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from blitz.errors import InvalidValue, PayloadTooLarge
-from blitz.ingress.limits import check_count, check_texts
-from blitz.ingress.tokenizing import TokenService, count_tokens, off_loop
-from blitz.loading.fetch import read_facts
-from blitz.schemas import (
+from blitz.hop_messages import (
     ClassifyJob,
     ClassifyResult,
     Prediction,
@@ -31,6 +28,9 @@ from blitz.schemas import (
     TokenEmbedJob,
     Usage,
 )
+from blitz.ingress.limits import check_count, check_texts
+from blitz.ingress.tokenizing import TokenService, count_tokens, off_loop
+from blitz.loading.fetch import read_facts
 from blitz.settings.registry import ModelSpec, apply_prompt
 
 if TYPE_CHECKING:

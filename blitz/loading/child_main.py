@@ -1,8 +1,8 @@
-"""The child process of ``blitz.loading.children``: one ONNX build, or one ``cpu_backend:
+"""The child process of ``blitz.loading.child_work``: one ONNX build, or one ``cpu_backend:
 auto`` choice printed on stdout.
 
-    python -m blitz.loading.child build SPEC_JSON PATH CACHE_DIR
-    python -m blitz.loading.child choose SPEC_JSON PATH CACHE_DIR THREADS TIMEOUT_S
+    python -m blitz.loading.child_main build SPEC_JSON PATH CACHE_DIR
+    python -m blitz.loading.child_main choose SPEC_JSON PATH CACHE_DIR THREADS TIMEOUT_S
 
 ``PATH`` is the model's folder, resolved and checked by the parent; ``CACHE_DIR`` may be
 empty (the default cache). A choice opens each candidate through the loader's one opener
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from blitz.loading.children import CHOICE_MARK
+from blitz.loading.child_work import CHOICE_MARK
 from blitz.settings.registry import ModelSpec
 
 

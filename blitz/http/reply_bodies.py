@@ -1,4 +1,4 @@
-"""The reply bodies: how a result (``blitz.schemas``) is written on the wire,
+"""The reply bodies: how a result (``blitz.hop_messages``) is written on the wire,
 defined once per route. ``blitz.http.responses`` then encodes the body as msgpack, JSON
 or raw bytes.
 
@@ -45,7 +45,7 @@ import numpy as np
 
 from blitz import codecs
 from blitz.codecs import ArrayLayout
-from blitz.schemas import (
+from blitz.hop_messages import (
     ClassifyResult,
     DecodeResult,
     EmbedResult,
