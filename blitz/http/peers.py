@@ -17,6 +17,7 @@ from blitz.http.bodies import PredictRequest
 from blitz.http.middleware import record_of, request_id_of, speaks
 from blitz.http.peer_bodies import CohereEmbedRequest, CohereRerankRequest
 from blitz.http.responses import JSONBytesResponse
+from blitz.settings.registry import RERANK_KINDS
 
 Payload = Any  # a decoded request body (blitz.codecs.decode_body)
 
@@ -78,7 +79,7 @@ class PeerRoutes:
         body_model = payload.get("model") if isinstance(payload, dict) else None
         kind = self.api.service.spec(self.api.model_id(request, body_model)).kind
         inputs = payload.get("inputs") if isinstance(payload, dict) else None
-        if kind == "cross-encoder":
+        if kind in RERANK_KINDS:
             return await self.api.rerank(request, payload)
         if kind == "classifier":
             if isinstance(payload, dict) and isinstance(payload.get("parameters"), dict):
