@@ -174,7 +174,9 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _llm_rerankers_run_on_torch(self) -> ModelSpec:
         if self.kind != "llm-reranker":
-            named = sorted(set(_RERANKER_FIELDS) & self.model_fields_set)
+            # a default is no choice (a dumped spec, as replicas get it, has every field)
+            named = [name for name in _RERANKER_FIELDS
+                     if getattr(self, name) != type(self).model_fields[name].default]
             if named:
                 raise ValueError(f"model {self.id!r} is a {self.kind}: {', '.join(named)} "
                                  "is for kind llm-reranker only")

@@ -140,7 +140,7 @@ def test_onnx_and_auto_backends_are_refused_for_llm_rerankers(backend):
 @pytest.mark.parametrize("field", ["reranker_style", "rerank_instruction", "yes_token",
                                    "no_token"])
 def test_reranker_fields_are_refused_on_other_kinds(field):
-    value = "qwen3" if field == "reranker_style" else "x"
+    value = "bge-gemma" if field == "reranker_style" else "x"
     with pytest.raises(ValidationError, match=field):
         ModelSpec(id="c", source="/models/c", kind="cross-encoder", **{field: value})
 
@@ -163,3 +163,10 @@ def test_llm_rerankers_route_like_cross_encoders():
     assert choose_pool("llm-reranker", 1, frozenset({"cpu", "gpu"}),
                        frozenset({"cpu", "gpu"}), policy) == choose_pool(
         "cross-encoder", 1, frozenset({"cpu", "gpu"}), frozenset({"cpu", "gpu"}), policy)
+
+
+def test_specs_survive_the_dump_replicas_get():
+    for spec in (ModelSpec(id="e", source="fake:4"),
+                 ModelSpec(id="r", source="/models/r", kind="llm-reranker",
+                           reranker_style="bge-gemma", yes_token="Yes")):
+        assert ModelSpec.model_validate(spec.model_dump(mode="json")) == spec
