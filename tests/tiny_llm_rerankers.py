@@ -1,5 +1,6 @@
 """Tiny random causal LMs for the LLM reranker tests, built offline from configs: a
-``Qwen3ForCausalLM`` (the qwen3 style) and a ``GemmaForCausalLM`` (the bge-gemma style),
+``Qwen3ForCausalLM`` (the qwen3 style), a ``GemmaForCausalLM`` (the bge-gemma style) and
+a ``GPT2LMHeadModel`` (absolute positions),
 each with ``tests/tiny_tokenizer.py``'s word-level tokenizer, where "yes" and "no" are one
 token each (it lower-cases, so "Yes" is "yes" too).
 
@@ -51,6 +52,18 @@ def build_tiny_gemma_reranker(directory: str | Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = GemmaForCausalLM(GemmaConfig(**_SMALL)).eval()
     return _save(model, Path(directory), add_bos=True)
+
+
+def build_tiny_gpt2_reranker(directory: str | Path, seed: int = 0) -> Path:
+    """A random two-layer GPT-2 (learned absolute positions, where left padding would move
+    every token unless the position ids follow the mask) and its tokenizer."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=VOCAB_SIZE, n_embd=48, n_layer=2, n_head=4, n_positions=512,
+                        initializer_range=0.2, pad_token_id=1, eos_token_id=1, bos_token_id=2)
+    return _save(GPT2LMHeadModel(config).eval(), Path(directory), add_bos=False)
 
 
 def reference_scores(directory: Path, style: str, query: str, documents: list[str], *,

@@ -16,7 +16,8 @@ cross-encoder's activation), else the logit. A pair longer than ``max_seq_length
 the end of its document, never its query or the prompt around it; a query that leaves no
 room for a document is refused. Pairs run sorted by length in micro-batches of at most
 ``token_budget`` padded tokens, padded on the left (the last position is every row's
-answer position), the model asked for the last position's logits only.
+answer position; position ids count a row's own tokens, so padding moves nothing), the
+model asked for the last position's logits only.
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ class LlmRerankerEncoder(Encoder):
         self.no_id = None if no is None else self._one_token(no, "no_token")
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id or 0)
-        self._last_only = "logits_to_keep" in inspect.signature(model.forward).parameters
+        takes = inspect.signature(model.forward).parameters
+        self._last_only = "logits_to_keep" in takes
+        self._positions = "position_ids" in takes
         # a fast tokenizer is not shared between threads; the model runs calls at once
         self._lock = threading.Lock()
 
@@ -166,7 +169,9 @@ class LlmRerankerEncoder(Encoder):
         for row, sequence in enumerate(batch):
             ids[row, width - len(sequence):] = torch.tensor(sequence, dtype=torch.long)
             mask[row, width - len(sequence):] = 1
-        extra = {"logits_to_keep": 1} if self._last_only else {}
+        extra: dict[str, Any] = {"logits_to_keep": 1} if self._last_only else {}
+        if self._positions:  # each row's tokens at the positions they have alone
+            extra["position_ids"] = (mask.cumsum(1) - 1).clamp(min=0).to(self.device)
         with torch.inference_mode():
             logits = self.model(input_ids=ids.to(self.device),
                                 attention_mask=mask.to(self.device), use_cache=False,

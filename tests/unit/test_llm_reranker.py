@@ -19,6 +19,7 @@ from blitz.settings.config import RoutingSettings
 from blitz.settings.registry import ModelSpec
 from tests.tiny_llm_rerankers import (
     build_tiny_gemma_reranker,
+    build_tiny_gpt2_reranker,
     build_tiny_qwen3_reranker,
     reference_scores,
 )
@@ -56,6 +57,14 @@ def test_scores_equal_the_model_cards_formula_alone_and_in_mixed_batches(folders
         assert np.allclose(batch.values, expected, atol=1e-5), budget
     longest = int(batch.token_counts.max())
     assert batch.padded_tokens == longest * len(DOCUMENTS)  # left-padded to the longest
+
+
+def test_left_padding_moves_no_token_of_a_model_with_absolute_positions(tmp_path):
+    folder = build_tiny_gpt2_reranker(tmp_path / "gpt2", seed=6)
+    encoder = load_encoder(ModelSpec(id="gpt2", source=str(folder), kind="llm-reranker"))
+    encoder.token_budget = 10_000  # every pair in one left-padded call
+    expected = reference_scores(folder, "qwen3", QUERY, DOCUMENTS)
+    assert np.allclose(encoder.score(QUERY, DOCUMENTS).values, expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("style", STYLES)
