@@ -133,6 +133,7 @@ def test_an_llm_reranker_refuses_to_embed(folders):
         load(folders, "qwen3").embed(["a"], normalize=True)
 
 
+@pytest.mark.slow  # the probe set twice, once in bf16 (slow without native bf16)
 def test_torch_bf16_is_checked_against_fp32(folders):
     encoder = load(folders, "qwen3", cpu_backend="torch-bf16", accuracy_threshold=0.0)
     assert encoder.backend == "torch-bf16"
