@@ -72,9 +72,9 @@ class PeerRoutes:
         """Hugging Face TEI's ``POST /`` (and SageMaker's ``/invocations``): the route of
         the model's kind, as TEI serves it: an embedding model embeds, or scores
         ``{source_sentence, sentences}`` (``/similarity``, what ``InferenceClient.
-        sentence_similarity`` sends); a cross-encoder reranks, a classifier predicts, a
-        sparse model answers ``/embed_sparse``. The model: the header's, else the
-        default."""
+        sentence_similarity`` sends); a cross-encoder or LLM reranker reranks, a classifier
+        predicts, a sparse model answers ``/embed_sparse``. The model: the header's, else
+        the default."""
         speaks(request.scope, "tei")
         body_model = payload.get("model") if isinstance(payload, dict) else None
         kind = self.api.service.spec(self.api.model_id(request, body_model)).kind
