@@ -140,7 +140,8 @@ class LlmRerankerEncoder(Encoder):
         counts = check_lengths(lengths, limit, truncate)
         cut = [s if len(s) <= limit else s[:limit - len(after)] + after for s in sequences]
         logits, padded = self.logits(cut)
-        scores = 1.0 / (1.0 + np.exp(-logits)) if self.normalize else logits
+        # sigmoid, written so that no logit overflows exp
+        scores = 0.5 * (1.0 + np.tanh(0.5 * logits)) if self.normalize else logits
         return Encoded(scores.astype(np.float32), counts, padded)
 
     def logits(self, sequences: list[list[int]]) -> tuple[np.ndarray, int]:
