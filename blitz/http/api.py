@@ -236,8 +236,9 @@ class HttpApi:
         req = body.parse(payload, self.settings.limits)
         model = self.model_id(request, req.model)
         if req.raw_scores and self.service.spec(model).kind != "embedding":
-            raise InvalidValue("raw_scores is not served for cross-encoders: scores are the "
-                               "model's activation (a sigmoid of its logit); leave it out",
+            raise InvalidValue("raw_scores is not served for cross-encoders or LLM rerankers: "
+                               "scores are the model's activation (a sigmoid of its logit; an "
+                               "LLM reranker's as its normalize setting says); leave it out",
                                param="raw_scores")
         return await self.service.rerank(
             req.query, req.documents, model=model, top_n=req.top_n,

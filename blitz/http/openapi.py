@@ -36,8 +36,8 @@ class Operation(NamedTuple):
 _ANY = (JSON, MSGPACK)
 _ROOT = ("The route of the default model's kind, as Hugging Face TEI serves it: an embedding "
          "model embeds (TEI's [[float]]) or, for {inputs: {source_sentence, sentences}}, "
-         "scores similarity; a cross-encoder reranks, a classifier predicts, a sparse model "
-         "answers /embed_sparse's reply.")
+         "scores similarity; a cross-encoder or LLM reranker reranks, a classifier predicts, a "
+         "sparse model answers /embed_sparse's reply.")
 _HEALTH = "{status: \"ok\", unix: seconds since the epoch}."
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("POST", "/embed"): Operation(

@@ -17,6 +17,7 @@ from blitz.http.bodies import PredictRequest
 from blitz.http.middleware import record_of, request_id_of, speaks
 from blitz.http.peer_bodies import CohereEmbedRequest, CohereRerankRequest
 from blitz.http.responses import JSONBytesResponse
+from blitz.settings.registry import RERANK_KINDS
 
 Payload = Any  # a decoded request body (blitz.codecs.decode_body)
 
@@ -71,14 +72,14 @@ class PeerRoutes:
         """Hugging Face TEI's ``POST /`` (and SageMaker's ``/invocations``): the route of
         the model's kind, as TEI serves it: an embedding model embeds, or scores
         ``{source_sentence, sentences}`` (``/similarity``, what ``InferenceClient.
-        sentence_similarity`` sends); a cross-encoder reranks, a classifier predicts, a
-        sparse model answers ``/embed_sparse``. The model: the header's, else the
-        default."""
+        sentence_similarity`` sends); a cross-encoder or LLM reranker reranks, a classifier
+        predicts, a sparse model answers ``/embed_sparse``. The model: the header's, else
+        the default."""
         speaks(request.scope, "tei")
         body_model = payload.get("model") if isinstance(payload, dict) else None
         kind = self.api.service.spec(self.api.model_id(request, body_model)).kind
         inputs = payload.get("inputs") if isinstance(payload, dict) else None
-        if kind == "cross-encoder":
+        if kind in RERANK_KINDS:
             return await self.api.rerank(request, payload)
         if kind == "classifier":
             if isinstance(payload, dict) and isinstance(payload.get("parameters"), dict):

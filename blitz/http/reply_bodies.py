@@ -153,7 +153,7 @@ def cohere_embed_reply(by_type: dict[str, np.ndarray | list[str]] | np.ndarray,
 
 
 # Infinity's capability names, by Blitz's model kind
-_CAPABILITIES = {"embedding": ["embed"], "cross-encoder": ["rerank"],
+_CAPABILITIES = {"embedding": ["embed"], "cross-encoder": ["rerank"], "llm-reranker": ["rerank"],
                  "classifier": ["classify"], "sparse": ["embed"]}
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from blitz.settings.config import RoutingSettings
+from blitz.settings.registry import RERANK_KINDS
 
 Pool = Literal["cpu", "gpu"]
 Reason = Literal["no_gpu", "small", "size", "kind", "cold_gpu"]
@@ -29,7 +30,7 @@ def choose_pool(kind: str, n_items: int, pools: Collection[str], running: Collec
     replica now (a pool scaled to zero is in ``pools`` but not in ``running``).
 
     - no GPU pool -> cpu (``no_gpu``);
-    - cross-encoders -> ``policy.cross_encoder_pool`` (gpu by default), whatever the size
+    - cross-encoders and LLM rerankers -> ``policy.cross_encoder_pool`` (gpu by default), whatever the size
       (``kind``); embedding, sparse and classifier models go by size, as below;
     - fewer than ``policy.gpu_min_batch`` texts -> cpu (``small``);
     - everything else -> gpu (``size``);
@@ -39,7 +40,7 @@ def choose_pool(kind: str, n_items: int, pools: Collection[str], running: Collec
     """
     if "gpu" not in pools:
         return Route("cpu", "no_gpu")
-    if kind == "cross-encoder":
+    if kind in RERANK_KINDS:
         route = Route(policy.cross_encoder_pool, "kind")
     elif n_items < policy.gpu_min_batch:
         return Route("cpu", "small")

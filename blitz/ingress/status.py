@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from blitz.errors import NotReady
 from blitz.loading.fetch import read_dimension, read_facts
+from blitz.settings.registry import RERANK_KINDS
 
 if TYPE_CHECKING:
     from blitz.ingress.service import EmbeddingService, RequestRecord
@@ -106,7 +107,7 @@ def info(service: EmbeddingService, model: str | None = None) -> dict[str, objec
     batch = {pool: service.dispatcher.max_batch(pool) for pool in pools}
     facts = read_facts(spec)
     kind: dict[str, object]
-    if spec.kind == "cross-encoder":
+    if spec.kind in RERANK_KINDS:
         kind = {"reranker": {}}
     elif spec.kind == "classifier":
         found = facts.get("id2label")

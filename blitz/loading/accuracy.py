@@ -18,7 +18,7 @@ import numpy as np
 from blitz.encoders.base import l2_normalize
 from blitz.encoders.probes import PROBE_QUERIES, PROBE_TEXTS
 from blitz.errors import LoadProblem
-from blitz.settings.registry import ModelSpec
+from blitz.settings.registry import RERANK_KINDS, ModelSpec
 
 if TYPE_CHECKING:
     from blitz.encoders.base import Encoder
@@ -65,7 +65,7 @@ def probe(encoder: Encoder) -> np.ndarray:
     """``encoder``'s answers on the probe set: normalized embeddings of the probe sentences,
     or a cross-encoder's scores of every probe sentence for each probe query
     (queries, sentences)."""
-    if encoder.kind == "cross-encoder":
+    if encoder.kind in RERANK_KINDS:
         return np.stack([encoder.score(query, list(PROBE_TEXTS)).values
                          for query in PROBE_QUERIES])
     if encoder.kind == "classifier":  # (labels, sentences): each label's logits over the set
@@ -76,7 +76,7 @@ def probe(encoder: Encoder) -> np.ndarray:
 
 def compare(kind: str, reference: np.ndarray, candidate: np.ndarray) -> AccuracyReport:
     """How closely ``candidate``'s probe answers follow ``reference``'s (both from ``probe``)."""
-    if kind in ("cross-encoder", "classifier"):
+    if kind in (*RERANK_KINDS, "classifier"):
         return compare_scores(reference, candidate)
     return compare_embeddings(reference, candidate)
 

@@ -10,6 +10,7 @@ has measured what it needs to size its micro-batches (``calibrate``):
                               (``blitz.loading.accuracy``: refused when it strays)
     onnx, onnx-int8           built once in a child (export, quantization, accuracy
                               guard; ``blitz.loading.onnx_export``, cached), then opened
+                              (not for an llm-reranker: its spec refuses them)
 
 Nothing here fetches, trust-checks or chooses: the loader (``blitz.loading.load``) hands
 this a folder it resolved and checked and a backend it named or ``auto`` chose. ``auto``'s
@@ -27,7 +28,10 @@ from typing import Any
 
 from blitz.encoders.base import Encoder
 from blitz.encoders.fake import FakeEncoder
+from blitz.encoders.llm_reranker import open_llm_reranker
 from blitz.encoders.st_models import (
+    CPU_TOKEN_BUDGET,
+    GPU_TOKEN_BUDGET,
     open_sparse,
     open_torch_bi_encoder,
     open_torch_cross_encoder,
@@ -100,6 +104,23 @@ def _torch_sparse(spec: ModelSpec, path: Path, load: Load) -> Encoder:
     return open_sparse(spec, path, load.device, _torch_dtype(spec, load.device))
 
 
+def _torch_llm_reranker(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    return open_llm_reranker(spec, path, load.device, _torch_dtype(spec, load.device),
+                             CPU_TOKEN_BUDGET if load.device == "cpu" else GPU_TOKEN_BUDGET)
+
+
+def _bf16_llm_reranker(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    """fp32 first, the guard's reference, then the same weights in bf16."""
+    import torch
+
+    encoder = open_llm_reranker(spec, path, load.device, torch.float32, CPU_TOKEN_BUDGET)
+    reference = accuracy.probe(encoder)
+    encoder.model = encoder.model.to(torch.bfloat16)
+    report = accuracy.compare(spec.kind, reference, accuracy.probe(encoder))
+    accuracy.enforce_accuracy(spec, "torch-bf16", report)
+    return encoder
+
+
 def _bf16(open_fp32: Callable[[ModelSpec, Path, str], Any]) -> Opener:
     def opener(spec: ModelSpec, path: Path, load: Load) -> Encoder:
         return _checked_bf16(spec, open_fp32(spec, path, load.device), load.device)
@@ -130,6 +151,9 @@ OPENERS: dict[tuple[str, str], Opener] = {
     ("classifier", "onnx-int8"): _onnx,
     ("sparse", "fake"): _fake,
     ("sparse", "torch"): _torch_sparse,
+    ("llm-reranker", "fake"): _fake,
+    ("llm-reranker", "torch"): _torch_llm_reranker,
+    ("llm-reranker", "torch-bf16"): _bf16_llm_reranker,
 }
 
 

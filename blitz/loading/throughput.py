@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from blitz.encoders.base import Encoder
+from blitz.settings.registry import RERANK_KINDS
 
 
 def measure_throughput(encoder: Encoder, texts: list[str], batch_size: int, *,
@@ -21,7 +22,7 @@ def measure_throughput(encoder: Encoder, texts: list[str], batch_size: int, *,
     """
     def call(start: int) -> None:
         batch = [texts[(start + i) % len(texts)] for i in range(batch_size)]
-        if encoder.kind == "cross-encoder":
+        if encoder.kind in RERANK_KINDS:
             encoder.score(texts[start % len(texts)], batch)
         elif encoder.kind == "classifier":
             encoder.classify([[t] for t in batch])

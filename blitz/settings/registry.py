@@ -30,10 +30,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from blitz.errors import InvalidValue, UnknownModel, echo
 
-Kind = Literal["embedding", "cross-encoder", "classifier", "sparse"]
+Kind = Literal["embedding", "cross-encoder", "classifier", "sparse", "llm-reranker"]
 HEADED_KINDS = ("cross-encoder", "classifier")
 """Kinds whose models are a sequence-classification head (``AutoModelForSequenceClassification``):
 loaded, exported to ONNX and checked alike."""
+RERANK_KINDS = ("cross-encoder", "llm-reranker")
+"""Kinds that only rerank (a score per (query, document) pair): routed, described and
+checked alike."""
+RerankerStyle = Literal["qwen3", "bge-gemma"]
+_RERANKER_FIELDS = ("reranker_style", "rerank_instruction", "yes_token", "no_token")
 CpuBackend = Literal["torch", "torch-bf16", "onnx", "onnx-int8", "auto"]
 GpuDtype = Literal["float16", "bfloat16", "float32"]
 OBJECT_STORES = ("s3", "gs", "az", "abfs")
@@ -81,8 +86,9 @@ class ModelSpec(BaseModel):
                         "| s3://... | fake:<dim>")
     kind: Kind = Field("embedding", description="embedding (a bi-encoder: /embed, "
                        "/v1/embeddings, /embed_all), cross-encoder (/rerank), classifier "
-                       "(a sequence classifier: /predict, /classify) or sparse (a SPLADE "
-                       "masked-language model: /embed_sparse; torch)")
+                       "(a sequence classifier: /predict, /classify), sparse (a SPLADE "
+                       "masked-language model: /embed_sparse; torch) or llm-reranker (a "
+                       "causal LM scored by its yes/no logits: /rerank; torch or torch-bf16)")
     cpu_backend: CpuBackend = Field(
         "torch", description="how CPU pools run it; auto (bi-encoders): at load, the fastest "
         "backend that passes the accuracy guard on this CPU, one per model (never per "
@@ -100,6 +106,23 @@ class ModelSpec(BaseModel):
         description="minimum probe cosine vs torch fp32 for reduced-precision CPU backends "
         "(onnx, onnx-int8, torch-bf16); below it the model is refused; 0 turns the check off",
     )
+    reranker_style: RerankerStyle = Field(
+        "qwen3", description="llm-reranker: the prompt and the score. qwen3 (Qwen3-Reranker): "
+        "a system line, `<Instruct>: {instruction}\\n<Query>: {query}\\n<Document>: {doc}`, "
+        "an empty think block; logit = yes - no (so the score is softmax([no, yes])[yes]). "
+        "bge-gemma (bge-reranker-v2-gemma): `A: {query}\\nB: {passage}\\n{instruction}` "
+        "after a BOS; logit = yes. The score is sigmoid(logit) with `normalize` (the "
+        "default), the logit itself without")
+    rerank_instruction: str | None = Field(
+        None, description="llm-reranker: the instruction in the prompt; default: the "
+        "style's model card's (qwen3: `Given a web search query, retrieve relevant passages "
+        "that answer the query`; bge-gemma: its yes/no question)")
+    yes_token: str | None = Field(
+        None, description="llm-reranker: the answer whose logit scores a pair (one token "
+        "of the model's tokenizer); default: the style's (qwen3 `yes`, bge-gemma `Yes`)")
+    no_token: str | None = Field(
+        None, description="llm-reranker: the answer whose logit is subtracted (one token); "
+        "default: the style's (qwen3 `no`, bge-gemma none)")
     trust_remote_code: bool = Field(
         False,
         description="let the model's folder run its own code: module types outside "
@@ -146,6 +169,21 @@ class ModelSpec(BaseModel):
         if self.cpu_backend == "auto" and self.kind != "embedding":
             raise ValueError("cpu_backend auto is for embedding models; name a cross-encoder's or "
                              "classifier's backend (torch, torch-bf16, onnx or onnx-int8)")
+        return self
+
+    @model_validator(mode="after")
+    def _llm_rerankers_run_on_torch(self) -> ModelSpec:
+        if self.kind != "llm-reranker":
+            # a default is no choice (a dumped spec, as replicas get it, has every field)
+            named = [name for name in _RERANKER_FIELDS
+                     if getattr(self, name) != type(self).model_fields[name].default]
+            if named:
+                raise ValueError(f"model {self.id!r} is a {self.kind}: {', '.join(named)} "
+                                 "is for kind llm-reranker only")
+        elif self.cpu_backend not in ("torch", "torch-bf16") and not self.is_fake:
+            raise ValueError(f"model {self.id!r}: an llm-reranker runs on torch or torch-bf16; "
+                             f"cpu_backend {self.cpu_backend} (no ONNX build of a causal LM's "
+                             "yes/no scoring is made or checked) is not served")
         return self
 
     def location(self) -> Location:

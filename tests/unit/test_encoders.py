@@ -335,10 +335,12 @@ def test_every_kind_and_cpu_backend_has_one_opener():
 
     from blitz.settings.registry import CpuBackend, Kind
 
-    # auto opens the others (blitz.loading.auto); sparse models run on torch alone
+    # auto opens the others (blitz.loading.auto); sparse models run on torch alone, LLM
+    # rerankers on torch and torch-bf16
+    only = {"sparse": ("torch", "fake"), "llm-reranker": ("torch", "torch-bf16", "fake")}
     assert set(OPENERS) == {(kind, backend) for kind in get_args(Kind)
                             for backend in (*get_args(CpuBackend), "fake") if backend != "auto"
-                            if kind != "sparse" or backend in ("torch", "fake")}
+                            if backend in only.get(kind, (backend,))}
 
 
 def test_a_load_failure_names_the_model_and_its_source_once(tmp_path):
