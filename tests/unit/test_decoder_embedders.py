@@ -115,6 +115,19 @@ def test_token_id_inputs_get_the_special_tokens_text_gets(built, family, tmp_pat
     assert cosines(got, encoder.embed(texts, normalize=True).values).min() >= AGREE
 
 
+@pytest.mark.parametrize("form", ["st", "plain"])
+def test_truncated_texts_match_the_reference_truncated_alike(built, form, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    model = built["qwen3", "left"]
+    reference = SentenceTransformer(str(model.st), device="cpu")
+    reference.max_seq_length = 12
+    encoder = load_encoder(spec_for(model, form, max_seq_length=12), cache_dir=tmp_path)
+    got = encoder.embed(TEXTS, normalize=True)
+    assert got.token_counts.max() == 12
+    assert cosines(got.values, reference.encode(TEXTS)).min() >= AGREE
+
+
 def test_matryoshka_dimensions_keep_the_references_first_components(built, references, tmp_path):
     from blitz.encoders.postprocess import truncate_dimensions
 
