@@ -45,10 +45,11 @@ class _Calls:
     @classmethod
     def embed(cls, texts: str | list[str], model: str | None, *, normalize: bool | None,
               truncate: bool | None, dimensions: int | None, dtype: OutputDtype | None,
-              prompt_name: str | None) -> dict[str, Any]:
+              prompt_name: str | None, instruction: str | None = None) -> dict[str, Any]:
         return cls._post("/embed", {"texts": texts, "normalize": normalize,
                                     "truncate": truncate, "dimensions": dimensions,
-                                    "dtype": dtype, "prompt_name": prompt_name}, model)
+                                    "dtype": dtype, "prompt_name": prompt_name,
+                                    "instruction": instruction}, model)
 
     @classmethod
     def rerank(cls, query: str, documents: list[str], model: str | None, *,
@@ -99,9 +100,11 @@ class Client:
     def embed(self, texts: str | list[str], model: str | None = None, *,
               normalize: bool | None = None, truncate: bool | None = None,
               dimensions: int | None = None, dtype: OutputDtype | None = None,
-              prompt_name: str | None = None) -> np.ndarray:
+              prompt_name: str | None = None,
+              instruction: str | None = None) -> np.ndarray:
         request = _Calls.embed(texts, model, normalize=normalize, truncate=truncate,
-                               dimensions=dimensions, dtype=dtype, prompt_name=prompt_name)
+                               dimensions=dimensions, dtype=dtype, prompt_name=prompt_name,
+                               instruction=instruction)
         return _Calls.embeddings(self._http.request(**request))
 
     def rerank(self, query: str, documents: list[str], model: str | None = None, *,
@@ -135,9 +138,11 @@ class AsyncClient:
     async def embed(self, texts: str | list[str], model: str | None = None, *,
                     normalize: bool | None = None, truncate: bool | None = None,
                     dimensions: int | None = None, dtype: OutputDtype | None = None,
-                    prompt_name: str | None = None) -> np.ndarray:
+                    prompt_name: str | None = None,
+                    instruction: str | None = None) -> np.ndarray:
         request = _Calls.embed(texts, model, normalize=normalize, truncate=truncate,
-                               dimensions=dimensions, dtype=dtype, prompt_name=prompt_name)
+                               dimensions=dimensions, dtype=dtype, prompt_name=prompt_name,
+                               instruction=instruction)
         return _Calls.embeddings(await self._http.request(**request))
 
     async def rerank(self, query: str, documents: list[str], model: str | None = None, *,

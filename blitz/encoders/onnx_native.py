@@ -31,10 +31,11 @@ from blitz.runtime import model_threads
 
 # sentence-transformers' pooling modes this module computes, and their keys in folders
 # saved before sentence-transformers 5.7 (one boolean per mode)
-POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens")
+POOLING_MODES = ("mean", "cls", "max", "mean_sqrt_len_tokens", "lasttoken")
 LEGACY_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls",
                        "pooling_mode_max_tokens": "max",
-                       "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens"}
+                       "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+                       "pooling_mode_lasttoken": "lasttoken"}
 # the rows and tolerances ``verify`` holds the two paths to
 VERIFY_EXTRA_TEXTS = ("", " ", "Ünïcödé ÀÉÎ façade naïve", "日本語のテキスト 中文文本",
                       "emoji 🙂🚀 and symbols ©®™ \t tabs\nnewlines", "UPPER lower MiXeD",
@@ -78,6 +79,7 @@ class NativeOnnxModel:
         self.output = "last_hidden_state" if "last_hidden_state" in outputs else outputs[0]
         self.layout = Layout(layout.pooling, layout.normalize, layout.dimension,
                              layout.max_seq_length, "token_type_ids" in inputs)
+        self.position_ids = "position_ids" in inputs  # optimum's decoder exports take them
         self.folder = folder
 
     def forward(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -89,6 +91,9 @@ class NativeOnnxModel:
         feed = {"input_ids": input_ids, "attention_mask": mask}
         if self.layout.type_ids:
             feed["token_type_ids"] = np.zeros_like(input_ids)
+        if self.position_ids:  # rows are padded on the right: each starts at position 0
+            feed["position_ids"] = np.ascontiguousarray(np.broadcast_to(
+                np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape))
         return self.session.run([self.output], feed)[0]
 
 
@@ -127,6 +132,11 @@ def pool(hidden: np.ndarray, mask: np.ndarray, mode: str, normalize: bool) -> np
     weights = mask[..., None].astype(np.float32)
     if mode == "cls":
         out = hidden[:, 0]
+    elif mode == "lasttoken":  # the last position the mask covers, whichever side pads
+        width = mask.shape[1]
+        last = width - 1 - np.argmax(mask[:, ::-1], axis=1)
+        rows = np.arange(len(mask))
+        out = hidden[rows, last] * weights[rows, last]
     elif mode == "max":
         out = np.where(weights > 0, hidden, np.float32(-1e9)).max(axis=1)
     else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,6 +43,16 @@ class HfTokenIds:
         self.specials = tokenizer.num_special_tokens_to_add(pair=False)
         self.type_ids = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
         self._lock = threading.Lock()
+        # a fast tokenizer whose specials come from its post-processor alone (Qwen3's EOS,
+        # a template's BOS) adds none in ``build_inputs_with_special_tokens``: place them
+        # as the post-processor does
+        self._affixes: tuple[list[int], list[int]] | None = None
+        if len(tokenizer.build_inputs_with_special_tokens([0])) != 1 + self.specials:
+            try:
+                self._affixes = affixes(lambda text, special: tokenizer(
+                    text, add_special_tokens=special)["input_ids"])
+            except UnsupportedTokenizer:
+                pass  # not a prefix and a suffix: the tokenizer's own method, as before
 
     def ids(self, texts: list[str], max_length: int | None) -> list[list[int]]:
         with self._lock:
@@ -51,6 +62,9 @@ class HfTokenIds:
                                   return_token_type_ids=False)["input_ids"]
 
     def with_specials(self, rows: list[list[int]]) -> list[list[int]]:
+        if self._affixes is not None:
+            prefix, suffix = self._affixes
+            return [[*prefix, *row, *suffix] for row in rows]
         with self._lock:
             return [self.tokenizer.build_inputs_with_special_tokens(list(row)) for row in rows]
 
@@ -81,7 +95,8 @@ class FastTokenIds:
         self.vocab_size = self._full.get_vocab_size(with_added_tokens=False)
         self.pad_id = self._pad_id(folder, config)
         self.type_ids = type_ids
-        self._prefix, self._suffix = self._special_layout()
+        self._prefix, self._suffix = affixes(lambda text, special: self._full.encode(
+            text, add_special_tokens=special).ids)
         self.specials = len(self._prefix) + len(self._suffix)
 
     def ids(self, texts: list[str], max_length: int | None) -> list[list[int]]:
@@ -93,25 +108,26 @@ class FastTokenIds:
     def with_specials(self, rows: list[list[int]]) -> list[list[int]]:
         return [[*self._prefix, *row, *self._suffix] for row in rows]
 
-    def _special_layout(self) -> tuple[list[int], list[int]]:
-        """The ids the post-processor puts before and after one sequence's own ids."""
-        probe = "hello"
-        bare = self._full.encode(probe, add_special_tokens=False).ids
-        full = self._full.encode(probe, add_special_tokens=True).ids
-        for start in range(len(full) - len(bare) + 1):
-            if full[start:start + len(bare)] == bare:
-                prefix, suffix = full[:start], full[start + len(bare):]
-                empty = self._full.encode("", add_special_tokens=True).ids
-                if bare and empty == [*prefix, *suffix]:
-                    return prefix, suffix
-        raise UnsupportedTokenizer("its special tokens are not a fixed prefix and suffix")
-
     def _pad_id(self, folder: Path, config: dict[str, Any]) -> int:
         token = _json(folder / "special_tokens_map.json").get("pad_token", config.get("pad_token"))
         if isinstance(token, dict):
             token = token.get("content")
         found = self._full.token_to_id(token) if isinstance(token, str) else None
         return found or 0
+
+
+def affixes(encode: Callable[[str, bool], list[int]]) -> tuple[list[int], list[int]]:
+    """The ids a tokenizer's post-processor puts before and after one sequence's own ids,
+    learned from ``encode(text, add_special_tokens)`` on a one-word probe;
+    ``UnsupportedTokenizer`` when they are not simply a prefix and a suffix."""
+    probe = "hello"
+    bare, full = encode(probe, False), encode(probe, True)
+    for start in range(len(full) - len(bare) + 1):
+        if full[start:start + len(bare)] == bare:
+            prefix, suffix = full[:start], full[start + len(bare):]
+            if bare and encode("", True) == [*prefix, *suffix]:
+                return prefix, suffix
+    raise UnsupportedTokenizer("its special tokens are not a fixed prefix and suffix")
 
 
 class UnsupportedTokenizer(ValueError):

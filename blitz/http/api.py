@@ -193,7 +193,8 @@ class HttpApi:
         result = await self.service.embed(
             texts, token_ids=token_ids, model=self.model_id(request, req.model),
             normalize=req.normalize, truncate=req.truncate, dimensions=req.dimensions,
-            dtype=req.dtype, prompt_name=req.prompt_name, record=_record(request))
+            dtype=req.dtype, prompt_name=req.prompt_name, instruction=req.instruction,
+            record=_record(request))
         if fmt == "raw":
             return RawArrayResponse(result.embeddings)
         if fmt == "json":
@@ -207,7 +208,8 @@ class HttpApi:
         texts, token_ids = req.texts_or_token_ids()
         result = await self.service.embed(
             texts, token_ids=token_ids, model=self.model_id(request, req.model),
-            dimensions=req.dimensions, record=_record(request))
+            dimensions=req.dimensions, prompt_name=req.prompt_name,
+            instruction=req.instruction, record=_record(request))
         return JSONBytesResponse(reply_bodies.openai_embeddings_reply(result, req.encoding_format))
 
     async def rerank(self, request: Request, payload: Payload) -> Response:

@@ -129,6 +129,9 @@ class _TruncationSide(BaseModel):
         return value
 
 
+_INSTRUCTION = ("a free-form task put in the model's instruction_template before each text "
+                "(instead of prompt_name)")
+
 # fail_fast: a union member stops at its first bad item instead of building an error per item
 _Texts = Annotated[list[str], Field(fail_fast=True)]
 _TokenIds = Annotated[list[StrictInt], Field(fail_fast=True)]
@@ -150,6 +153,7 @@ class EmbedRequest(_Request, _TruncationSide):
     dimensions: StrictInt | None = Field(None, gt=0, description="Matryoshka: keep the first N")
     dtype: OutputDtype = Field("float32", description="float32|float16|int8|uint8|binary|ubinary")
     prompt_name: str | None = Field(None, description="a prompt from the model's spec")
+    instruction: str | None = Field(None, description=_INSTRUCTION)
     layout: ArrayLayout | None = Field(
         None, description="msgpack reply's array layout: numpy (msgpack-numpy, default) or "
         "portable (string keys, any language); overrides Accept's layout parameter")
@@ -180,6 +184,8 @@ class OpenAIEmbeddingRequest(_Request):
     dimensions: StrictInt | None = Field(None, gt=0)
     user: str | None = None
     modality: str = Field("text", description="Infinity's: only text is embedded here")
+    prompt_name: str | None = Field(None, description="Blitz's: a prompt from the model's spec")
+    instruction: str | None = Field(None, description="Blitz's: " + _INSTRUCTION)
 
     @field_validator("dimensions", mode="before")
     @classmethod

@@ -260,8 +260,10 @@ class EmbeddingService:
                     token_ids: list[list[int]] | None = None, normalize: bool | None = None,
                     truncate: bool = True, dimensions: int | None = None,
                     dtype: OutputDtype = "float32", prompt_name: str | None = None,
+                    instruction: str | None = None,
                     record: RequestRecord | None = None) -> EmbedResult:
-        """Embed ``texts`` (or ``token_ids``) with ``model`` (the default when None).
+        """Embed ``texts`` (or ``token_ids``) with ``model`` (the default when None),
+        behind the model's prompt ``prompt_name`` or a free-form ``instruction``.
 
         ``record`` is the HTTP request's record; without one (a handle call) the call is
         observed here as route ``handle.embed``."""
@@ -278,7 +280,7 @@ class EmbeddingService:
                 else:
                     items = [texts] if isinstance(texts, str) else list(texts or [])
                     check_texts(items, limits)
-                    items = apply_prompt(spec, items, prompt_name)
+                    items = apply_prompt(spec, items, prompt_name, instruction)
                 self._check_dimensions(spec, dimensions)
                 return items
 

@@ -45,6 +45,7 @@ OBJECT_STORES = ("s3", "gs", "az", "abfs")
 _PREFIXED = ("package", "hf", "fake")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
+INSTRUCTION_SLOT = "{instruction}"  # where instruction_template takes a request's instruction
 
 
 class Location(NamedTuple):
@@ -97,8 +98,14 @@ class ModelSpec(BaseModel):
     max_seq_length: int | None = Field(None, gt=0, description="tokens; default: the model's own")
     normalize: bool = Field(True, description="default of the request's `normalize`")
     prompts: dict[str, str] = Field(default_factory=dict, description="prompt_name -> prefix")
+    instruction_template: str | None = Field(
+        None, description="the prefix a request's free-form `instruction` becomes, "
+        "`{instruction}` where the instruction goes (Qwen3-Embedding's: `Instruct: "
+        "{instruction}\\nQuery:`); unset: a request's `instruction` is refused")
     pooling: Literal["mean", "cls", "max", "lasttoken"] | None = Field(
-        None, description="pooling for plain transformers checkpoints without one"
+        None, description="pooling for plain transformers checkpoints without one; "
+        "lasttoken (decoder embedders: Qwen3, Gemma3, Llama, Mistral) reads each text's last "
+        "real token, whatever the tokenizer's padding side, on every backend"
     )
     dimension: int | None = Field(None, gt=0, description="declared output size, if known")
     accuracy_threshold: float = Field(
@@ -163,6 +170,13 @@ class ModelSpec(BaseModel):
             raise ValueError(f"model {self.id!r}: sparse models run on torch; set cpu_backend "
                              "to torch")
         return self
+
+    @field_validator("instruction_template")
+    @classmethod
+    def _one_instruction_slot(cls, value: str | None) -> str | None:
+        if value is not None and value.count(INSTRUCTION_SLOT) != 1:
+            raise ValueError(f"instruction_template must hold {INSTRUCTION_SLOT} once")
+        return value
 
     @model_validator(mode="after")
     def _auto_is_for_bi_encoders(self) -> ModelSpec:
@@ -234,9 +248,14 @@ class Registry:
         return len(self._specs)
 
 
-def apply_prompt(spec: ModelSpec, texts: list[str], prompt_name: str | None) -> list[str]:
-    """``texts`` behind the model's prompt ``prompt_name``, when one is asked for (the
-    native API's ``prompt_name``; the bulk job applies it the same way)."""
+def apply_prompt(spec: ModelSpec, texts: list[str], prompt_name: str | None,
+                 instruction: str | None = None) -> list[str]:
+    """``texts`` behind the model's prompt ``prompt_name``, or behind a free-form
+    ``instruction`` in the model's ``instruction_template``, when one is asked for (the
+    request's ``prompt_name`` and ``instruction``; the bulk job applies ``prompt_name`` the
+    same way); both at once are refused."""
+    if instruction is not None:
+        return [instruction_prefix(spec, instruction, prompt_name) + t for t in texts]
     if prompt_name is None:
         return texts
     if prompt_name not in spec.prompts:
@@ -245,3 +264,13 @@ def apply_prompt(spec: ModelSpec, texts: list[str], prompt_name: str | None) -> 
                            f"{spec.id!r}; defined: {known}", param="prompt_name")
     prefix = spec.prompts[prompt_name]
     return [prefix + t for t in texts]
+
+
+def instruction_prefix(spec: ModelSpec, instruction: str, prompt_name: str | None) -> str:
+    """The prefix a request's free-form ``instruction`` becomes for ``spec``."""
+    if prompt_name is not None:
+        raise InvalidValue("send prompt_name or instruction, not both", param="instruction")
+    if spec.instruction_template is None:
+        raise InvalidValue(f"model {spec.id!r} takes no free-form instruction (its spec sets "
+                           "no instruction_template); use prompt_name", param="instruction")
+    return spec.instruction_template.replace(INSTRUCTION_SLOT, instruction)

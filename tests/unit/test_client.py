@@ -21,7 +21,8 @@ KEY = "sk-client-test"
 def api() -> HttpApi:
     settings = BlitzSettings.from_args({
         "models": [{"id": "fake", "source": "fake:16", "max_seq_length": 8,
-                    "prompts": {"query": "query: "}},
+                    "prompts": {"query": "query: "},
+                    "instruction_template": "Instruct: {instruction}\nQuery:"},
                    {"id": "fake8", "source": "fake:8"}],
         "auth": {"api_keys": [KEY]},
     })
@@ -74,6 +75,8 @@ def test_sync_embed_options_reach_the_server(client):
     assert client.embed(["a"], model="fake", dtype="ubinary").dtype == np.uint8
     assert not np.allclose(client.embed(["a"], model="fake", prompt_name="query"),
                            client.embed(["a"], model="fake"))
+    assert np.allclose(client.embed(["a"], model="fake", instruction="find"),
+                       client.embed(["Instruct: find\nQuery:a"], model="fake"))
     with pytest.raises(BlitzHTTPError) as info:
         client.embed(["w " * 20], model="fake", truncate=False)
     assert info.value.status == 413 and info.value.code == "input_too_long"

@@ -69,7 +69,7 @@ def test_fast_tokenizer_needs_tokenizer_json(tmp_path):
 
 # --- pooling and layouts --------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", ["mean", "cls", "max", "mean_sqrt_len_tokens"])
+@pytest.mark.parametrize("mode", ["mean", "cls", "max", "mean_sqrt_len_tokens", "lasttoken"])
 @pytest.mark.parametrize("normalize", [False, True])
 def test_pooling_matches_sentence_transformers(mode, normalize):
     import torch
@@ -92,7 +92,9 @@ def test_pooling_config_old_and_new():
     assert pooling_mode({"pooling_mode": ["max"]}) == "max"
     assert pooling_mode({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}) == "mean"
     assert pooling_mode({"word_embedding_dimension": 8}) == "mean"  # none named: mean
-    for config in ({"pooling_mode": "lasttoken"}, {"pooling_mode": ["mean", "max"]},
+    assert pooling_mode({"pooling_mode": "lasttoken"}) == "lasttoken"
+    assert pooling_mode({"pooling_mode_lasttoken": True}) == "lasttoken"
+    for config in ({"pooling_mode": ["mean", "lasttoken"]}, {"pooling_mode": ["mean", "max"]},
                    {"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": True},
                    {"pooling_mode_weightedmean_tokens": True}):
         with pytest.raises(UnsupportedLayout):
