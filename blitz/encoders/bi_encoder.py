@@ -46,6 +46,7 @@ class BiEncoder(Encoder):
         self.token_budget = token_budget
         self.rows_per_call = rows_per_call  # 0: as many as the token budget allows
         self.call_tokens = math.inf  # a model call's fixed cost in tokens, once calibrated
+        self.truncation_side: str | None = None  # left | right; None: the tokenizer's own
         self._dimension = dimension
 
     @property
@@ -66,6 +67,11 @@ class BiEncoder(Encoder):
 
     def token_ids(self, texts: list[str], truncate: bool) -> tuple[list[list[int]], np.ndarray]:
         """Ids with special tokens, truncated to max_seq_length, and billed token counts."""
+        if self.truncation_side is not None:
+            full = self.tokens.ids(texts, None)
+            lengths = np.fromiter((len(row) for row in full), dtype=np.int64, count=len(full))
+            counts = check_lengths(lengths, self.max_seq_length, truncate)
+            return [self._cut(row) for row in full], counts
         ids = self.tokens.ids(texts, self.max_seq_length)
         lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
         if not truncate:
@@ -74,6 +80,21 @@ class BiEncoder(Encoder):
                 full = self.tokens.ids([texts[i] for i in at_limit], None)
                 lengths[at_limit] = [len(row) for row in full]
         return ids, check_lengths(lengths, self.max_seq_length, truncate)
+
+    def _cut(self, row: list[int]) -> list[int]:
+        """``row`` (ids with specials) cut to max_seq_length at ``truncation_side``, its
+        special tokens kept."""
+        if len(row) <= self.max_seq_length:
+            return row
+        specials = set(self.tokens.with_specials([[]])[0])
+        marker = next(t for t in range(len(specials) + 1) if t not in specials)
+        probe = self.tokens.with_specials([[marker]])[0]
+        before = probe.index(marker)
+        after = len(probe) - before - 1
+        room = self.max_seq_length - before - after
+        content = row[before:len(row) - after]
+        kept = content[len(content) - room:] if self.truncation_side == "left" else content[:room]
+        return [*row[:before], *kept, *row[len(row) - after:]]
 
     def embed(self, texts: list[str], *, normalize: bool, truncate: bool = True) -> Encoded:
         ids, counts = self.token_ids(texts, truncate)

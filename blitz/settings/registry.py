@@ -96,6 +96,9 @@ class ModelSpec(BaseModel):
         "batch), measured once and cached with its builds")
     gpu_dtype: GpuDtype = Field("float16", description="how GPU pools run it")
     max_seq_length: int | None = Field(None, gt=0, description="tokens; default: the model's own")
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="bi-encoders: which end of an over-long input is cut (left keeps "
+        "its end, right its start; the special tokens stay); default: the tokenizer's own")
     normalize: bool = Field(True, description="default of the request's `normalize`")
     prompts: dict[str, str] = Field(default_factory=dict, description="prompt_name -> prefix")
     instruction_template: str | None = Field(
