@@ -65,13 +65,16 @@ class BiEncoder(Encoder):
         raise InvalidValue(f"model {self.model_id!r} on backend {self.backend} does not give "
                            "per-token embeddings", param="model")
 
-    def token_ids(self, texts: list[str], truncate: bool) -> tuple[list[list[int]], np.ndarray]:
-        """Ids with special tokens, truncated to max_seq_length, and billed token counts."""
-        if self.truncation_side is not None:
+    def token_ids(self, texts: list[str], truncate: bool,
+                  side: str | None = None) -> tuple[list[list[int]], np.ndarray]:
+        """Ids with special tokens, truncated to max_seq_length at ``side`` (None: the
+        model's ``truncation_side``), and billed token counts."""
+        side = side or self.truncation_side
+        if side is not None:
             full = self.tokens.ids(texts, None)
             lengths = np.fromiter((len(row) for row in full), dtype=np.int64, count=len(full))
             counts = check_lengths(lengths, self.max_seq_length, truncate)
-            return [self._cut(row) for row in full], counts
+            return [self._cut(row, side) for row in full], counts
         ids = self.tokens.ids(texts, self.max_seq_length)
         lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
         if not truncate:
@@ -81,9 +84,9 @@ class BiEncoder(Encoder):
                 lengths[at_limit] = [len(row) for row in full]
         return ids, check_lengths(lengths, self.max_seq_length, truncate)
 
-    def _cut(self, row: list[int]) -> list[int]:
-        """``row`` (ids with specials) cut to max_seq_length at ``truncation_side``, its
-        special tokens kept."""
+    def _cut(self, row: list[int], side: str) -> list[int]:
+        """``row`` (ids with specials) cut to max_seq_length at ``side``, its special
+        tokens kept."""
         if len(row) <= self.max_seq_length:
             return row
         specials = set(self.tokens.with_specials([[]])[0])
@@ -93,7 +96,7 @@ class BiEncoder(Encoder):
         after = len(probe) - before - 1
         room = self.max_seq_length - before - after
         content = row[before:len(row) - after]
-        kept = content[len(content) - room:] if self.truncation_side == "left" else content[:room]
+        kept = content[len(content) - room:] if side == "left" else content[:room]
         return [*row[:before], *kept, *row[len(row) - after:]]
 
     def embed(self, texts: list[str], *, normalize: bool, truncate: bool = True) -> Encoded:
@@ -101,12 +104,17 @@ class BiEncoder(Encoder):
         return self._embed_ids(ids, counts, normalize)
 
     def embed_many(self, jobs: list[tuple[list[str], bool, bool]]) -> list[Encoded | Exception]:
-        """Tokenize each request alone, then run all of them as one length-sorted batch."""
+        return self.embed_many_sided([(*job, None) for job in jobs])
+
+    def embed_many_sided(self, jobs: list[tuple[list[str], bool, bool, str | None]]
+                         ) -> list[Encoded | Exception]:
+        """Tokenize each request alone (cut at its own side, None: the model's), then run
+        all of them as one length-sorted batch."""
         results: list[Encoded | Exception] = []
         good: list[tuple[int, list[list[int]], np.ndarray, bool]] = []
-        for k, (texts, normalize, truncate) in enumerate(jobs):
+        for k, (texts, normalize, truncate, side) in enumerate(jobs):
             try:
-                ids, counts = self.token_ids(texts, truncate)
+                ids, counts = self.token_ids(texts, truncate, side)
             except Exception as exc:
                 results.append(exc)
                 continue

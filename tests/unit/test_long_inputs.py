@@ -89,3 +89,39 @@ async def test_the_http_api_cuts_at_the_models_side(tiny):
         r = await client.post("/embed", json={"inputs": [LONG], "model": "tiny"})
     assert r.status_code == 200, r.text
     assert np.allclose(np.array(r.json(), dtype=np.float32), direct, atol=1e-5)
+
+
+@pytest.fixture
+async def right_client(tiny):
+    """The tiny model cutting at the right by default, over HTTP in process."""
+    settings = BlitzSettings.from_args({"models": [
+        {"id": "tiny", "source": str(tiny), "cpu_backend": "torch", "truncation_side": "right"}]})
+    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
+                                 base_url="http://blitz") as client:
+        yield client
+
+
+def cut_by_hand(tiny, side):
+    enc = encoder(tiny, None)
+    room = MAX - enc.tokens.specials
+    ids = content_ids(enc, LONG)
+    return enc.embed_tokens([ids[-room:] if side == "left" else ids[:room]],
+                            normalize=True).values
+
+
+@pytest.mark.parametrize("body", [{"truncation_side": "left"}, {"truncation_direction": "Left"}])
+async def test_a_request_can_cut_at_the_left_of_a_model_that_cuts_at_the_right(
+        tiny, right_client, body):
+    r = await right_client.post("/embed", json={"inputs": [LONG], "model": "tiny", **body})
+    assert r.status_code == 200, r.text
+    assert np.allclose(np.array(r.json(), dtype=np.float32), cut_by_hand(tiny, "left"),
+                       atol=1e-5)
+    r = await right_client.post("/embed", json={"inputs": [LONG], "model": "tiny"})
+    assert np.allclose(np.array(r.json(), dtype=np.float32), cut_by_hand(tiny, "right"),
+                       atol=1e-5)
+
+
+async def test_an_unknown_truncation_direction_is_a_422_naming_the_sides(right_client):
+    r = await right_client.post("/embed", json={"inputs": [LONG], "truncation_direction": "up"})
+    assert r.status_code == 422 and "left or right" in r.text
