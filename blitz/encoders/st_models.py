@@ -47,6 +47,7 @@ def wrap(spec: ModelSpec, model: Any, device: str) -> Encoder:
     encoder = _wrap(spec, model, device)
     if isinstance(encoder, BiEncoder):
         encoder.truncation_side = spec.truncation_side
+        encoder.long_inputs, encoder.chunk_overlap = spec.long_inputs, spec.chunk_overlap
     return encoder
 
 

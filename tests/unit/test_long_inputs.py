@@ -20,6 +20,7 @@ MAX = 16
 LONG = ("the quick brown fox jumps over the lazy dog while seven wizards quietly "
         "judge the boxing match between two sleepy kittens")
 SHORT = "a short text"
+TWICE = LONG + " and then " + LONG
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +126,70 @@ async def test_a_request_can_cut_at_the_left_of_a_model_that_cuts_at_the_right(
 async def test_an_unknown_truncation_direction_is_a_422_naming_the_sides(right_client):
     r = await right_client.post("/embed", json={"inputs": [LONG], "truncation_direction": "up"})
     assert r.status_code == 422 and "left or right" in r.text
+
+
+def chunker(tiny, long_inputs, overlap=0):
+    key = (tiny, long_inputs, overlap)
+    if key not in _opened:
+        spec = ModelSpec(id="tiny", source=str(tiny), cpu_backend="torch",
+                         long_inputs=long_inputs, chunk_overlap=overlap)
+        _opened[key] = load_encoder(spec)
+    return _opened[key]
+
+
+def chunks_by_hand(ids, room, overlap):
+    """Windows of ``room`` content ids, each starting ``room - overlap`` after the last,
+    until one reaches the end."""
+    out, start = [], 0
+    while True:
+        out.append(ids[start:start + room])
+        if start + room >= len(ids):
+            return out
+        start += room - overlap
+
+
+@pytest.mark.parametrize("overlap", [0, 3])
+def test_a_chunked_text_is_the_token_weighted_mean_of_its_chunks_computed_directly(
+        tiny, overlap):
+    enc = chunker(tiny, "chunk", overlap)
+    specials = enc.tokens.specials
+    room = MAX - specials
+    windows = chunks_by_hand(content_ids(enc, TWICE), room, overlap)
+    assert len(windows) >= 3
+    rows = enc.embed_tokens(windows, normalize=False).values
+    weights = np.array([len(w) + specials for w in windows], dtype=np.float32)
+    mean = (rows * weights[:, None]).sum(axis=0) / weights.sum()
+    short = enc.embed_tokens([content_ids(enc, SHORT)], normalize=False).values[0]
+    for normalize in (False, True):
+        got = enc.embed([TWICE, SHORT], normalize=normalize)
+        want = np.stack([mean, short])
+        if normalize:
+            want = want / np.linalg.norm(want, axis=1, keepdims=True)
+        assert np.allclose(got.values, want, atol=1e-5)
+        assert got.token_counts.tolist() == [int(weights.sum()),
+                                             len(content_ids(enc, SHORT)) + specials]
+
+
+def test_long_inputs_error_refuses_an_over_long_text_even_when_the_request_truncates(tiny):
+    enc = chunker(tiny, "error")
+    with pytest.raises(Exception, match=str(MAX)):
+        enc.embed([LONG], normalize=True, truncate=True)
+    assert enc.embed([SHORT], normalize=True).values.shape == (1, 16)
+
+
+async def test_the_http_api_answers_a_chunked_text_with_its_chunks_mean_and_counts_them_all(
+        tiny):
+    settings = BlitzSettings.from_args({"models": [
+        {"id": "tiny", "source": str(tiny), "cpu_backend": "torch", "long_inputs": "chunk",
+         "chunk_overlap": 2}],
+        "cpu_pool": {"max_batch_size": 2}})
+    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
+    direct = chunker(tiny, "chunk", 2).embed([LONG, SHORT, LONG + " more"], normalize=True)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
+                                 base_url="http://blitz") as client:
+        r = await client.post("/v1/embeddings", json={
+            "input": [LONG, SHORT, LONG + " more"], "model": "tiny"})
+    assert r.status_code == 200, r.text
+    got = np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+    assert np.allclose(got, direct.values, atol=1e-5)
+    assert r.json()["usage"]["prompt_tokens"] == int(direct.token_counts.sum())
