@@ -33,6 +33,7 @@ class EmbedJob:
     token_ids: list[list[int]] | None = None
     normalize: bool = True
     truncate: bool = True
+    truncation_side: str | None = None  # left | right; None: the model's
 
     def __len__(self) -> int:
         return len(self.texts if self.texts is not None else self.token_ids or ())

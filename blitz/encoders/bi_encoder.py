@@ -46,6 +46,9 @@ class BiEncoder(Encoder):
         self.token_budget = token_budget
         self.rows_per_call = rows_per_call  # 0: as many as the token budget allows
         self.call_tokens = math.inf  # a model call's fixed cost in tokens, once calibrated
+        self.truncation_side: str | None = None  # left | right; None: the tokenizer's own
+        self.long_inputs = "truncate"  # truncate | error | chunk (a model's spec says)
+        self.chunk_overlap = 0  # tokens each chunk shares with the one before it
         self._dimension = dimension
 
     @property
@@ -64,8 +67,17 @@ class BiEncoder(Encoder):
         raise InvalidValue(f"model {self.model_id!r} on backend {self.backend} does not give "
                            "per-token embeddings", param="model")
 
-    def token_ids(self, texts: list[str], truncate: bool) -> tuple[list[list[int]], np.ndarray]:
-        """Ids with special tokens, truncated to max_seq_length, and billed token counts."""
+    def token_ids(self, texts: list[str], truncate: bool,
+                  side: str | None = None) -> tuple[list[list[int]], np.ndarray]:
+        """Ids with special tokens, truncated to max_seq_length at ``side`` (None: the
+        model's ``truncation_side``), and billed token counts."""
+        side = side or self.truncation_side
+        truncate = truncate and self.long_inputs != "error"
+        if side is not None:
+            full = self.tokens.ids(texts, None)
+            lengths = np.fromiter((len(row) for row in full), dtype=np.int64, count=len(full))
+            counts = check_lengths(lengths, self.max_seq_length, truncate)
+            return [self._cut(row, side) for row in full], counts
         ids = self.tokens.ids(texts, self.max_seq_length)
         lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
         if not truncate:
@@ -75,28 +87,82 @@ class BiEncoder(Encoder):
                 lengths[at_limit] = [len(row) for row in full]
         return ids, check_lengths(lengths, self.max_seq_length, truncate)
 
+    def _cut(self, row: list[int], side: str) -> list[int]:
+        """``row`` (ids with specials) cut to max_seq_length at ``side``, its special
+        tokens kept."""
+        if len(row) <= self.max_seq_length:
+            return row
+        before, after = self._affix_lengths()
+        room = self.max_seq_length - before - after
+        content = row[before:len(row) - after]
+        kept = content[len(content) - room:] if side == "left" else content[:room]
+        return [*row[:before], *kept, *row[len(row) - after:]]
+
+    def _affix_lengths(self) -> tuple[int, int]:
+        """How many special tokens go before and after one sequence's own ids."""
+        specials = set(self.tokens.with_specials([[]])[0])
+        marker = next(t for t in range(len(specials) + 1) if t not in specials)
+        probe = self.tokens.with_specials([[marker]])[0]
+        before = probe.index(marker)
+        return before, len(probe) - before - 1
+
+    def chunks(self, texts: list[str]) -> tuple[list[list[int]], list[int], np.ndarray]:
+        """Each text's ids in windows of max_seq_length (specials included) that overlap
+        by ``chunk_overlap`` tokens: the windows, how many each text has, and each text's
+        billed tokens (every window's)."""
+        before, after = self._affix_lengths()
+        room = self.max_seq_length - before - after
+        step = max(room - self.chunk_overlap, 1)
+        windows: list[list[int]] = []
+        spans: list[int] = []
+        for row in self.tokens.ids(texts, None):
+            content = row[before:len(row) - after]
+            starts = range(0, max(len(content) - room, 0) + step, step)
+            spans.append(len(starts))
+            windows += [[*row[:before], *content[s:s + room], *row[len(row) - after:]]
+                        for s in starts]
+        lengths = np.array([len(w) for w in windows], dtype=np.int64)
+        bounds = np.concatenate([[0], np.cumsum(spans)]).astype(np.int64)
+        return windows, spans, np.add.reduceat(lengths, bounds[:-1]) if spans else lengths
+
     def embed(self, texts: list[str], *, normalize: bool, truncate: bool = True) -> Encoded:
+        if self.long_inputs == "chunk":
+            result = self.embed_many_sided([(texts, normalize, truncate, None)])[0]
+            if isinstance(result, Exception):
+                raise result
+            return result
         ids, counts = self.token_ids(texts, truncate)
         return self._embed_ids(ids, counts, normalize)
 
     def embed_many(self, jobs: list[tuple[list[str], bool, bool]]) -> list[Encoded | Exception]:
-        """Tokenize each request alone, then run all of them as one length-sorted batch."""
+        return self.embed_many_sided([(*job, None) for job in jobs])
+
+    def embed_many_sided(self, jobs: list[tuple[list[str], bool, bool, str | None]]
+                         ) -> list[Encoded | Exception]:
+        """Tokenize each request alone (cut at its own side, None: the model's), then run
+        all of them as one length-sorted batch."""
         results: list[Encoded | Exception] = []
-        good: list[tuple[int, list[list[int]], np.ndarray, bool]] = []
-        for k, (texts, normalize, truncate) in enumerate(jobs):
+        good: list[tuple[int, list[list[int]], np.ndarray, bool, list[int] | None]] = []
+        for k, (texts, normalize, truncate, side) in enumerate(jobs):
+            spans = None
             try:
-                ids, counts = self.token_ids(texts, truncate)
+                if self.long_inputs == "chunk":
+                    ids, spans, counts = self.chunks(texts)
+                else:
+                    ids, counts = self.token_ids(texts, truncate, side)
             except Exception as exc:
                 results.append(exc)
                 continue
             results.append(exc_placeholder)
-            good.append((k, ids, counts, normalize))
+            good.append((k, ids, counts, normalize, spans))
         if good:
-            merged = self._embed_ids([row for _, ids, _, _ in good for row in ids],
+            merged = self._embed_ids([row for _, ids, _, _, _ in good for row in ids],
                                np.zeros(0, np.int64), normalize=False)
             start, rows = 0, max(len(merged.values), 1)
-            for k, ids, counts, normalize in good:
+            for k, ids, counts, normalize, spans in good:
                 values = merged.values[start:start + len(ids)]
+                if spans is not None:
+                    values = chunk_mean(values, [len(row) for row in ids], spans)
                 # each request's part of the padded tokens, rounded so that the parts add
                 # up to the whole (floors of each part alone summed to less: a batch's
                 # real tokens over its padded ones came out above 1)
@@ -163,7 +229,7 @@ class BiEncoder(Encoder):
     def calibrate(self) -> None:
         """Set ``call_tokens``: one row timed at a short and a long width (the best of
         ``CALIBRATION_REPEATS`` each) gives a call's fixed cost and a token's cost."""
-        row = self.token_ids(["calibrate " * self.max_seq_length], truncate=True)[0][0]
+        row = self.tokens.ids(["calibrate " * self.max_seq_length], self.max_seq_length)[0]
         short, long = CALIBRATION_WIDTHS[0], min(CALIBRATION_WIDTHS[1], len(row))
         if long - short < CALIBRATION_WIDTHS[0]:
             return  # a model this short has no room for padding to matter
@@ -183,6 +249,15 @@ class BiEncoder(Encoder):
 
 
 exc_placeholder = RuntimeError("not computed")
+
+
+def chunk_mean(values: np.ndarray, lengths: list[int], spans: list[int]) -> np.ndarray:
+    """One row per text: the mean of its ``spans[i]`` consecutive chunk rows, each weighted
+    by its ``lengths`` (tokens, specials included)."""
+    weights = np.asarray(lengths, dtype=np.float32)[:, None]
+    bounds = np.concatenate([[0], np.cumsum(spans)]).astype(np.int64)
+    sums = np.add.reduceat(values * weights, bounds[:-1], axis=0)
+    return (sums / np.add.reduceat(weights, bounds[:-1], axis=0)).astype(np.float32)
 CALIBRATION_WIDTHS = (16, 128)  # tokens per row of the two timed calls
 CALIBRATION_REPEATS = 5
 MIN_CALL_TOKENS = 4.0  # a floor, so timing noise cannot split every distinct length

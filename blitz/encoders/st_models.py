@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blitz.encoders.base import Encoder
+from blitz.encoders.bi_encoder import BiEncoder
 from blitz.encoders.cross_encoder import ClassifierEncoder, CrossEncoderEncoder
 from blitz.encoders.onnx_native import NativeOnnxModel, OnnxEncoder, open_native
 from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
@@ -43,6 +44,14 @@ activations as a whole): each text runs alone, so its vector never depends on ot
 
 def wrap(spec: ModelSpec, model: Any, device: str) -> Encoder:
     """``spec``'s opened model as an ``Encoder`` with the batch sizes that suit ``device``."""
+    encoder = _wrap(spec, model, device)
+    if isinstance(encoder, BiEncoder):
+        encoder.truncation_side = spec.truncation_side
+        encoder.long_inputs, encoder.chunk_overlap = spec.long_inputs, spec.chunk_overlap
+    return encoder
+
+
+def _wrap(spec: ModelSpec, model: Any, device: str) -> Encoder:
     on_cpu = device == "cpu"
     rows_per_call = 1 if on_cpu and spec.cpu_backend in PER_ROW_BACKENDS else 0
     if isinstance(model, NativeOnnxModel):

@@ -194,7 +194,7 @@ class HttpApi:
             texts, token_ids=token_ids, model=self.model_id(request, req.model),
             normalize=req.normalize, truncate=req.truncate, dimensions=req.dimensions,
             dtype=req.dtype, prompt_name=req.prompt_name, instruction=req.instruction,
-            record=_record(request))
+            truncation_side=req.side(), record=_record(request))
         if fmt == "raw":
             return RawArrayResponse(result.embeddings)
         if fmt == "json":

@@ -115,18 +115,19 @@ def _count_token_ids(items: Any, field: str, limits: Limits) -> None:
 
 
 class _TruncationSide(BaseModel):
-    """Hugging Face TEI's ``truncation_direction``: Blitz cuts over-long inputs at their end
-    (``right``, TEI's default); ``left`` is refused, not silently cut the other way."""
+    """Hugging Face TEI's ``truncation_direction`` (either case): where ``_sides`` has only
+    ``right`` (TEI's default), ``left`` is refused, not silently cut the other way."""
 
-    truncation_direction: str = "right"
+    _sides: ClassVar[tuple[str, ...]] = ("right",)
+    truncation_direction: str | None = None
 
     @field_validator("truncation_direction")
     @classmethod
-    def _right_only(cls, value: str) -> str:
-        if value.lower() != "right":
-            raise ValueError("only right (cut the end of an over-long input) is served; "
-                             "leave it out or send right")
-        return value
+    def _served(cls, value: str | None) -> str | None:
+        if value is not None and value.lower() not in cls._sides:
+            raise ValueError(f"only {' or '.join(cls._sides)} (the end of an over-long input "
+                             "that is cut) is served; leave it out or send right")
+        return None if value is None else value.lower()
 
 
 _INSTRUCTION = ("a free-form task put in the model's instruction_template before each text "
@@ -143,6 +144,7 @@ class EmbedRequest(_Request, _TruncationSide):
     be token ids, as TEI takes them)."""
 
     _list_keys = ()  # texts or token ids: counted in _check_sizes
+    _sides = ("left", "right")
 
     texts: str | _Texts | _TokenIds | _TokenIdRows = Field(
         validation_alias=AliasChoices("texts", "inputs"),
@@ -150,6 +152,8 @@ class EmbedRequest(_Request, _TruncationSide):
     model: str | None = Field(None, description="model id; header or default when absent")
     normalize: StrictBool | None = Field(None, description="unit-length rows; default per model")
     truncate: StrictBool = Field(True, description="cut to max_seq_length; false: 413 if too long")
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="cut the start (left) or the end (right); default: the model's")
     dimensions: StrictInt | None = Field(None, gt=0, description="Matryoshka: keep the first N")
     dtype: OutputDtype = Field("float32", description="float32|float16|int8|uint8|binary|ubinary")
     prompt_name: str | None = Field(None, description="a prompt from the model's spec")
@@ -170,6 +174,10 @@ class EmbedRequest(_Request, _TruncationSide):
     def texts_or_token_ids(self) -> tuple[list[str], None] | tuple[None, list[list[int]]]:
         """``texts`` as ``(texts, None)`` or ``(None, token-id rows)``."""
         return _split_texts_or_ids(self.texts)
+
+    def side(self) -> str | None:
+        """Where an over-long input is cut: ``truncation_side``, else TEI's direction."""
+        return self.truncation_side or self.truncation_direction
 
 
 class OpenAIEmbeddingRequest(_Request):

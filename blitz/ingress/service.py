@@ -260,7 +260,7 @@ class EmbeddingService:
                     token_ids: list[list[int]] | None = None, normalize: bool | None = None,
                     truncate: bool = True, dimensions: int | None = None,
                     dtype: OutputDtype = "float32", prompt_name: str | None = None,
-                    instruction: str | None = None,
+                    instruction: str | None = None, truncation_side: str | None = None,
                     record: RequestRecord | None = None) -> EmbedResult:
         """Embed ``texts`` (or ``token_ids``) with ``model`` (the default when None),
         behind the model's prompt ``prompt_name`` or a free-form ``instruction``.
@@ -287,9 +287,10 @@ class EmbeddingService:
             def job(spec: ModelSpec, chunk: list[Any]) -> EmbedJob:
                 ids = token_ids is not None
                 return EmbedJob(texts=None if ids else chunk, token_ids=chunk if ids else None,
-                                normalize=_normalized(spec, normalize), truncate=truncate)
+                                normalize=_normalized(spec, normalize), truncate=truncate,
+                                truncation_side=truncation_side)
 
-            cached = (self._cached(record, normalize, truncate)
+            cached = (self._cached(record, normalize, truncate, truncation_side or "")
                       if self.vectors is not None and token_ids is None else None)
             spec, pool, parts = await self.run(record, model, inputs, job, kind="embedding",
                                                other_kind="use /rerank for it", through=cached)
@@ -300,7 +301,7 @@ class EmbeddingService:
             return EmbedResult(values, spec.id, Usage.of(record.tokens), pool)
 
     def _cached(self, record: RequestRecord, normalize: bool | None,
-                truncate: bool) -> Through:
+                truncate: bool, side: str) -> Through:
         """The vector cache between an embedding request's texts and the pool: its parts
         are one, the texts' rows in order, timed with the pool's slowest part and the
         cache's own ``cache``."""
@@ -313,7 +314,7 @@ class EmbeddingService:
                 return joined(await send(some))
 
             key = Key(self._fingerprints[spec.id], pool, _normalized(spec, normalize),
-                      truncate, "", record.api_key)
+                      truncate, "", record.api_key, side)
             values, counts, parts, cache_s = await vectors.embed(key, texts, rows, record)
             return [Encoded(values, counts,
                             timings={**timing.slowest(parts), "cache": cache_s})]

@@ -45,6 +45,7 @@ class Key(NamedTuple):
     truncate: bool
     text: str
     api_key: int = -1  # whose entry: one API key's requests never meet another's
+    side: str = ""  # the request's truncation_side; "": the model's
 
 
 class Entry(NamedTuple):

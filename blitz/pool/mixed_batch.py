@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import cast
 
 from blitz.encoders.base import Encoded, Encoder
+from blitz.encoders.bi_encoder import BiEncoder
 from blitz.hop_messages import ClassifyJob, EmbedJob, RerankJob, SparseEmbedJob, TokenEmbedJob
 
 Job = EmbedJob | RerankJob | TokenEmbedJob | ClassifyJob | SparseEmbedJob
@@ -24,8 +25,12 @@ def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
     texts = [(k, job) for k, job in enumerate(jobs)
              if isinstance(job, EmbedJob) and job.texts is not None]
     if texts:
-        merged = encoder.embed_many([(job.texts or [], job.normalize, job.truncate)
-                                     for _, job in texts])
+        if isinstance(encoder, BiEncoder):
+            merged = encoder.embed_many_sided([(job.texts or [], job.normalize, job.truncate,
+                                                job.truncation_side) for _, job in texts])
+        else:
+            merged = encoder.embed_many([(job.texts or [], job.normalize, job.truncate)
+                                         for _, job in texts])
         for (k, _), result in zip(texts, merged, strict=True):
             results[k] = result
     for k, job in enumerate(jobs):

@@ -96,6 +96,16 @@ class ModelSpec(BaseModel):
         "batch), measured once and cached with its builds")
     gpu_dtype: GpuDtype = Field("float16", description="how GPU pools run it")
     max_seq_length: int | None = Field(None, gt=0, description="tokens; default: the model's own")
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="bi-encoders: which end of an over-long input is cut (left keeps "
+        "its end, right its start; the special tokens stay); default: the tokenizer's own")
+    long_inputs: Literal["truncate", "error", "chunk"] = Field(
+        "truncate", description="bi-encoders, an input past max_seq_length: truncate (as a "
+        "request's `truncate` says), error (413 whatever it says), or chunk: windows of "
+        "max_seq_length run as rows of their own, the text's vector their token-weighted "
+        "mean (normalized as the request asks); usage counts every window's tokens")
+    chunk_overlap: int = Field(0, ge=0, description="long_inputs chunk: tokens each window "
+                               "shares with the one before it")
     normalize: bool = Field(True, description="default of the request's `normalize`")
     prompts: dict[str, str] = Field(default_factory=dict, description="prompt_name -> prefix")
     instruction_template: str | None = Field(

@@ -83,7 +83,7 @@ async def test_tei_errors_have_teis_body_and_name_the_field(client):
     body = r.json()
     assert r.status_code == 422 and body["error_type"] == "validation"
     assert "99" in body["error"] and body["param"] == "dimensions"
-    r = await client.post("/embed", json={"inputs": TEXTS, "truncation_direction": "left"})
+    r = await client.post("/embed", json={"inputs": TEXTS, "truncation_direction": "up"})
     assert r.status_code == 422 and "right" in r.json()["error"]
     r = await client.post("/tokenize", json={"inputs": "x", "model": "nope"})
     assert r.status_code == 404 and r.json()["error_type"] == "validation"
