@@ -208,6 +208,14 @@ class HybridEncoder(BiEncoder):
         """The ColBERT vectors (normalized; no CLS row): ``token_counts`` how many per text."""
         return self.hybrid(texts, truncate=truncate).colbert
 
+    def embed_hybrid(self, texts: list[str], outputs: tuple[str, ...], *,
+                     truncate: bool = True) -> Encoded:
+        result = self.hybrid(texts, truncate=truncate, colbert="colbert" in outputs)
+        parts = {"dense": result.dense, "sparse": result.sparse, "colbert": result.colbert}
+        return Encoded(np.empty(0, np.float32), result.dense.token_counts,
+                       result.dense.padded_tokens,
+                       outputs={name: parts[name] for name in outputs})
+
     def warmup(self) -> None:
         self.hybrid(["warm up"])
 
