@@ -208,6 +208,16 @@ class HybridEncoder(BiEncoder):
         """The ColBERT vectors (normalized; no CLS row): ``token_counts`` how many per text."""
         return self.hybrid(texts, truncate=truncate).colbert
 
+    def score(self, query: str, documents: list[str], *, truncate: bool = True) -> Encoded:
+        """ColBERT MaxSim (FlagEmbedding's ``colbert_score``): per document, the mean over
+        the query's token vectors of their largest dot product with the document's."""
+        result = self.hybrid([query, *documents], truncate=truncate)
+        colbert, counts = result.colbert, result.dense.token_counts
+        rows = np.split(colbert.values, np.cumsum(colbert.token_counts)[:-1])
+        scores = np.array([(rows[0] @ doc.T).max(axis=1).mean() for doc in rows[1:]],
+                          dtype=np.float32)
+        return Encoded(scores, counts[1:] + counts[0], colbert.padded_tokens)
+
     def embed_hybrid(self, texts: list[str], outputs: tuple[str, ...], *,
                      truncate: bool = True) -> Encoded:
         result = self.hybrid(texts, truncate=truncate, colbert="colbert" in outputs)
@@ -231,7 +241,8 @@ def open_hybrid(model_id: str, path: Path, *, max_seq_length: int | None, device
     from transformers import AutoModel, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    model = AutoModel.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    model = AutoModel.from_pretrained(str(path), trust_remote_code=trust_remote_code,
+                                      add_pooling_layer=False)  # bge-m3 reads H alone
     hidden = int(model.config.hidden_size)
     heads = []
     for name, size in (("sparse_linear.pt", 1), ("colbert_linear.pt", hidden)):

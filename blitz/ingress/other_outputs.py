@@ -72,7 +72,8 @@ class OutputService:
             record.texts = len(items)
             spec, pool, parts = await self.service.run(
                 record, model, lambda _: items, lambda _, chunk: TokenEmbedJob(chunk, truncate),
-                kind="embedding", other_kind="/embed_all takes a model of kind embedding")
+                kind=("embedding", "hybrid"),
+                other_kind="/embed_all takes a model of kind embedding or hybrid")
             limit = self.service.settings.limits.max_token_vectors_per_request
             if record.tokens > limit:  # what the ingress could not count (no tokenizer here)
                 raise too_many_vectors(record.tokens, limit)
@@ -112,7 +113,8 @@ class OutputService:
             record.texts = len(items)
             spec, pool, parts = await self.service.run(
                 record, model, lambda _: items, lambda _, chunk: SparseEmbedJob(chunk, truncate),
-                kind="sparse", other_kind="/embed_sparse takes a model of kind sparse")
+                kind=("sparse", "hybrid"),
+                other_kind="/embed_sparse takes a model of kind sparse or hybrid")
             vectors: list[SparseVector] = []
             for part in parts:
                 assert part.indices is not None and part.rows is not None

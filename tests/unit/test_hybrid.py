@@ -116,3 +116,15 @@ def test_a_folder_without_the_heads_fails_to_load_naming_the_missing_file(tmp_pa
     (folder / "colbert_linear.pt").unlink()
     with pytest.raises(ModelLoadFailed, match="colbert_linear.pt"):
         load_encoder(ModelSpec(id="m3", source=str(folder), kind="hybrid"))
+
+
+def test_rerank_scores_are_maxsim_over_the_colbert_vectors(encoder, references):
+    """FlagEmbedding's colbert_score: sum over the query's vectors of their max dot product
+    with the document's, over the number of query vectors."""
+    query, documents = TEXTS[0], TEXTS[1:]
+    q = references[0][2]
+    want = [float((q @ ref[2].T).max(axis=1).sum() / len(q)) for ref in references[1:]]
+    scores = encoder.score(query, documents)
+    np.testing.assert_allclose(scores.values, want, atol=1e-5)
+    assert scores.token_counts.tolist() == [
+        len(r[2]) + len(q) + 2 for r in references[1:]]  # each text's tokens, CLS included

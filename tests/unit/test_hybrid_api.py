@@ -102,3 +102,25 @@ async def test_refusals_name_the_field(client, body, param):
     r = await client.post("/embed_hybrid", json=body)
     assert r.status_code == 422, r.text
     assert error_body(r)["param"] == param
+
+
+async def test_the_other_routes_give_dense_sparse_colbert_and_maxsim(client, expected):
+    r = await client.post("/embed", json={"texts": TEXTS, "model": "m3"})
+    assert r.status_code == 200, r.text
+    got = np.array(r.json()["embeddings"])
+    np.testing.assert_allclose(got, expected.dense.values, atol=1e-6)
+    r = await client.post("/embed_sparse", json={"inputs": TEXTS, "model": "m3"})
+    assert r.status_code == 200, r.text
+    assert [e["index"] for e in r.json()[0]] == expected.sparse.indices[
+        :expected.sparse.rows[0]].tolist()
+    r = await client.post("/embed_all", json={"inputs": TEXTS, "model": "m3"})
+    assert r.status_code == 200, r.text
+    for got_rows, want in zip(r.json(), colbert_rows(expected), strict=True):
+        np.testing.assert_allclose(np.asarray(got_rows), want, atol=1e-6)
+    r = await client.post("/rerank", json={"query": TEXTS[0], "texts": TEXTS[1:],
+                                           "model": "m3"})
+    assert r.status_code == 200, r.text
+    rows = colbert_rows(expected)
+    want = {i: float((rows[0] @ d.T).max(axis=1).mean()) for i, d in enumerate(rows[1:])}
+    for hit in r.json():
+        assert hit["score"] == pytest.approx(want[hit["index"]], abs=1e-5)
