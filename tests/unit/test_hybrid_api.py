@@ -124,3 +124,9 @@ async def test_the_other_routes_give_dense_sparse_colbert_and_maxsim(client, exp
     want = {i: float((rows[0] @ d.T).max(axis=1).mean()) for i, d in enumerate(rows[1:])}
     for hit in r.json():
         assert hit["score"] == pytest.approx(want[hit["index"]], abs=1e-5)
+
+
+async def test_info_describes_a_hybrid_model_as_a_cls_pooled_embedder(client):
+    r = await client.get("/info", headers={"serve_multiplexed_model_id": "m3"})
+    assert r.status_code == 200, r.text
+    assert r.json()["model_type"] == {"embedding": {"pooling": "cls"}}
