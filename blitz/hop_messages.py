@@ -73,6 +73,19 @@ class SparseEmbedJob:
 
 
 @dataclass(frozen=True)
+class HybridEmbedJob:
+    """Texts for a hybrid (bge-m3) model (``/embed_hybrid``) and the outputs asked for
+    (of "dense", "sparse", "colbert"); at most the batch limit."""
+
+    texts: list[str]
+    outputs: tuple[str, ...]
+    truncate: bool = True
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@dataclass(frozen=True)
 class ClassifyJob:
     """Inputs for a classifier (``/predict``, ``/classify``): each one text or a text
     pair; never larger than the pool's batch limit."""
@@ -139,6 +152,21 @@ class SparseResult:
 
     embeddings: list[SparseVector]
     dimension: int | None  # None: a model whose files are not on the ingress's machine
+    model: str
+    usage: Usage
+    pool: str = "cpu"
+
+
+@dataclass(frozen=True)
+class HybridResult:
+    """What ``handle.embed_hybrid.remote(...)`` returns: per text the outputs asked for,
+    None for the others: dense vectors (normalized), sparse (lexical) vectors and ColBERT
+    token vectors (tokens, hidden), normalized."""
+
+    dense: list[np.ndarray] | None
+    sparse: list[SparseVector] | None
+    colbert: list[np.ndarray] | None
+    dimension: int | None  # the sparse vectors' vocabulary size when known
     model: str
     usage: Usage
     pool: str = "cpu"

@@ -1,5 +1,5 @@
 """The ingress's handle API, generated: ``await handle.embed.remote(texts, model=...)`` and
-its eight siblings call the service method of the same name, with its own signature,
+its nine siblings call the service method of the same name, with its own signature,
 options and docstring, so the handle cannot drift from ``POST /embed`` and the rest.
 
 Each entry of ``HANDLE_METHODS`` names the service the ingress holds (``service``,
@@ -25,6 +25,7 @@ HANDLE_METHODS: dict[str, tuple[str, Callable[..., Any]]] = {
     "rerank": ("service", EmbeddingService.rerank),
     "embed_all": ("outputs", OutputService.embed_all),
     "embed_sparse": ("outputs", OutputService.embed_sparse),
+    "embed_hybrid": ("outputs", OutputService.embed_hybrid),
     "similarity": ("outputs", OutputService.similarity),
     "classify": ("outputs", OutputService.classify),
     "tokenize": ("tokens", TokenService.tokenize),

@@ -30,6 +30,9 @@ class Encoded:
     # vocabulary ids ``indices``; ``rows`` says how many belong to each input
     indices: np.ndarray | None = None
     rows: np.ndarray | None = None
+    # a hybrid (bge-m3) model's outputs by name ("dense", "sparse", "colbert"), each as
+    # embed, embed_sparse and embed_all give them
+    outputs: dict[str, Encoded] | None = None
 
 
 class Encoder(ABC):
@@ -75,6 +78,12 @@ class Encoder(ABC):
         ``rows`` set)."""
         raise InvalidValue(f"model {self.model_id!r} is a {self.kind}, not a sparse model; "
                            "use a model of kind sparse", param="model")
+
+    def embed_hybrid(self, texts: list[str], outputs: tuple[str, ...], *,
+                     truncate: bool = True) -> Encoded:
+        """A hybrid (bge-m3) model's ``outputs`` of ``texts`` from one forward pass."""
+        raise InvalidValue(f"model {self.model_id!r} is a {self.kind}, not a hybrid model; "
+                           "use a model of kind hybrid", param="model")
 
     def classify(self, inputs: list[list[str]], *, truncate: bool = True) -> Encoded:
         """A classifier's raw logits per input (one text or a pair), ``labels`` set."""

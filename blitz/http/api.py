@@ -29,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from blitz import codecs
 from blitz.errors import ErrorShape, InvalidValue, Overloaded, PayloadTooLarge, RequestTimeout
-from blitz.http import openapi, reply_bodies, responses
+from blitz.http import hybrid, openapi, reply_bodies, responses
 from blitz.http.bodies import (
     ClassifyRequest,
     DecodeRequest,
@@ -83,6 +83,7 @@ class HttpApi:
             Route("/v2/rerank", self._read(peers.cohere_v2_rerank), methods=["POST"]),
             Route("/embed_all", self._read(self.embed_all, tei=True), methods=["POST"]),
             Route("/embed_sparse", self._read(self.embed_sparse, tei=True), methods=["POST"]),
+            Route("/embed_hybrid", self._read(self.embed_hybrid), methods=["POST"]),
             Route("/similarity", self._read(self.similarity, tei=True), methods=["POST"]),
             Route("/predict", self._read(self.predict, tei=True), methods=["POST"]),
             Route("/classify", self._read(self.classify), methods=["POST"]),
@@ -254,6 +255,17 @@ class HttpApi:
     async def embed_sparse(self, request: Request, payload: Payload) -> Response:
         return await self._arrays(request, payload, EmbedSparseRequest,
                                   self.outputs.embed_sparse, reply_bodies.embed_sparse_reply)
+
+    async def embed_hybrid(self, request: Request, payload: Payload) -> Response:
+        fmt, accept_layout = self._reply(request)
+        req = hybrid.EmbedHybridRequest.parse(payload, self.settings.limits)
+        result = await self.outputs.embed_hybrid(
+            req.texts, model=self.model_id(request, req.model), outputs=tuple(req.outputs),
+            truncate=req.truncate, prompt_name=req.prompt_name, record=_record(request))
+        layout = (req.layout or accept_layout or "numpy") if fmt == "msgpack" else None
+        return await responses.built(
+            lambda: (MsgpackResponse if layout else JSONBytesResponse)(
+                hybrid.embed_hybrid_reply(result, layout)), hybrid.numbers(result))
 
     async def _arrays(self, request: Request, payload: Payload, body: type[EmbedAllRequest],
                       run: Any, reply: Any) -> Response:

@@ -20,6 +20,7 @@ from pydantic.json_schema import models_json_schema
 
 from blitz import codecs
 from blitz.http import bodies, peer_bodies
+from blitz.http.hybrid import EmbedHybridRequest
 
 JSON, MSGPACK, RAW = "application/json", "application/msgpack", codecs.RAW_TYPE
 REF = "#/components/schemas/{model}"
@@ -82,6 +83,10 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Sparse (SPLADE) vectors (Hugging Face TEI's)", bodies.EmbedSparseRequest,
         "JSON: TEI's list, per text its {index, value} entries in vocabulary order. "
         "msgpack: {model, dimension, embeddings: [{indices, values}], usage}.", _ANY),
+    ("POST", "/embed_hybrid"): Operation(
+        "A hybrid (bge-m3) model's dense, sparse and ColBERT outputs", EmbedHybridRequest,
+        "{model, dense?, dimension?, sparse?, colbert?, usage}: the outputs asked for; "
+        "msgpack: arrays in the numpy or portable layout.", _ANY),
     ("POST", "/similarity"): Operation(
         "Cosine similarity of sentences to a source sentence (Hugging Face TEI's)",
         bodies.SimilarityRequest, "One cosine per sentence: [float].", _ANY),

@@ -19,6 +19,8 @@ from blitz.errors import InvalidValue, PayloadTooLarge
 from blitz.hop_messages import (
     ClassifyJob,
     ClassifyResult,
+    HybridEmbedJob,
+    HybridResult,
     Prediction,
     SimilarityResult,
     SparseEmbedJob,
@@ -35,6 +37,8 @@ from blitz.settings.registry import ModelSpec, apply_prompt
 
 if TYPE_CHECKING:
     from blitz.ingress.service import EmbeddingService, RequestRecord
+
+HYBRID_OUTPUTS = ("dense", "sparse", "colbert")  # /embed_hybrid's, in reply order
 
 
 class OutputService:
@@ -68,7 +72,8 @@ class OutputService:
             record.texts = len(items)
             spec, pool, parts = await self.service.run(
                 record, model, lambda _: items, lambda _, chunk: TokenEmbedJob(chunk, truncate),
-                kind="embedding", other_kind="/embed_all takes a model of kind embedding")
+                kind=("embedding", "hybrid"),
+                other_kind="/embed_all takes a model of kind embedding or hybrid")
             limit = self.service.settings.limits.max_token_vectors_per_request
             if record.tokens > limit:  # what the ingress could not count (no tokenizer here)
                 raise too_many_vectors(record.tokens, limit)
@@ -108,7 +113,8 @@ class OutputService:
             record.texts = len(items)
             spec, pool, parts = await self.service.run(
                 record, model, lambda _: items, lambda _, chunk: SparseEmbedJob(chunk, truncate),
-                kind="sparse", other_kind="/embed_sparse takes a model of kind sparse")
+                kind=("sparse", "hybrid"),
+                other_kind="/embed_sparse takes a model of kind sparse or hybrid")
             vectors: list[SparseVector] = []
             for part in parts:
                 assert part.indices is not None and part.rows is not None
@@ -117,6 +123,36 @@ class OutputService:
                     np.split(part.indices, ends), np.split(part.values, ends), strict=True)]
             return SparseResult(vectors, self.service.dimension_of(spec), spec.id,
                                 Usage.of(record.tokens), pool)
+
+    async def embed_hybrid(self, texts: str | list[str], model: str | None = None, *,
+                           outputs: tuple[str, ...] = HYBRID_OUTPUTS, truncate: bool = True,
+                           prompt_name: str | None = None,
+                           record: RequestRecord | None = None) -> HybridResult:
+        """A hybrid (bge-m3) model's ``outputs`` per text, all from one forward pass."""
+        with self.service.recorded(record, "handle.embed_hybrid") as record:
+            record.model = model or ""
+            items = self._texts(texts, model, prompt_name)
+            record.texts = len(items)
+            spec, pool, parts = await self.service.run(
+                record, model, lambda _: items,
+                lambda _, chunk: HybridEmbedJob(chunk, outputs, truncate),
+                kind="hybrid", other_kind="/embed_hybrid takes a model of kind hybrid")
+            found: dict[str, list] = {name: [] for name in outputs}
+            for part in parts:
+                assert part.outputs is not None
+                for name, out in part.outputs.items():
+                    if name == "dense":
+                        found[name] += list(out.values)
+                    elif name == "colbert":
+                        found[name] += np.split(out.values, np.cumsum(out.token_counts)[:-1])
+                    else:
+                        assert out.indices is not None and out.rows is not None
+                        ends = np.cumsum(out.rows)[:-1]
+                        found[name] += [SparseVector(i, v) for i, v in zip(
+                            np.split(out.indices, ends), np.split(out.values, ends),
+                            strict=True)]
+            return HybridResult(found.get("dense"), found.get("sparse"), found.get("colbert"),
+                                None, spec.id, Usage.of(record.tokens), pool)
 
     async def similarity(self, source: str, sentences: list[str],
                          model: str | None = None, *, truncate: bool = True,

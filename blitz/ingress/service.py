@@ -190,11 +190,11 @@ class EmbeddingService:
     async def run(self, record: RequestRecord, model: str | None,
                   inputs: Callable[[ModelSpec], list[Any]],
                   make_job: Callable[[ModelSpec, list[Any]], Job], *,
-                  kind: str | None = None, other_kind: str = "",
+                  kind: str | tuple[str, ...] | None = None, other_kind: str = "",
                   through: Through | None = None) -> Ran:
         """The ingress request pipeline, one for every route that runs a model: resolve
         ``model`` (the default when None) into ``record``; refuse a model not of ``kind``
-        (None: any kind), the error saying ``other_kind`` after the model's kind; take
+        (None: any kind; a tuple: any of those), the error saying ``other_kind`` after the model's kind; take
         ``inputs(spec)``, the request's items, checked; route them; send them in
         ``make_job(spec, chunk)`` jobs of the pool's batch limit, in parallel (through
         ``through`` when given); gather the parts; fill the record's pool, tokens and
@@ -202,7 +202,7 @@ class EmbeddingService:
         record.model = model or ""  # observed as "other" if it is unknown
         spec = self.spec(model)
         record.model = spec.id
-        if kind is not None and spec.kind != kind:
+        if kind is not None and spec.kind not in ((kind,) if isinstance(kind, str) else kind):
             raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; {other_kind}",
                                param="model")
         items = inputs(spec)
@@ -292,7 +292,7 @@ class EmbeddingService:
 
             cached = (self._cached(record, normalize, truncate, truncation_side or "")
                       if self.vectors is not None and token_ids is None else None)
-            spec, pool, parts = await self.run(record, model, inputs, job, kind="embedding",
+            spec, pool, parts = await self.run(record, model, inputs, job, kind=DENSE_KINDS,
                                                other_kind="use /rerank for it", through=cached)
             values = joined(parts)[0]
             self._dimensions[spec.id] = int(values.shape[1])  # known now, if it was not
@@ -373,6 +373,9 @@ class EmbeddingService:
                 raise PayloadTooLarge(f"top_n={top_n}; the limit max_top_n is "
                                       f"{limits.max_top_n}", param="top_n")
         return documents
+
+
+DENSE_KINDS = ("embedding", "hybrid")  # what /embed and /embed_all take (bge-m3: its dense)
 
 
 def _normalized(spec: ModelSpec, normalize: bool | None) -> bool:

@@ -11,6 +11,7 @@ has measured what it needs to size its micro-batches (``calibrate``):
     onnx, onnx-int8           built once in a child (export, quantization, accuracy
                               guard; ``blitz.loading.onnx_export``, cached), then opened
                               (not for an llm-reranker: its spec refuses them)
+    (sparse and hybrid models: torch and fake alone; their specs refuse the others)
 
 Nothing here fetches, trust-checks or chooses: the loader (``blitz.loading.load``) hands
 this a folder it resolved and checked and a backend it named or ``auto`` chose. ``auto``'s
@@ -29,6 +30,7 @@ from typing import Any
 from blitz.encoders.base import Encoder
 from blitz.encoders.fake import FakeEncoder
 from blitz.encoders.llm_reranker import open_llm_reranker
+from blitz.encoders.sparse import open_hybrid
 from blitz.encoders.st_models import (
     CPU_TOKEN_BUDGET,
     GPU_TOKEN_BUDGET,
@@ -104,6 +106,13 @@ def _torch_sparse(spec: ModelSpec, path: Path, load: Load) -> Encoder:
     return open_sparse(spec, path, load.device, _torch_dtype(spec, load.device))
 
 
+def _torch_hybrid(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    return open_hybrid(spec.id, path, max_seq_length=spec.max_seq_length, device=load.device,
+                       dtype=_torch_dtype(spec, load.device),
+                       token_budget=CPU_TOKEN_BUDGET if load.device == "cpu"
+                       else GPU_TOKEN_BUDGET, trust_remote_code=spec.trust_remote_code)
+
+
 def _torch_llm_reranker(spec: ModelSpec, path: Path, load: Load) -> Encoder:
     return open_llm_reranker(spec, path, load.device, _torch_dtype(spec, load.device),
                              CPU_TOKEN_BUDGET if load.device == "cpu" else GPU_TOKEN_BUDGET)
@@ -151,6 +160,8 @@ OPENERS: dict[tuple[str, str], Opener] = {
     ("classifier", "onnx-int8"): _onnx,
     ("sparse", "fake"): _fake,
     ("sparse", "torch"): _torch_sparse,
+    ("hybrid", "fake"): _fake,
+    ("hybrid", "torch"): _torch_hybrid,
     ("llm-reranker", "fake"): _fake,
     ("llm-reranker", "torch"): _torch_llm_reranker,
     ("llm-reranker", "torch-bf16"): _bf16_llm_reranker,

@@ -14,9 +14,16 @@ from typing import cast
 
 from blitz.encoders.base import Encoded, Encoder
 from blitz.encoders.bi_encoder import BiEncoder
-from blitz.hop_messages import ClassifyJob, EmbedJob, RerankJob, SparseEmbedJob, TokenEmbedJob
+from blitz.hop_messages import (
+    ClassifyJob,
+    EmbedJob,
+    HybridEmbedJob,
+    RerankJob,
+    SparseEmbedJob,
+    TokenEmbedJob,
+)
 
-Job = EmbedJob | RerankJob | TokenEmbedJob | ClassifyJob | SparseEmbedJob
+Job = EmbedJob | RerankJob | TokenEmbedJob | ClassifyJob | SparseEmbedJob | HybridEmbedJob
 
 
 def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
@@ -45,6 +52,8 @@ def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
                 results[k] = encoder.classify(job.inputs, truncate=job.truncate)
             elif isinstance(job, SparseEmbedJob):
                 results[k] = encoder.embed_sparse(job.texts, truncate=job.truncate)
+            elif isinstance(job, HybridEmbedJob):
+                results[k] = encoder.embed_hybrid(job.texts, job.outputs, truncate=job.truncate)
             else:
                 assert job.token_ids is not None
                 results[k] = encoder.embed_tokens(job.token_ids, normalize=job.normalize,

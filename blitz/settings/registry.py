@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from blitz.errors import InvalidValue, UnknownModel, echo
 
-Kind = Literal["embedding", "cross-encoder", "classifier", "sparse", "llm-reranker"]
+Kind = Literal["embedding", "cross-encoder", "classifier", "sparse", "llm-reranker", "hybrid"]
 HEADED_KINDS = ("cross-encoder", "classifier")
 """Kinds whose models are a sequence-classification head (``AutoModelForSequenceClassification``):
 loaded, exported to ONNX and checked alike."""
@@ -88,8 +88,10 @@ class ModelSpec(BaseModel):
     kind: Kind = Field("embedding", description="embedding (a bi-encoder: /embed, "
                        "/v1/embeddings, /embed_all), cross-encoder (/rerank), classifier "
                        "(a sequence classifier: /predict, /classify), sparse (a SPLADE "
-                       "masked-language model: /embed_sparse; torch) or llm-reranker (a "
-                       "causal LM scored by its yes/no logits: /rerank; torch or torch-bf16)")
+                       "masked-language model: /embed_sparse; torch), llm-reranker (a "
+                       "causal LM scored by its yes/no logits: /rerank; torch or torch-bf16) "
+                       "or hybrid (bge-m3: dense, sparse and ColBERT vectors from one "
+                       "forward pass; torch)")
     cpu_backend: CpuBackend = Field(
         "torch", description="how CPU pools run it; auto (bi-encoders): at load, the fastest "
         "backend that passes the accuracy guard on this CPU, one per model (never per "
@@ -176,9 +178,10 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _sparse_runs_on_torch(self) -> ModelSpec:
-        if self.kind == "sparse" and self.cpu_backend != "torch" and not self.is_fake:
-            raise ValueError(f"model {self.id!r}: sparse models run on torch; set cpu_backend "
-                             "to torch")
+        if self.kind in ("sparse", "hybrid") and self.cpu_backend != "torch" and (
+                not self.is_fake):
+            raise ValueError(f"model {self.id!r}: {self.kind} models run on torch; set "
+                             "cpu_backend to torch")
         return self
 
     @field_validator("instruction_template")

@@ -14,6 +14,7 @@ from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
 from tests.local_dispatcher import LocalDispatcher
+from tests.tiny_hybrid import build_tiny_hybrid
 from tests.tiny_models import build_tiny_classifier, build_tiny_splade, minilm_dir
 
 MSGPACK = "application/msgpack"
@@ -33,6 +34,7 @@ EXAMPLES: dict[str, dict] = {
     "/v2/embed": {"texts": TEXTS, "embedding_types": ["float", "int8"]},
     "/embed_all": {"inputs": TEXTS, "model": "minilm"},
     "/embed_sparse": {"inputs": TEXTS, "model": "splade"},
+    "/embed_hybrid": {"inputs": TEXTS, "model": "m3", "outputs": ["dense", "sparse"]},
     "/similarity": {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS}},
     "/predict": {"inputs": TEXTS[0], "model": "cls"},
     "/classify": {"input": TEXTS, "model": "cls"},
@@ -52,6 +54,8 @@ def models(tmp_path_factory) -> list[dict]:
              "kind": "classifier", "cpu_backend": "torch"},
             {"id": "splade", "source": str(build_tiny_splade(root / "splade", seed=4)),
              "kind": "sparse"},
+            {"id": "m3", "source": str(build_tiny_hybrid(root / "m3", seed=4)),
+             "kind": "hybrid"},
             {"id": "minilm", "source": str(minilm_dir()), "cpu_backend": "torch"}]
 
 
