@@ -64,11 +64,7 @@ class SparseEncoder(BiEncoder):
     def _forward(self, rows: list[list[int]], width: int) -> np.ndarray:
         """(len(rows), vocabulary) float32: the max over tokens of log(1 + relu(logits))."""
         torch = self._torch
-        if self.model is None:
-            raise RuntimeError(f"model {self.model_id!r} was closed")
-        input_ids, mask = padded(rows, width, self.tokens.pad_id)
-        ids = torch.from_numpy(input_ids).to(self.device)
-        attention = torch.from_numpy(mask).to(self.device)
+        ids, attention = _tensors(self, rows, width)
         features = {"input_ids": ids, "attention_mask": attention}
         if self.tokens.type_ids:
             features["token_type_ids"] = torch.zeros_like(ids)
@@ -141,11 +137,7 @@ class HybridEncoder(BiEncoder):
         (len(rows), width) and, when asked, normalized ColBERT vectors
         (len(rows), width - 1, hidden), all float32."""
         torch = self._torch
-        if self.model is None:
-            raise RuntimeError(f"model {self.model_id!r} was closed")
-        input_ids, mask = padded(rows, width, self.tokens.pad_id)
-        ids = torch.from_numpy(input_ids).to(self.device)
-        attention = torch.from_numpy(mask).to(self.device)
+        ids, attention = _tensors(self, rows, width)
         with torch.inference_mode():
             hidden = self.model(input_ids=ids, attention_mask=attention).last_hidden_state
             dense = hidden[:, 0].float().cpu().numpy()
@@ -256,3 +248,14 @@ def open_hybrid(model_id: str, path: Path, *, max_seq_length: int | None, device
     return HybridEncoder(model_id, moved[0], moved[1], moved[2], tokenizer,
                          max_seq_length=max_seq_length, device=device,
                          token_budget=token_budget)
+
+
+def _tensors(encoder: Any, rows: list[list[int]], width: int) -> tuple[Any, Any]:
+    """``rows`` padded to ``width`` as the model's input ids and attention mask, on its
+    device; an encoder already closed says so."""
+    if encoder.model is None:
+        raise RuntimeError(f"model {encoder.model_id!r} was closed")
+    input_ids, mask = padded(rows, width, encoder.tokens.pad_id)
+    torch = encoder._torch
+    return (torch.from_numpy(input_ids).to(encoder.device),
+            torch.from_numpy(mask).to(encoder.device))
