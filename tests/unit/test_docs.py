@@ -97,3 +97,29 @@ def test_readme_links_every_page_under_docs():
     linked = {(ROOT / link.partition("#")[0]).resolve() for link in relative_links(README)}
     missing = [str(page.relative_to(ROOT)) for page in DOCS if page.resolve() not in linked]
     assert not missing, f"README.md does not link {missing} (add them to its Documents list)"
+
+
+BLITZ_IMPORT = re.compile(r"from (blitz(?:\.\w+)*) import ([\w, ]+)")
+
+
+@pytest.mark.parametrize("path", CHECKED, ids=lambda p: p.name)
+def test_blitz_names_in_examples_exist(path):
+    """Every ``from blitz... import ...`` in a document's code (the snippets users paste)
+    names a module and attributes that exist: a renamed module breaks the test, not the
+    reader's first try."""
+    import importlib
+
+    missing = []
+    for module_name, names in BLITZ_IMPORT.findall(path.read_text(encoding="utf-8")):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            missing.append(module_name)
+            continue
+        for name in (n.split(" as ")[0].strip() for n in names.split(",")):
+            if name and not hasattr(module, name):
+                try:
+                    importlib.import_module(f"{module_name}.{name}")
+                except ImportError:
+                    missing.append(f"{module_name}.{name}")
+    assert not missing, f"{path.name} imports names that do not exist: {missing}"

@@ -26,6 +26,7 @@ from blitz.http.bodies import (
     SimilarityRequest,
     TokenizeRequest,
 )
+from blitz.http.hybrid import EmbedHybridRequest
 from blitz.http.peer_bodies import CohereEmbedRequest, CohereRerankRequest
 from blitz.settings.config import Limits
 from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
@@ -48,14 +49,16 @@ FIELDS = ["texts", "inputs", "input", "model", "normalize", "truncate", "dimensi
           "prompt_name", "layout", "encoding_format", "user", "query", "documents", "top_n",
           "return_documents", "ids", "add_special_tokens", "skip_special_tokens",
           "return_offsets", "offsets", "raw_scores", "top_k", "input_type", "embedding_types",
-          "output_dimension", "truncation_direction", "return_text", "modality"]
+          "output_dimension", "truncation_direction", "return_text", "modality", "outputs",
+          "instruction", "truncation_side"]
 # the values each field takes, and values it refuses, in lists of every shape
 FIELD_VALUES = (VALUES | st.lists(st.text(max_size=4), max_size=12)
                 | st.lists(st.integers(-3, 2**40) | st.booleans(), max_size=25)
                 | st.lists(st.lists(st.integers(-3, 50), max_size=6), max_size=10)
                 | st.sampled_from(["float32", "int8", "binary", "base64", "float", "portable",
                                    "numpy", 1, 0, True, -1, "END", "NONE", "START", "right",
-                                   "left", "search_query", "text", "image"]))
+                                   "left", "search_query", "text", "image", "dense",
+                                   "sparse", "colbert", ["dense", "colbert"], []]))
 BODIES = (st.dictionaries(st.sampled_from(FIELDS), FIELD_VALUES, max_size=6)
           | st.dictionaries(st.text(max_size=8), VALUES, max_size=4) | VALUES)
 
@@ -115,6 +118,12 @@ def test_any_body_is_a_tokenize_decode_or_text_request_or_refused(body, limits):
         if request is not None:
             texts = request.texts
             assert isinstance(texts, str) or all(type(t) is str for t in texts)
+    request = parsed_or_refused(EmbedHybridRequest.parse, body, limits)
+    if request is not None:
+        texts = request.texts
+        assert isinstance(texts, str) or all(type(t) is str for t in texts)
+        assert request.outputs and set(request.outputs) <= {"dense", "sparse", "colbert"}
+        assert len(set(request.outputs)) == len(request.outputs)
     request = parsed_or_refused(DecodeRequest.parse, body, limits)
     if request is not None:
         rows = request.ids if request.ids and isinstance(request.ids[0], list) else [request.ids]
@@ -177,6 +186,8 @@ FAMILIES: dict[str, tuple[Any, Any, int]] = {
                                    _parse(SimilarityRequest.parse), 200_000),
     "embed_sparse: texts": (lambda n: {"inputs": ["a"] * n}, _parse(EmbedSparseRequest.parse),
                             1_000),
+    "embed_hybrid: outputs": (lambda n: {"inputs": "a", "outputs": ["dense", "colbert"] * n},
+                              _parse(EmbedHybridRequest.parse), 20_000),
 }
 
 
