@@ -71,17 +71,20 @@ def _wrap(spec: ModelSpec, model: Any, device: str) -> Encoder:
         rows_per_call=rows_per_call)
 
 
-def open_torch_bi_encoder(spec: ModelSpec, path: Path, device: str = "cpu") -> SentenceTransformer:
-    """``spec``'s bi-encoder in torch, full precision."""
+def open_torch_bi_encoder(spec: ModelSpec, path: Path, device: str = "cpu",
+                          model_kwargs: dict[str, Any] | None = None) -> SentenceTransformer:
+    """``spec``'s bi-encoder in torch: full precision, or as ``model_kwargs`` (passed to
+    transformers' ``from_pretrained``: a GPU's dtype and attention) say."""
     model_threads.torch_module()  # torch runs the replica's thread count
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
     if (path / "modules.json").exists():
         return SentenceTransformer(str(path), device=device, local_files_only=True,
-                                   trust_remote_code=spec.trust_remote_code)
+                                   trust_remote_code=spec.trust_remote_code,
+                                   model_kwargs=dict(model_kwargs or {}))
     # a plain transformers checkpoint: add the pooling the spec asks for
-    word = Transformer(str(path), **transformer_trust(spec))
+    word = Transformer(str(path), **transformer_trust(spec, model_kwargs))
     pool = Pooling(word.get_embedding_dimension(), spec.pooling or "mean")
     return SentenceTransformer(modules=[word, pool], device=device)
 

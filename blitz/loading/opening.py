@@ -92,8 +92,41 @@ def _fake(spec: ModelSpec, path: None, load: Load) -> Encoder:
 
 
 def _torch_bi_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
-    model = open_torch_bi_encoder(spec, path, load.device).to(_torch_dtype(spec, load.device))
-    return wrap(spec, model, load.device)
+    dtype = _torch_dtype(spec, load.device)
+    kwargs = gpu_model_kwargs(load.device, dtype)
+    try:
+        model = open_torch_bi_encoder(spec, path, load.device, kwargs)
+    except (ImportError, ValueError) as exc:  # FlashAttention 2 refused for this family
+        if "attn_implementation" not in kwargs:
+            raise
+        logger.warning("model %r: FlashAttention 2 refused (%s); loading with SDPA",
+                       spec.id, exc)
+        kwargs.pop("attn_implementation")
+        model = open_torch_bi_encoder(spec, path, load.device, kwargs)
+    return wrap(spec, model.to(dtype), load.device)
+
+
+def gpu_model_kwargs(device: str, dtype: Any, flash_installed: bool | None = None
+                     ) -> dict[str, Any]:
+    """transformers' loading options for a bi-encoder on ``device``: none on a CPU (fp32,
+    transformers' default attention: SDPA for every family it has SDPA for). On a GPU the
+    weights load in their serving ``dtype``, never as an fp32 copy on the device first (an
+    8B model's would need 32 GB), and in fp16/bf16 the attention is FlashAttention 2 where
+    the ``flash_attn`` package is installed: it runs the batch's texts unpadded
+    (variable-length kernels), so a length-mixed batch spends nothing on padding. Without it,
+    SDPA (``plan_free_attention`` keeps it off cuDNN's per-shape plans)."""
+    if not device.startswith("cuda"):
+        return {}
+    import torch
+
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if flash_installed is None:
+        import importlib.util
+
+        flash_installed = importlib.util.find_spec("flash_attn") is not None
+    if flash_installed and dtype in (torch.float16, torch.bfloat16):
+        kwargs["attn_implementation"] = "flash_attention_2"
+    return kwargs
 
 
 def _torch_cross_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:

@@ -198,3 +198,42 @@ def test_an_instruction_needs_a_template_and_excludes_a_prompt_name():
         apply_prompt(ModelSpec(id="d", source="fake:8"), ["x"], None, "find")
     with pytest.raises(ValidationError, match="once"):
         ModelSpec(id="d", source="fake:8", instruction_template="Instruct: {task}")
+
+
+def test_gpu_loading_options_name_the_dtype_and_flash_attention_only_where_installed():
+    import torch
+
+    assert opening.gpu_model_kwargs("cpu", torch.float32) == {}
+    assert opening.gpu_model_kwargs("cuda:0", torch.float16, flash_installed=False) == {
+        "dtype": torch.float16}
+    assert opening.gpu_model_kwargs("cuda:0", torch.bfloat16, flash_installed=True) == {
+        "dtype": torch.bfloat16, "attn_implementation": "flash_attention_2"}
+    # FlashAttention 2 has no fp32 kernels
+    assert "attn_implementation" not in opening.gpu_model_kwargs(
+        "cuda:0", torch.float32, flash_installed=True)
+
+
+def test_a_decoder_loads_in_its_serving_dtype_on_sdpa_and_survives_flash_refused(
+        built, references, tmp_path, monkeypatch):
+    """The GPU load path, run on a CPU: weights arrive in the serving dtype (no fp32 copy
+    first), a family transformers refuses FlashAttention 2 for (here: flash_attn is not
+    installed) falls back to SDPA, and the vectors still agree with fp32's."""
+    import torch
+
+    from blitz.encoders.st_models import open_torch_bi_encoder
+
+    model = built["qwen3", "left"]
+    for form in ("st", "plain"):
+        opened = open_torch_bi_encoder(spec_for(model, form), model.st if form == "st"
+                                       else model.plain, "cpu", {"dtype": torch.bfloat16})
+        transformer = opened[0].auto_model
+        assert {p.dtype for p in transformer.parameters()} == {torch.bfloat16}
+        assert transformer.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(opening, "_torch_dtype", lambda spec, device: torch.bfloat16)
+    monkeypatch.setattr(opening, "gpu_model_kwargs", lambda device, dtype: {
+        "dtype": dtype, "attn_implementation": "flash_attention_2"})
+    encoder = load_encoder(spec_for(model, "st"), cache_dir=tmp_path)
+    assert next(encoder.model[0].auto_model.parameters()).dtype == torch.bfloat16
+    expected = references["qwen3", "left"].encode(TEXTS)
+    got = encoder.embed(TEXTS, normalize=True).values
+    assert cosines(got, expected).min() >= 0.99
