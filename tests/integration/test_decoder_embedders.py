@@ -1,13 +1,18 @@
 """Decoder embedders served by Ray Serve (an app of its own on the session's shared Ray +
 Serve instance): a Qwen3 sentence-transformers folder on torch and a Llama plain
 checkpoint with ``pooling: lasttoken`` on ONNX (built in the pool replica's child) answer
-sentence-transformers' own vectors over HTTP, with a prompt and a free-form instruction."""
+sentence-transformers' own vectors over HTTP (Blitz's /embed, TEI's /embed, /v1/embeddings)
+and gRPC (TEI's ``Embed``, through Serve's gRPC proxy), with a prompt and a free-form
+instruction."""
 
 from __future__ import annotations
 
+import grpc
 import httpx
 import numpy as np
 
+from blitz.grpc_api import rpc_table
+from blitz.grpc_api import tei_pb2 as pb
 from tests.tiny_decoders import INSTRUCTION_TEMPLATE, PROMPTS, build_decoder
 
 APP = "it-decoders"
@@ -25,7 +30,7 @@ def _min_cosine(got, expected) -> float:
 
 
 def test_decoder_embedders_answer_the_references_vectors_through_serve(serve_instance,
-                                                                       tmp_path):
+                                                                       grpc_port, tmp_path):
     from ray import serve
     from sentence_transformers import SentenceTransformer
 
@@ -61,5 +66,16 @@ def test_decoder_embedders_answer_the_references_vectors_through_serve(serve_ins
                                  headers={"accept": "application/json"})
                 expected = reference.encode(TEXTS, prompt=f"Instruct: {TASK}\nQuery:")
                 assert _min_cosine(told.json()["embeddings"], expected) >= 0.9999
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                embed = rpc_table.client_method(channel, "Embed")
+                for model, built in (("qwen3", qwen3), ("llama", llama)):
+                    reference = SentenceTransformer(str(built.st), device="cpu")
+                    for name in (None, "query"):
+                        rows = [embed(pb.EmbedRequest(inputs=text, truncate=True,
+                                                      prompt_name=name),
+                                      metadata=(("application", APP), ("model", model)),
+                                      timeout=300).embeddings for text in TEXTS]
+                        assert _min_cosine(rows, reference.encode(
+                            TEXTS, prompt_name=name)) >= 0.9999
     finally:
         serve.delete(APP)
