@@ -69,6 +69,7 @@ def embed_reply(result: EmbedResult, layout: ArrayLayout | None = "numpy") -> di
     """``layout`` None: JSON (as numpy's, nested lists); with ``return_chunks``, ``chunks``
     (``blitz.http.long_inputs.chunks_body``) beside the texts' vectors."""
     emb = result.embeddings
+    body: dict[str, Any]
     if layout == "portable":
         data, shape, dtype = codecs.portable_array(emb)
         body = {"model": result.model, "embeddings": data, "shape": shape, "dtype": dtype,
