@@ -11,15 +11,17 @@ Both share one implementation: ``_Calls`` builds each request and parses each re
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import numpy as np
 
 from blitz import codecs
 from blitz.encoders.postprocess import OutputDtype
+from blitz.hop_messages import TextChunks
 
 _MSGPACK = codecs.MSGPACK_TYPES[0]
+LongInputs = Literal["truncate", "error", "chunk"]
 
 
 class BlitzHTTPError(Exception):
@@ -43,13 +45,11 @@ class _Calls:
         return {"method": "POST", "url": url, "content": codecs.pack(body), "headers": headers}
 
     @classmethod
-    def embed(cls, texts: str | list[str], model: str | None, *, normalize: bool | None,
-              truncate: bool | None, dimensions: int | None, dtype: OutputDtype | None,
-              prompt_name: str | None, instruction: str | None = None) -> dict[str, Any]:
-        return cls._post("/embed", {"texts": texts, "normalize": normalize,
-                                    "truncate": truncate, "dimensions": dimensions,
-                                    "dtype": dtype, "prompt_name": prompt_name,
-                                    "instruction": instruction}, model)
+    def embed(cls, texts: str | list[str], model: str | None,
+              **options: Any) -> dict[str, Any]:
+        """``options``: the body's fields (normalize, truncate, dimensions, dtype,
+        prompt_name, instruction, long_inputs, return_chunks); None ones are left out."""
+        return cls._post("/embed", {"texts": texts, **options}, model)
 
     @classmethod
     def rerank(cls, query: str, documents: list[str], model: str | None, *,
@@ -81,6 +81,12 @@ class _Calls:
     def embeddings(cls, response: httpx.Response) -> np.ndarray:
         return cls.decode(response)["embeddings"]
 
+    @classmethod
+    def chunks(cls, response: httpx.Response) -> list[TextChunks]:
+        return [TextChunks(c["embeddings"],
+                           np.asarray(c["offsets"], dtype=np.int64).reshape(-1, 2))
+                for c in cls.decode(response)["chunks"]]
+
 
 def _headers(api_key: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {api_key}"} if api_key else {}
@@ -100,12 +106,23 @@ class Client:
     def embed(self, texts: str | list[str], model: str | None = None, *,
               normalize: bool | None = None, truncate: bool | None = None,
               dimensions: int | None = None, dtype: OutputDtype | None = None,
-              prompt_name: str | None = None,
-              instruction: str | None = None) -> np.ndarray:
+              prompt_name: str | None = None, instruction: str | None = None,
+              long_inputs: LongInputs | None = None) -> np.ndarray:
         request = _Calls.embed(texts, model, normalize=normalize, truncate=truncate,
                                dimensions=dimensions, dtype=dtype, prompt_name=prompt_name,
-                               instruction=instruction)
+                               instruction=instruction, long_inputs=long_inputs)
         return _Calls.embeddings(self._http.request(**request))
+
+    def embed_chunks(self, texts: str | list[str], model: str | None = None, *,
+                     normalize: bool | None = None, dimensions: int | None = None,
+                     dtype: OutputDtype | None = None, prompt_name: str | None = None,
+                     instruction: str | None = None) -> list[TextChunks]:
+        """Each text chunked (``return_chunks``): its windows' vectors and [start, end)
+        character offsets (docs/models.md, "Long inputs")."""
+        request = _Calls.embed(texts, model, normalize=normalize, dimensions=dimensions,
+                               dtype=dtype, prompt_name=prompt_name, instruction=instruction,
+                               return_chunks=True)
+        return _Calls.chunks(self._http.request(**request))
 
     def rerank(self, query: str, documents: list[str], model: str | None = None, *,
                top_n: int | None = None, return_documents: bool | None = None,
@@ -138,12 +155,23 @@ class AsyncClient:
     async def embed(self, texts: str | list[str], model: str | None = None, *,
                     normalize: bool | None = None, truncate: bool | None = None,
                     dimensions: int | None = None, dtype: OutputDtype | None = None,
-                    prompt_name: str | None = None,
-                    instruction: str | None = None) -> np.ndarray:
+                    prompt_name: str | None = None, instruction: str | None = None,
+                    long_inputs: LongInputs | None = None) -> np.ndarray:
         request = _Calls.embed(texts, model, normalize=normalize, truncate=truncate,
                                dimensions=dimensions, dtype=dtype, prompt_name=prompt_name,
-                               instruction=instruction)
+                               instruction=instruction, long_inputs=long_inputs)
         return _Calls.embeddings(await self._http.request(**request))
+
+    async def embed_chunks(self, texts: str | list[str], model: str | None = None, *,
+                           normalize: bool | None = None, dimensions: int | None = None,
+                           dtype: OutputDtype | None = None, prompt_name: str | None = None,
+                           instruction: str | None = None) -> list[TextChunks]:
+        """Each text chunked (``return_chunks``): its windows' vectors and [start, end)
+        character offsets (docs/models.md, "Long inputs")."""
+        request = _Calls.embed(texts, model, normalize=normalize, dimensions=dimensions,
+                               dtype=dtype, prompt_name=prompt_name, instruction=instruction,
+                               return_chunks=True)
+        return _Calls.chunks(await self._http.request(**request))
 
     async def rerank(self, query: str, documents: list[str], model: str | None = None, *,
                      top_n: int | None = None, return_documents: bool | None = None,

@@ -130,7 +130,8 @@ class PayloadTooLarge(ClientError):
 
 
 class InputTooLong(PayloadTooLarge):
-    """One input has more tokens than the model takes and the request said ``truncate: false``."""
+    """One input has more tokens than the model takes, and the request said ``truncate:
+    false`` or ``long_inputs`` (the request's or the model's) is error."""
 
     code = "input_too_long"
     expose = True
@@ -147,7 +148,8 @@ class InputTooLong(PayloadTooLarge):
     def at(cls, index: int, tokens: int, limit: int) -> InputTooLong:
         return cls(
             f"input {index} has {tokens} tokens, more than the model's max_seq_length of "
-            f"{limit}; shorten it or send truncate: true",
+            f"{limit}; shorten it, or send truncate: true (with long_inputs truncate) or "
+            "long_inputs: chunk",
             param="input", index=index, tokens=tokens, limit=limit,
         )
 

@@ -4,7 +4,7 @@ results the ingress answers with.
 - ``EmbedJob``, ``RerankJob``, ``TokenEmbedJob``, ``SparseEmbedJob``, ``ClassifyJob``:
   ingress -> pool, over Serve's handle or the local hop,
   pickled either way; never larger than the pool's batch limit.
-- ``EmbedResult``, ``RerankResult`` (with ``RerankHit``, ``Usage``),
+- ``EmbedResult`` (with ``TextChunks``), ``RerankResult`` (with ``RerankHit``, ``Usage``),
   ``TokenEmbeddingsResult``, ``SparseResult`` (``SparseVector``), ``SimilarityResult``,
   ``ClassifyResult``
   (``Prediction``), ``TokenizeResult``
@@ -34,6 +34,8 @@ class EmbedJob:
     normalize: bool = True
     truncate: bool = True
     truncation_side: str | None = None  # left | right; None: the model's
+    long_inputs: str | None = None  # truncate | error | chunk; None: the model's
+    return_chunks: bool = False  # chunked, with each window's vector and offsets too
 
     def __len__(self) -> int:
         return len(self.texts if self.texts is not None else self.token_ids or ())
@@ -56,6 +58,7 @@ class TokenEmbedJob:
 
     texts: list[str]
     truncate: bool = True
+    long_inputs: str | None = None  # truncate | error; None: the model's (never chunked)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -67,6 +70,7 @@ class SparseEmbedJob:
 
     texts: list[str]
     truncate: bool = True
+    long_inputs: str | None = None  # truncate | error | chunk; None: the model's
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -110,13 +114,25 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TextChunks:
+    """One text's windows (``return_chunks``): their vectors (windows, dimension), after
+    the request's normalize, dimensions and dtype, and each window's [start, end)
+    character offsets in the text as sent (windows, 2), int64."""
+
+    embeddings: np.ndarray
+    offsets: np.ndarray
+
+
+@dataclass(frozen=True)
 class EmbedResult:
-    """What ``handle.embed.remote(...)`` returns: the array plus usage."""
+    """What ``handle.embed.remote(...)`` returns: the array plus usage; with
+    ``return_chunks``, each text's windows too."""
 
     embeddings: np.ndarray
     model: str
     usage: Usage
     pool: str = "cpu"
+    chunks: list[TextChunks] | None = None
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,9 @@ class Encoded:
     # vocabulary ids ``indices``; ``rows`` says how many belong to each input
     indices: np.ndarray | None = None
     rows: np.ndarray | None = None
+    # chunk windows (``long_inputs`` chunk, each window asked for): each row's [start, end)
+    # character offsets in its text, shape (rows, 2)
+    offsets: np.ndarray | None = None
     # a hybrid (bge-m3) model's outputs by name ("dense", "sparse", "colbert"), each as
     # embed, embed_sparse and embed_all give them
     outputs: dict[str, Encoded] | None = None

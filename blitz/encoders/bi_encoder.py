@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 from abc import abstractmethod
+from typing import NamedTuple
 
 import numpy as np
 
@@ -67,12 +68,13 @@ class BiEncoder(Encoder):
         raise InvalidValue(f"model {self.model_id!r} on backend {self.backend} does not give "
                            "per-token embeddings", param="model")
 
-    def token_ids(self, texts: list[str], truncate: bool,
-                  side: str | None = None) -> tuple[list[list[int]], np.ndarray]:
+    def token_ids(self, texts: list[str], truncate: bool, side: str | None = None,
+                  long_inputs: str | None = None) -> tuple[list[list[int]], np.ndarray]:
         """Ids with special tokens, truncated to max_seq_length at ``side`` (None: the
-        model's ``truncation_side``), and billed token counts."""
+        model's ``truncation_side``), and billed token counts; ``long_inputs`` error (None:
+        the model's setting) refuses an over-long text whatever ``truncate`` says."""
         side = side or self.truncation_side
-        truncate = truncate and self.long_inputs != "error"
+        truncate = truncate and (long_inputs or self.long_inputs) != "error"
         if side is not None:
             full = self.tokens.ids(texts, None)
             lengths = np.fromiter((len(row) for row in full), dtype=np.int64, count=len(full))
@@ -106,24 +108,33 @@ class BiEncoder(Encoder):
         before = probe.index(marker)
         return before, len(probe) - before - 1
 
-    def chunks(self, texts: list[str]) -> tuple[list[list[int]], list[int], np.ndarray]:
+    def chunks(self, texts: list[str], offsets: bool = False) -> Windows:
         """Each text's ids in windows of max_seq_length (specials included) that overlap
-        by ``chunk_overlap`` tokens: the windows, how many each text has, and each text's
-        billed tokens (every window's)."""
+        by ``chunk_overlap`` tokens (a text within the limit is one window), and with
+        ``offsets`` each window's [start, end) characters in its text."""
         before, after = self._affix_lengths()
         room = self.max_seq_length - before - after
         step = max(room - self.chunk_overlap, 1)
         windows: list[list[int]] = []
         spans: list[int] = []
-        for row in self.tokens.ids(texts, None):
+        bounds: list[tuple[int, int]] = []
+        rows, marks = (self.tokens.ids_offsets(texts) if offsets
+                       else (self.tokens.ids(texts, None), None))
+        for k, row in enumerate(rows):
             content = row[before:len(row) - after]
             starts = range(0, max(len(content) - room, 0) + step, step)
             spans.append(len(starts))
             windows += [[*row[:before], *content[s:s + room], *row[len(row) - after:]]
                         for s in starts]
+            if marks is not None:
+                own = marks[k][before:len(row) - after]
+                bounds += [(own[s][0], own[min(s + room, len(own)) - 1][1]) if own else (0, 0)
+                           for s in starts]
         lengths = np.array([len(w) for w in windows], dtype=np.int64)
-        bounds = np.concatenate([[0], np.cumsum(spans)]).astype(np.int64)
-        return windows, spans, np.add.reduceat(lengths, bounds[:-1]) if spans else lengths
+        ends = np.concatenate([[0], np.cumsum(spans)]).astype(np.int64)
+        counts = np.add.reduceat(lengths, ends[:-1]) if spans else lengths
+        return Windows(windows, spans, counts,
+                       np.array(bounds, dtype=np.int64).reshape(-1, 2) if offsets else None)
 
     def embed(self, texts: list[str], *, normalize: bool, truncate: bool = True) -> Encoded:
         if self.long_inputs == "chunk":
@@ -137,44 +148,57 @@ class BiEncoder(Encoder):
     def embed_many(self, jobs: list[tuple[list[str], bool, bool]]) -> list[Encoded | Exception]:
         return self.embed_many_sided([(*job, None) for job in jobs])
 
-    def embed_many_sided(self, jobs: list[tuple[list[str], bool, bool, str | None]]
-                         ) -> list[Encoded | Exception]:
-        """Tokenize each request alone (cut at its own side, None: the model's), then run
-        all of them as one length-sorted batch."""
+    def embed_many_sided(self, jobs: list[tuple]) -> list[Encoded | Exception]:
+        """Tokenize each request (a ``TextJob``, or its first fields as a tuple) alone, cut
+        at its own side or chunked as its ``long_inputs`` says (None: the model's), then run
+        all of them as one length-sorted batch. A chunked text's vector is the token-weighted
+        mean of its windows' (before normalizing); with ``each``, its windows' own vectors
+        and offsets come too, as ``outputs["chunks"]`` (``rows``: windows per text)."""
         results: list[Encoded | Exception] = []
-        good: list[tuple[int, list[list[int]], np.ndarray, bool, list[int] | None]] = []
-        for k, (texts, normalize, truncate, side) in enumerate(jobs):
-            spans = None
+        good: list[tuple[int, list[list[int]], np.ndarray, TextJob, Windows | None]] = []
+        for k, job in enumerate(TextJob(*job) for job in jobs):
+            windows = None
             try:
-                if self.long_inputs == "chunk":
-                    ids, spans, counts = self.chunks(texts)
+                if job.each or (job.long_inputs or self.long_inputs) == "chunk":
+                    windows = self.chunks(job.texts, offsets=job.each)
+                    ids, counts = windows.ids, windows.counts
                 else:
-                    ids, counts = self.token_ids(texts, truncate, side)
+                    ids, counts = self.token_ids(job.texts, job.truncate, job.side,
+                                                 job.long_inputs)
             except Exception as exc:
                 results.append(exc)
                 continue
             results.append(exc_placeholder)
-            good.append((k, ids, counts, normalize, spans))
+            good.append((k, ids, counts, job, windows))
         if good:
             merged = self._embed_ids([row for _, ids, _, _, _ in good for row in ids],
                                np.zeros(0, np.int64), normalize=False)
             start, rows = 0, max(len(merged.values), 1)
-            for k, ids, counts, normalize, spans in good:
+            for k, ids, counts, job, windows in good:
                 values = merged.values[start:start + len(ids)]
-                if spans is not None:
-                    values = chunk_mean(values, [len(row) for row in ids], spans)
+                each = None
+                if windows is not None:
+                    lengths = np.array([len(row) for row in ids], dtype=np.int64)
+                    if job.each:
+                        each = {"chunks": Encoded(
+                            l2_normalize(values) if job.normalize else values.copy(), lengths,
+                            rows=np.array(windows.spans, np.int64), offsets=windows.offsets)}
+                    values = chunk_mean(values, lengths.tolist(), windows.spans)
                 # each request's part of the padded tokens, rounded so that the parts add
                 # up to the whole (floors of each part alone summed to less: a batch's
                 # real tokens over its padded ones came out above 1)
                 share = (merged.padded_tokens * (start + len(ids)) // rows
                          - merged.padded_tokens * start // rows)
                 start += len(ids)
-                results[k] = Encoded(l2_normalize(values) if normalize else values, counts,
-                                     share)
+                results[k] = Encoded(l2_normalize(values) if job.normalize else values, counts,
+                                     share, outputs=each)
         return results
 
-    def embed_all(self, texts: list[str], *, truncate: bool = True) -> Encoded:
-        ids, counts = self.token_ids(texts, truncate)
+    def embed_all(self, texts: list[str], *, truncate: bool = True,
+                  long_inputs: str | None = None) -> Encoded:
+        """Each text's token vectors; never chunked (overlapping windows would give some
+        tokens two vectors): ``long_inputs`` chunk truncates here."""
+        ids, counts = self.token_ids(texts, truncate, long_inputs=long_inputs)
         lengths = [len(row) for row in ids]
         starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         out: np.ndarray | None = None
@@ -249,6 +273,28 @@ class BiEncoder(Encoder):
 
 
 exc_placeholder = RuntimeError("not computed")
+
+
+class TextJob(NamedTuple):
+    """One request's texts for ``BiEncoder.embed_many_sided``."""
+
+    texts: list[str]
+    normalize: bool
+    truncate: bool
+    side: str | None = None  # left | right; None: the model's truncation_side
+    long_inputs: str | None = None  # truncate | error | chunk; None: the model's
+    each: bool = False  # chunked, with every window's own vector and offsets too
+
+
+class Windows(NamedTuple):
+    """``BiEncoder.chunks``: the windows' ids (specials included), how many windows each
+    text has, each text's billed tokens (every window's), and with offsets asked for each
+    window's [start, end) characters in its text, shape (windows, 2)."""
+
+    ids: list[list[int]]
+    spans: list[int]
+    counts: np.ndarray
+    offsets: np.ndarray | None
 
 
 def chunk_mean(values: np.ndarray, lengths: list[int], spans: list[int]) -> np.ndarray:

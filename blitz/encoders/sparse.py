@@ -72,13 +72,25 @@ class SparseEncoder(BiEncoder):
             logits = self.model(**features).logits  # (rows, width, vocabulary), model dtype
             return vocabulary_weights(logits, attention).cpu().numpy()
 
-    def embed_sparse(self, texts: list[str], *, truncate: bool = True) -> Encoded:
+    def embed_sparse(self, texts: list[str], *, truncate: bool = True,
+                     long_inputs: str | None = None) -> Encoded:
         """``values``: the non-zero weights of every text, one text after the other, in
-        vocabulary order; ``indices``: their vocabulary ids; ``rows``: how many per text."""
-        ids, counts = self.token_ids(texts, truncate)
+        vocabulary order; ``indices``: their vocabulary ids; ``rows``: how many per text.
+        Chunked (``long_inputs`` chunk; None: the model's setting), a weight is its largest
+        over the text's windows: SPLADE's own max over tokens, carried across windows."""
+        windows = None
+        if (long_inputs or self.long_inputs) == "chunk":
+            windows = self.chunks(texts)
+            ids, counts = windows.ids, windows.counts
+        else:
+            ids, counts = self.token_ids(texts, truncate, long_inputs=long_inputs)
         dense = self._embed_ids(ids, counts, normalize=False)
-        rows, cols = np.nonzero(dense.values)
-        return Encoded(dense.values[rows, cols].astype(np.float32), counts,
+        weights = dense.values
+        if windows is not None and texts:
+            firsts = np.concatenate([[0], np.cumsum(windows.spans)[:-1]]).astype(np.int64)
+            weights = np.maximum.reduceat(weights, firsts, axis=0)
+        rows, cols = np.nonzero(weights)
+        return Encoded(weights[rows, cols].astype(np.float32), counts,
                        dense.padded_tokens, indices=cols.astype(np.int32),
                        rows=np.bincount(rows, minlength=len(texts)).astype(np.int64))
 
@@ -151,10 +163,14 @@ class HybridEncoder(BiEncoder):
     def _forward(self, rows: list[list[int]], width: int) -> np.ndarray:
         return self._heads(rows, width, colbert=False)[0]
 
-    def hybrid(self, texts: list[str], *, truncate: bool = True,
-               colbert: bool = True) -> HybridEncoded:
+    def hybrid(self, texts: list[str], *, truncate: bool = True, colbert: bool = True,
+               long_inputs: str | None = None) -> HybridEncoded:
         """All three outputs of ``texts`` (ColBERT's left empty unless ``colbert``)."""
-        ids, counts = self.token_ids(texts, truncate)
+        ids, counts = self.token_ids(texts, truncate, long_inputs=long_inputs)
+        return self._hybrid_ids(ids, counts, colbert)
+
+    def _hybrid_ids(self, ids: list[list[int]], counts: np.ndarray,
+                    colbert: bool) -> HybridEncoded:
         lengths = [len(row) for row in ids]
         dense = np.empty((len(ids), self._dimension), dtype=np.float32)
         weights: list[np.ndarray] = [np.empty(0, np.float32)] * len(ids)
@@ -193,12 +209,37 @@ class HybridEncoder(BiEncoder):
         nonzero = best > 0
         return unique[nonzero], best[nonzero]
 
-    def embed_sparse(self, texts: list[str], *, truncate: bool = True) -> Encoded:
-        return self.hybrid(texts, truncate=truncate, colbert=False).sparse
+    def embed_sparse(self, texts: list[str], *, truncate: bool = True,
+                     long_inputs: str | None = None) -> Encoded:
+        """The lexical weights; chunked (``long_inputs`` chunk, None: the model's), each
+        vocabulary id's largest weight over the text's windows, as over its tokens."""
+        if (long_inputs or self.long_inputs) != "chunk":
+            return self.hybrid(texts, truncate=truncate, colbert=False,
+                               long_inputs=long_inputs).sparse
+        windows = self.chunks(texts)
+        sparse = self._hybrid_ids(windows.ids, windows.counts, colbert=False).sparse
+        assert sparse.indices is not None and sparse.rows is not None
+        ends = np.cumsum(sparse.rows)
+        per_text = np.cumsum(windows.spans)
+        indices, values, rows = [], [], []
+        for first, last in zip([0, *per_text[:-1]], per_text, strict=True):
+            lo, hi = (int(ends[first - 1]) if first else 0), int(ends[last - 1])
+            unique, inverse = np.unique(sparse.indices[lo:hi], return_inverse=True)
+            best = np.zeros(len(unique), dtype=np.float32)
+            np.maximum.at(best, inverse, sparse.values[lo:hi])
+            indices.append(unique.astype(np.int32))
+            values.append(best)
+            rows.append(len(unique))
+        return Encoded(np.concatenate(values) if texts else np.empty(0, np.float32),
+                       windows.counts, sparse.padded_tokens,
+                       indices=np.concatenate(indices) if texts else np.empty(0, np.int32),
+                       rows=np.array(rows, dtype=np.int64))
 
-    def embed_all(self, texts: list[str], *, truncate: bool = True) -> Encoded:
-        """The ColBERT vectors (normalized; no CLS row): ``token_counts`` how many per text."""
-        return self.hybrid(texts, truncate=truncate).colbert
+    def embed_all(self, texts: list[str], *, truncate: bool = True,
+                  long_inputs: str | None = None) -> Encoded:
+        """The ColBERT vectors (normalized; no CLS row): ``token_counts`` how many per text.
+        Never chunked (``long_inputs`` chunk truncates, as ``BiEncoder.embed_all``)."""
+        return self.hybrid(texts, truncate=truncate, long_inputs=long_inputs).colbert
 
     def score(self, query: str, documents: list[str], *, truncate: bool = True) -> Encoded:
         """ColBERT MaxSim (FlagEmbedding's ``colbert_score``): per document, the mean over

@@ -44,7 +44,12 @@ activations as a whole): each text runs alone, so its vector never depends on ot
 
 def wrap(spec: ModelSpec, model: Any, device: str) -> Encoder:
     """``spec``'s opened model as an ``Encoder`` with the batch sizes that suit ``device``."""
-    encoder = _wrap(spec, model, device)
+    return with_long_inputs(_wrap(spec, model, device), spec)
+
+
+def with_long_inputs(encoder: Encoder, spec: ModelSpec) -> Encoder:
+    """``encoder`` with ``spec``'s truncation_side, long_inputs and chunk_overlap, when it
+    is a bi-encoder (dense, sparse or hybrid)."""
     if isinstance(encoder, BiEncoder):
         encoder.truncation_side = spec.truncation_side
         encoder.long_inputs, encoder.chunk_overlap = spec.long_inputs, spec.chunk_overlap

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from blitz.errors import InvalidValue
+
 
 class TokenIds(Protocol):
     vocab_size: int  # ids a caller may send: 0 .. vocab_size - 1
@@ -31,6 +33,10 @@ class TokenIds(Protocol):
 
     def with_specials(self, rows: list[list[int]]) -> list[list[int]]:
         """``rows`` (ids without specials) with the special tokens added."""
+
+    def ids_offsets(self, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+        """Ids with special tokens, not truncated, and each token's [start, end) character
+        offsets in its text ((0, 0) for a special token)."""
 
 
 class HfTokenIds:
@@ -60,6 +66,17 @@ class HfTokenIds:
                                   truncation=max_length is not None, max_length=max_length,
                                   return_attention_mask=False,
                                   return_token_type_ids=False)["input_ids"]
+
+    def ids_offsets(self, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+        with self._lock:
+            try:
+                out = self.tokenizer(texts, add_special_tokens=True, return_offsets_mapping=True,
+                                     return_attention_mask=False, return_token_type_ids=False)
+            except NotImplementedError as exc:  # a slow (Python) tokenizer has no offsets
+                raise InvalidValue("this model's tokenizer gives no character offsets (it is "
+                                   "not a fast tokenizer): per-chunk offsets need one",
+                                   param="return_chunks") from exc
+        return out["input_ids"], [[tuple(o) for o in row] for row in out["offset_mapping"]]
 
     def with_specials(self, rows: list[list[int]]) -> list[list[int]]:
         if self._affixes is not None:
@@ -104,6 +121,10 @@ class FastTokenIds:
             raise ValueError(f"this tokenizer truncates to {self.max_length}, not {max_length}")
         tokenizer = self._full if max_length is None else self._truncating
         return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=True)]
+
+    def ids_offsets(self, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+        encodings = self._full.encode_batch(texts, add_special_tokens=True)
+        return [e.ids for e in encodings], [e.offsets for e in encodings]
 
     def with_specials(self, rows: list[list[int]]) -> list[list[int]]:
         return [[*self._prefix, *row, *self._suffix] for row in rows]

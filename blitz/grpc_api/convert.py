@@ -34,9 +34,23 @@ def optional(request: Any, field: str) -> Any:
 
 
 def _right_only(request: Any) -> None:
+    """Where only the right end is cut (as the HTTP route of the same output), LEFT is
+    refused, not silently cut the other way."""
     if request.truncation_direction != pb.TRUNCATION_DIRECTION_RIGHT:
-        raise InvalidValue("truncation_direction LEFT is not supported: Blitz truncates on "
-                           "the right", param="truncation_direction")
+        raise InvalidValue("truncation_direction LEFT is not supported here: this method "
+                           "truncates on the right (Embed cuts either end)",
+                           param="truncation_direction")
+
+
+def side(request: Any) -> str | None:
+    """``truncation_side`` of an Embed message: "left" for LEFT, the model's for RIGHT
+    (proto3's default, as TEI's HTTP route takes a missing direction)."""
+    if request.truncation_direction == pb.TRUNCATION_DIRECTION_LEFT:
+        return "left"
+    if request.truncation_direction != pb.TRUNCATION_DIRECTION_RIGHT:
+        raise InvalidValue(f"truncation_direction {request.truncation_direction} is not "
+                           "RIGHT or LEFT", param="truncation_direction")
+    return None
 
 
 async def info(s: Services, request: Any, model: str | None,
@@ -54,11 +68,11 @@ async def info(s: Services, request: Any, model: str | None,
 
 async def embed(s: Services, request: Any, model: str | None,
                 record: RequestRecord) -> Any:
-    _right_only(request)
     result = await s.service.embed(
         request.inputs, model=model, normalize=optional(request, "normalize"),
         truncate=request.truncate, dimensions=optional(request, "dimensions"),
-        prompt_name=optional(request, "prompt_name"), record=record)
+        prompt_name=optional(request, "prompt_name"), truncation_side=side(request),
+        record=record)
     return pb.EmbedResponse(embeddings=result.embeddings[0].tolist())
 
 

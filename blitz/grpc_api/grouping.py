@@ -35,10 +35,11 @@ Alone = Callable[[Any], Awaitable[tuple[Any, Exception | None]]]
 
 def _options(request: Any) -> tuple[Any, ...] | None:
     """What must be equal for messages to share one call; None: never shared."""
-    if isinstance(request, Malformed) or request.truncation_direction:
+    if isinstance(request, Malformed):
         return None
     return (request.truncate, convert.optional(request, "normalize"),
-            convert.optional(request, "dimensions"), convert.optional(request, "prompt_name"))
+            convert.optional(request, "dimensions"), convert.optional(request, "prompt_name"),
+            convert.side(request))
 
 
 def runs(requests: list[Any]) -> list[list[Any]]:
@@ -91,7 +92,8 @@ class EmbedGroups:
                 [r.inputs for r in run], model=self.model,
                 normalize=convert.optional(first, "normalize"), truncate=first.truncate,
                 dimensions=convert.optional(first, "dimensions"),
-                prompt_name=convert.optional(first, "prompt_name"), record=record)
+                prompt_name=convert.optional(first, "prompt_name"),
+                truncation_side=convert.side(first), record=record)
         except Exception as exc:
             error = as_blitz_error(exc)
             if isinstance(error, ClientError):  # whose? each alone says

@@ -190,17 +190,21 @@ class HttpApi:
         if tei:
             _speaks(request, "tei")
         req = EmbedRequest.parse(payload, self.settings.limits)
+        if req.return_chunks and (tei or fmt == "raw"):
+            raise InvalidValue("return_chunks needs Blitz's reply: send `texts` (not TEI's "
+                               "`inputs`) or msgpack, not raw", param="return_chunks")
         texts, token_ids = req.texts_or_token_ids()
         result = await self.service.embed(
             texts, token_ids=token_ids, model=self.model_id(request, req.model),
             normalize=req.normalize, truncate=req.truncate, dimensions=req.dimensions,
             dtype=req.dtype, prompt_name=req.prompt_name, instruction=req.instruction,
-            truncation_side=req.side(), record=_record(request))
+            truncation_side=req.side(), long_inputs=req.long_inputs,
+            return_chunks=req.return_chunks, record=_record(request))
         if fmt == "raw":
             return RawArrayResponse(result.embeddings)
         if fmt == "json":
             return JSONBytesResponse(reply_bodies.tei_embed_reply(result) if tei
-                                     else reply_bodies.embed_reply(result))
+                                     else reply_bodies.embed_reply(result, None))
         return MsgpackResponse(reply_bodies.embed_reply(result, req.layout or accept_layout or "numpy"))
 
     async def openai_embeddings(self, request: Request, payload: Payload) -> Response:
@@ -210,7 +214,7 @@ class HttpApi:
         result = await self.service.embed(
             texts, token_ids=token_ids, model=self.model_id(request, req.model),
             dimensions=req.dimensions, prompt_name=req.prompt_name,
-            instruction=req.instruction, record=_record(request))
+            instruction=req.instruction, long_inputs=req.long_inputs, record=_record(request))
         return JSONBytesResponse(reply_bodies.openai_embeddings_reply(result, req.encoding_format))
 
     async def rerank(self, request: Request, payload: Payload) -> Response:
@@ -275,7 +279,7 @@ class HttpApi:
         req = body.parse(payload, self.settings.limits)
         result = await run(req.texts, model=self.model_id(request, req.model),
                            truncate=req.truncate, prompt_name=req.prompt_name,
-                           record=_record(request))
+                           long_inputs=req.long_inputs, record=_record(request))
         layout = req.layout or accept_layout or "numpy"
         return await responses.built(  # a large reply is encoded off the event loop
             lambda: MsgpackResponse(reply(result, layout)) if fmt == "msgpack"

@@ -26,6 +26,7 @@ from pydantic import (
 from blitz.codecs import ArrayLayout
 from blitz.encoders.postprocess import OutputDtype
 from blitz.errors import BadRequest, InvalidValue, echo
+from blitz.http.long_inputs import LongInputs, TruncationSide
 from blitz.ingress.limits import check_count, check_token_total
 
 if TYPE_CHECKING:
@@ -114,22 +115,6 @@ def _count_token_ids(items: Any, field: str, limits: Limits) -> None:
     check_token_total(total, limits, field)
 
 
-class _TruncationSide(BaseModel):
-    """Hugging Face TEI's ``truncation_direction`` (either case): where ``_sides`` has only
-    ``right`` (TEI's default), ``left`` is refused, not silently cut the other way."""
-
-    _sides: ClassVar[tuple[str, ...]] = ("right",)
-    truncation_direction: str | None = None
-
-    @field_validator("truncation_direction")
-    @classmethod
-    def _served(cls, value: str | None) -> str | None:
-        if value is not None and value.lower() not in cls._sides:
-            raise ValueError(f"only {' or '.join(cls._sides)} (the end of an over-long input "
-                             "that is cut) is served; leave it out or send right")
-        return None if value is None else value.lower()
-
-
 _INSTRUCTION = ("a free-form task put in the model's instruction_template before each text "
                 "(instead of prompt_name)")
 
@@ -139,7 +124,7 @@ _TokenIds = Annotated[list[StrictInt], Field(fail_fast=True)]
 _TokenIdRows = Annotated[list[_TokenIds], Field(fail_fast=True)]
 
 
-class EmbedRequest(_Request, _TruncationSide):
+class EmbedRequest(_Request, TruncationSide, LongInputs):
     """``POST /embed``: Blitz's ``texts``, or Hugging Face TEI's ``inputs`` (which may also
     be token ids, as TEI takes them)."""
 
@@ -161,6 +146,9 @@ class EmbedRequest(_Request, _TruncationSide):
     layout: ArrayLayout | None = Field(
         None, description="msgpack reply's array layout: numpy (msgpack-numpy, default) or "
         "portable (string keys, any language); overrides Accept's layout parameter")
+    return_chunks: StrictBool = Field(
+        False, description="chunk each text (long_inputs chunk) and answer, beside its mean, "
+        "its windows' vectors and [start, end) character offsets (`chunks`)")
 
     @classmethod
     def _check_sizes(cls, payload: dict, limits: Limits) -> None:
@@ -180,7 +168,7 @@ class EmbedRequest(_Request, _TruncationSide):
         return self.truncation_side or self.truncation_direction
 
 
-class OpenAIEmbeddingRequest(_Request):
+class OpenAIEmbeddingRequest(_Request, LongInputs):
     """``POST /v1/embeddings`` (OpenAI's shape)."""
 
     _list_keys = ()  # ``input`` is a list of texts or of token ids: counted below
@@ -194,6 +182,15 @@ class OpenAIEmbeddingRequest(_Request):
     modality: str = Field("text", description="Infinity's: only text is embedded here")
     prompt_name: str | None = Field(None, description="Blitz's: a prompt from the model's spec")
     instruction: str | None = Field(None, description="Blitz's: " + _INSTRUCTION)
+    return_chunks: Any = None
+
+    @field_validator("return_chunks")
+    @classmethod
+    def _one_vector_each(cls, value: Any) -> Any:
+        if value not in (None, False):
+            raise ValueError("is not served on OpenAI's embeddings (one vector per input): "
+                             "send long_inputs chunk for the mean, or POST /embed for chunks")
+        return value
 
     @field_validator("dimensions", mode="before")
     @classmethod
@@ -224,7 +221,7 @@ class OpenAIEmbeddingRequest(_Request):
         return _split_texts_or_ids(self.input)
 
 
-class RerankRequest(_Request, _TruncationSide):
+class RerankRequest(_Request, TruncationSide):
     """``POST /rerank`` (Infinity's ``documents``, or Hugging Face TEI's ``texts``),
     ``/v1/rerank`` (Cohere's v1 and Jina's) and ``/v2/rerank`` (Cohere's v2)."""
 
@@ -249,7 +246,7 @@ class RerankRequest(_Request, _TruncationSide):
         return value
 
 
-class EmbedAllRequest(_Request):
+class EmbedAllRequest(_Request, LongInputs):
     """``POST /embed_all`` (Hugging Face TEI's shape)."""
 
     _list_keys = ("inputs", "texts")

@@ -6,7 +6,8 @@ or raw bytes.
   (msgpack-numpy's map on msgpack, nested lists on JSON), ``dtype`` its name
   (``"float32"``). ``portable``: ``embeddings`` is the little-endian bytes and ``dtype``
   numpy's ``dtype.str`` (``"<f4"``), so any msgpack decoder rebuilds the array from
-  ``shape``.
+  ``shape``. With ``return_chunks``, ``chunks``: per text its windows' vectors and
+  character offsets.
 - ``openai_embeddings_reply``: ``POST /v1/embeddings``, OpenAI's list of
   ``{"object": "embedding", "index", "embedding"}`` (floats, or base64 of little-endian
   float32).
@@ -57,20 +58,28 @@ from blitz.hop_messages import (
     TokenizeResult,
     Usage,
 )
+from blitz.http.long_inputs import chunks_body
 
 
 def usage_body(usage: Usage) -> dict[str, int]:
     return {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.total_tokens}
 
 
-def embed_reply(result: EmbedResult, layout: ArrayLayout = "numpy") -> dict[str, Any]:
+def embed_reply(result: EmbedResult, layout: ArrayLayout | None = "numpy") -> dict[str, Any]:
+    """``layout`` None: JSON (as numpy's, nested lists); with ``return_chunks``, ``chunks``
+    (``blitz.http.long_inputs.chunks_body``) beside the texts' vectors."""
     emb = result.embeddings
+    body: dict[str, Any]
     if layout == "portable":
         data, shape, dtype = codecs.portable_array(emb)
-        return {"model": result.model, "embeddings": data, "shape": shape, "dtype": dtype,
+        body = {"model": result.model, "embeddings": data, "shape": shape, "dtype": dtype,
                 "usage": usage_body(result.usage)}
-    return {"model": result.model, "embeddings": emb, "shape": list(emb.shape),
-            "dtype": str(emb.dtype), "usage": usage_body(result.usage)}
+    else:
+        body = {"model": result.model, "embeddings": emb, "shape": list(emb.shape),
+                "dtype": str(emb.dtype), "usage": usage_body(result.usage)}
+    if result.chunks is not None:
+        body["chunks"] = chunks_body(result.chunks, layout)
+    return body
 
 
 def openai_embeddings_reply(result: EmbedResult,

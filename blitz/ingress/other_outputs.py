@@ -31,6 +31,7 @@ from blitz.hop_messages import (
     Usage,
 )
 from blitz.ingress.limits import check_count, check_texts
+from blitz.ingress.long_inputs import check_long_inputs
 from blitz.ingress.tokenizing import TokenService, count_tokens, off_loop
 from blitz.loading.fetch import read_facts
 from blitz.settings.registry import ModelSpec, apply_prompt
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from blitz.ingress.service import EmbeddingService, RequestRecord
 
 HYBRID_OUTPUTS = ("dense", "sparse", "colbert")  # /embed_hybrid's, in reply order
+ALL_UNCHUNKED = ("/embed_all answers one vector per token, and overlapping windows would "
+                 "give some tokens two")
 
 
 class OutputService:
@@ -62,16 +65,20 @@ class OutputService:
 
     async def embed_all(self, texts: str | list[str], model: str | None = None, *,
                         truncate: bool = True, prompt_name: str | None = None,
+                        long_inputs: str | None = None,
                         record: RequestRecord | None = None) -> TokenEmbeddingsResult:
         """Each text's token vectors (special tokens included, no padding) from an
-        embedding model's last layer before pooling."""
+        embedding model's last layer before pooling; ``long_inputs`` truncate or error
+        (chunk is refused: overlapping windows would give some tokens two vectors)."""
         with self.service.recorded(record, "handle.embed_all") as record:
             record.model = model or ""
+            check_long_inputs(long_inputs, chunks_here=ALL_UNCHUNKED)
             items = self._texts(texts, model, prompt_name)
             await self._check_vectors(self.service.spec(model), items)
             record.texts = len(items)
             spec, pool, parts = await self.service.run(
-                record, model, lambda _: items, lambda _, chunk: TokenEmbedJob(chunk, truncate),
+                record, model, lambda _: items,
+                lambda _, chunk: TokenEmbedJob(chunk, truncate, long_inputs),
                 kind=("embedding", "hybrid"),
                 other_kind="/embed_all takes a model of kind embedding or hybrid")
             limit = self.service.settings.limits.max_token_vectors_per_request
@@ -105,14 +112,18 @@ class OutputService:
 
     async def embed_sparse(self, texts: str | list[str], model: str | None = None, *,
                            truncate: bool = True, prompt_name: str | None = None,
+                           long_inputs: str | None = None,
                            record: RequestRecord | None = None) -> SparseResult:
-        """Each text's non-zero vocabulary weights from a sparse (SPLADE) model."""
+        """Each text's non-zero vocabulary weights from a sparse (SPLADE) model; chunked
+        (``long_inputs`` chunk), each weight its largest over the text's windows."""
         with self.service.recorded(record, "handle.embed_sparse") as record:
             record.model = model or ""
+            check_long_inputs(long_inputs)
             items = self._texts(texts, model, prompt_name)
             record.texts = len(items)
             spec, pool, parts = await self.service.run(
-                record, model, lambda _: items, lambda _, chunk: SparseEmbedJob(chunk, truncate),
+                record, model, lambda _: items,
+                lambda _, chunk: SparseEmbedJob(chunk, truncate, long_inputs),
                 kind=("sparse", "hybrid"),
                 other_kind="/embed_sparse takes a model of kind sparse or hybrid")
             vectors: list[SparseVector] = []

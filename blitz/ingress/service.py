@@ -32,6 +32,7 @@ from blitz.errors import (
 )
 from blitz.hop_messages import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankResult, Usage
 from blitz.ingress.limits import check_length, check_texts, check_token_ids
+from blitz.ingress.long_inputs import check_long_inputs, text_chunks
 from blitz.ingress.routing import Route, choose_pool
 from blitz.ingress.vector_cache import CachedEmbedder, Computed, Key, fingerprint
 from blitz.loading.fetch import read_dimension
@@ -261,9 +262,12 @@ class EmbeddingService:
                     truncate: bool = True, dimensions: int | None = None,
                     dtype: OutputDtype = "float32", prompt_name: str | None = None,
                     instruction: str | None = None, truncation_side: str | None = None,
+                    long_inputs: str | None = None, return_chunks: bool = False,
                     record: RequestRecord | None = None) -> EmbedResult:
         """Embed ``texts`` (or ``token_ids``) with ``model`` (the default when None),
         behind the model's prompt ``prompt_name`` or a free-form ``instruction``.
+        ``long_inputs`` (truncate | error | chunk; None: the model's) says what becomes of
+        an over-long text; ``return_chunks`` chunks it and gives each window too.
 
         ``record`` is the HTTP request's record; without one (a handle call) the call is
         observed here as route ``handle.embed``."""
@@ -271,37 +275,46 @@ class EmbeddingService:
             record.texts = (len(token_ids) if token_ids is not None else
                             1 if isinstance(texts, str) else len(texts or ()))
             limits = self.settings.limits
+            prefix = 0  # the prompt's characters before each text
 
             def inputs(spec: ModelSpec) -> list[Any]:
+                nonlocal prefix
                 items: list[Any]
+                check_long_inputs(long_inputs, return_chunks, token_ids=token_ids is not None)
                 if token_ids is not None:
                     check_token_ids(token_ids, limits)
                     items = token_ids
                 else:
-                    items = [texts] if isinstance(texts, str) else list(texts or [])
-                    check_texts(items, limits)
-                    items = apply_prompt(spec, items, prompt_name, instruction)
+                    given = [texts] if isinstance(texts, str) else list(texts or [])
+                    check_texts(given, limits)
+                    items = apply_prompt(spec, given, prompt_name, instruction)
+                    prefix = len(items[0]) - len(given[0]) if items else 0
                 self._check_dimensions(spec, dimensions)
                 return items
 
             def job(spec: ModelSpec, chunk: list[Any]) -> EmbedJob:
-                ids = token_ids is not None
-                return EmbedJob(texts=None if ids else chunk, token_ids=chunk if ids else None,
-                                normalize=_normalized(spec, normalize), truncate=truncate,
-                                truncation_side=truncation_side)
+                if token_ids is not None:
+                    return EmbedJob(token_ids=chunk, normalize=_normalized(spec, normalize),
+                                    truncate=truncate and long_inputs != "error")
+                return EmbedJob(texts=chunk, normalize=_normalized(spec, normalize),
+                                truncate=truncate, truncation_side=truncation_side,
+                                long_inputs=long_inputs, return_chunks=return_chunks)
 
-            cached = (self._cached(record, normalize, truncate, truncation_side or "")
-                      if self.vectors is not None and token_ids is None else None)
+            cached = (self._cached(record, normalize, truncate, truncation_side or "",
+                                   long_inputs or "")
+                      if self.vectors is not None and token_ids is None and not return_chunks
+                      else None)
             spec, pool, parts = await self.run(record, model, inputs, job, kind=DENSE_KINDS,
                                                other_kind="use /rerank for it", through=cached)
             values = joined(parts)[0]
             self._dimensions[spec.id] = int(values.shape[1])  # known now, if it was not
             normalized = _normalized(spec, normalize)
             values = quantize(truncate_dimensions(values, dimensions, normalized), dtype)
-            return EmbedResult(values, spec.id, Usage.of(record.tokens), pool)
+            return EmbedResult(values, spec.id, Usage.of(record.tokens), pool, text_chunks(
+                parts, prefix, dimensions, normalized, dtype) if return_chunks else None)
 
     def _cached(self, record: RequestRecord, normalize: bool | None,
-                truncate: bool, side: str) -> Through:
+                truncate: bool, side: str, long_inputs: str) -> Through:
         """The vector cache between an embedding request's texts and the pool: its parts
         are one, the texts' rows in order, timed with the pool's slowest part and the
         cache's own ``cache``."""
@@ -314,7 +327,7 @@ class EmbeddingService:
                 return joined(await send(some))
 
             key = Key(self._fingerprints[spec.id], pool, _normalized(spec, normalize),
-                      truncate, "", record.api_key, side)
+                      truncate, "", record.api_key, side, long_inputs)
             values, counts, parts, cache_s = await vectors.embed(key, texts, rows, record)
             return [Encoded(values, counts,
                             timings={**timing.slowest(parts), "cache": cache_s})]

@@ -46,6 +46,7 @@ class Key(NamedTuple):
     text: str
     api_key: int = -1  # whose entry: one API key's requests never meet another's
     side: str = ""  # the request's truncation_side; "": the model's
+    long_inputs: str = ""  # the request's long_inputs; "": the model's
 
 
 class Entry(NamedTuple):

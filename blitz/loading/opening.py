@@ -37,6 +37,7 @@ from blitz.encoders.st_models import (
     open_sparse,
     open_torch_bi_encoder,
     open_torch_cross_encoder,
+    with_long_inputs,
     wrap,
 )
 from blitz.loading import accuracy
@@ -136,14 +137,16 @@ def _torch_cross_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
 
 
 def _torch_sparse(spec: ModelSpec, path: Path, load: Load) -> Encoder:
-    return open_sparse(spec, path, load.device, _torch_dtype(spec, load.device))
+    return with_long_inputs(open_sparse(spec, path, load.device,
+                                        _torch_dtype(spec, load.device)), spec)
 
 
 def _torch_hybrid(spec: ModelSpec, path: Path, load: Load) -> Encoder:
-    return open_hybrid(spec.id, path, max_seq_length=spec.max_seq_length, device=load.device,
-                       dtype=_torch_dtype(spec, load.device),
-                       token_budget=CPU_TOKEN_BUDGET if load.device == "cpu"
-                       else GPU_TOKEN_BUDGET, trust_remote_code=spec.trust_remote_code)
+    return with_long_inputs(open_hybrid(
+        spec.id, path, max_seq_length=spec.max_seq_length, device=load.device,
+        dtype=_torch_dtype(spec, load.device),
+        token_budget=CPU_TOKEN_BUDGET if load.device == "cpu" else GPU_TOKEN_BUDGET,
+        trust_remote_code=spec.trust_remote_code), spec)
 
 
 def _torch_llm_reranker(spec: ModelSpec, path: Path, load: Load) -> Encoder:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import cast
 
 from blitz.encoders.base import Encoded, Encoder
-from blitz.encoders.bi_encoder import BiEncoder
+from blitz.encoders.bi_encoder import BiEncoder, TextJob
+from blitz.errors import InvalidValue
 from blitz.hop_messages import (
     ClassifyJob,
     EmbedJob,
@@ -33,11 +34,14 @@ def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
              if isinstance(job, EmbedJob) and job.texts is not None]
     if texts:
         if isinstance(encoder, BiEncoder):
-            merged = encoder.embed_many_sided([(job.texts or [], job.normalize, job.truncate,
-                                                job.truncation_side) for _, job in texts])
+            merged = encoder.embed_many_sided([TextJob(
+                job.texts or [], job.normalize, job.truncate, job.truncation_side,
+                job.long_inputs, job.return_chunks) for _, job in texts])
         else:
-            merged = encoder.embed_many([(job.texts or [], job.normalize, job.truncate)
-                                         for _, job in texts])
+            merged = [_plain_only(job) or result for (_, job), result in zip(
+                texts, encoder.embed_many([(job.texts or [], job.normalize,
+                                            job.truncate and job.long_inputs != "error")
+                                           for _, job in texts]), strict=True)]
         for (k, _), result in zip(texts, merged, strict=True):
             results[k] = result
     for k, job in enumerate(jobs):
@@ -47,11 +51,13 @@ def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
             if isinstance(job, RerankJob):
                 results[k] = encoder.score(job.query, job.documents, truncate=job.truncate)
             elif isinstance(job, TokenEmbedJob):
-                results[k] = encoder.embed_all(job.texts, truncate=job.truncate)
+                results[k] = encoder.embed_all(job.texts, truncate=job.truncate,
+                                               **_long(encoder, job.long_inputs))
             elif isinstance(job, ClassifyJob):
                 results[k] = encoder.classify(job.inputs, truncate=job.truncate)
             elif isinstance(job, SparseEmbedJob):
-                results[k] = encoder.embed_sparse(job.texts, truncate=job.truncate)
+                results[k] = encoder.embed_sparse(job.texts, truncate=job.truncate,
+                                                  **_long(encoder, job.long_inputs))
             elif isinstance(job, HybridEmbedJob):
                 results[k] = encoder.embed_hybrid(job.texts, job.outputs, truncate=job.truncate)
             else:
@@ -61,3 +67,18 @@ def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
         except Exception as exc:  # handed back to that job alone
             results[k] = exc
     return cast(list[Encoded | Exception], results)  # every job has its result now
+
+
+def _long(encoder: Encoder, long_inputs: str | None) -> dict[str, str]:
+    """A request's ``long_inputs`` for an encoder that takes it (a bi-encoder's)."""
+    return {"long_inputs": long_inputs} if long_inputs and isinstance(encoder, BiEncoder) else {}
+
+
+def _plain_only(job: EmbedJob) -> Exception | None:
+    """The refusal of a chunking request by an encoder that cannot chunk (not a bi-encoder:
+    the fake models), else None."""
+    if job.return_chunks or job.long_inputs == "chunk":
+        return InvalidValue("this model cannot chunk its inputs (it is not a bi-encoder); "
+                            "leave long_inputs chunk and return_chunks out",
+                            param="long_inputs")
+    return None

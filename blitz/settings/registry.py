@@ -105,7 +105,9 @@ class ModelSpec(BaseModel):
         "truncate", description="bi-encoders, an input past max_seq_length: truncate (as a "
         "request's `truncate` says), error (413 whatever it says), or chunk: windows of "
         "max_seq_length run as rows of their own, the text's vector their token-weighted "
-        "mean (normalized as the request asks); usage counts every window's tokens")
+        "mean (normalized as the request asks; /embed_sparse: each weight's largest over the "
+        "windows; /embed_all truncates); usage counts every window's tokens. A request's "
+        "long_inputs overrides it")
     chunk_overlap: int = Field(0, ge=0, description="long_inputs chunk: tokens each window "
                                "shares with the one before it")
     normalize: bool = Field(True, description="default of the request's `normalize`")

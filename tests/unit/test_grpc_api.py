@@ -143,8 +143,10 @@ async def test_a_failing_message_ends_the_stream_with_its_status():
 
 @pytest.mark.parametrize(("method", "request_", "metadata", "code", "words"), [
     ("Embed", pb.EmbedRequest(inputs="a"), (("model", "nope"),), "NOT_FOUND", "nope"),
-    ("Embed", pb.EmbedRequest(inputs="a", truncation_direction=1), (), "INVALID_ARGUMENT",
+    ("Embed", pb.EmbedRequest(inputs="a", truncation_direction=7), (), "INVALID_ARGUMENT",
      "truncation_direction"),
+    ("EmbedAll", pb.EmbedAllRequest(inputs="a", truncation_direction=1), (),
+     "INVALID_ARGUMENT", "truncation_direction"),
     ("Embed", pb.EmbedRequest(inputs="a", dimensions=999), (), "INVALID_ARGUMENT",
      "dimensions"),
     ("PredictPair", pb.PredictPairRequest(inputs=["a", "b", "c"]), (("model", "cls"),),
