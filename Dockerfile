@@ -8,11 +8,25 @@
 #   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 \
 #       -t blitz:0.1.0-gpu .                            # CUDA torch, for GPU nodes
 #   docker run --rm -p 8000:8000 -p 9000:9000 --shm-size=2g blitz:0.1.0   # HTTP, gRPC
-FROM python:3.11-slim
+#
+# scripts/image.sh builds and runs it with podman where no image registry is reachable:
+# its base is Debian bookworm made with debootstrap (BASE), and torch comes from a
+# directory of wheels mounted into the build (WHEEL_DIR) instead of TORCH_INDEX.
+
+# Any Debian-like image with Python 3.11 and its venv module (ensurepip included): the official
+# python image, or a local one (Debian bookworm's own python3 is 3.11; it has no `python`
+# command, and none is needed: install.sh calls python3, later steps the venv's python).
+ARG BASE=python:3.11-slim
+FROM ${BASE}
 
 # Where install.sh finds torch==2.13.0: the CPU wheel index by default (PyPI's Linux wheel
 # pulls several GB of CUDA packages); a CUDA index for the GPU workers' image.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# A directory of wheels that pip looks in too (its --find-links), empty by default; for a
+# torch wheel already at hand, mounted into the build (`podman build --volume
+# /opt/wheels:/wheels:ro --build-arg WHEEL_DIR=/wheels --build-arg TORCH_INDEX=`): the
+# mount is not part of the image.
+ARG WHEEL_DIR=
 
 # wget: KubeRay's default health probes; procps: `ray stop` uses ps
 RUN apt-get update \
@@ -25,7 +39,8 @@ COPY scripts ./scripts
 COPY blitz ./blitz
 COPY deployments ./deployments
 COPY loadtest ./loadtest
-RUN PIP_EXTRA_INDEX_URL="$TORCH_INDEX" bash scripts/install.sh
+RUN PIP_EXTRA_INDEX_URL="$TORCH_INDEX" PIP_FIND_LINKS="$WHEEL_DIR" bash scripts/install.sh \
+ && rm -rf /root/.cache/pip
 
 # Ray's processes and Serve's replicas inherit this environment. KubeRay starts Ray from a
 # login shell, whose /etc/profile resets PATH: profile.d puts the venv back.
