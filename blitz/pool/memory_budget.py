@@ -52,14 +52,18 @@ class ModelShape:
     vocab: int
     max_positions: int = 512
     gated: bool = False  # a decoder's gate + up projections: 3 MLP matrices, not 2
+    query_width: int = 0  # heads x head size (0: hidden)
+    kv_width: int = 0  # key/value heads x head size: fewer with grouped queries (0: query's)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelShape | None:
         text = config.get("text_config")  # a dual encoder's text tower
         config = text if isinstance(text, dict) and "hidden_size" not in config else config
         try:
-            hidden = int(config["hidden_size"])
-            return cls(hidden=hidden, layers=int(config["num_hidden_layers"]),
+            hidden, heads = int(config["hidden_size"]), int(config.get("num_attention_heads") or 1)
+            head = int(config.get("head_dim") or hidden // heads)
+            kv_heads = int(config.get("num_key_value_heads") or heads)
+            return cls(hidden=hidden, query_width=heads * head, kv_width=kv_heads * head, layers=int(config["num_hidden_layers"]),
                        intermediate=int(config.get("intermediate_size") or 4 * hidden),
                        vocab=int(config.get("vocab_size") or 0),
                        max_positions=int(config.get("max_position_embeddings") or 512),
@@ -70,9 +74,11 @@ class ModelShape:
     @property
     def parameters(self) -> int:
         """About the model's parameter count: embeddings, then per layer the attention's
-        four H x H projections and the MLP's two (three when gated) H x I ones."""
+        query, key, value and output projections and the MLP's two (three when gated)."""
+        query = self.query_width or self.hidden
+        attention = 2 * self.hidden * (query + (self.kv_width or query))
         mlp = (3 if self.gated else 2) * self.hidden * self.intermediate
-        return self.vocab * self.hidden + self.layers * (4 * self.hidden ** 2 + mlp)
+        return self.vocab * self.hidden + self.layers * (attention + mlp)
 
 
 def read_shape(path: Path) -> ModelShape | None:

@@ -236,8 +236,8 @@ class PoolReplica:
             except Exception as exc:
                 raise self._load_failed(spec, exc) from exc
             # too large even alone: refused before the cache in front evicts anything
-            evictions([], [], self.size(spec, self.shape_of(spec)), self.memory_budget,
-                       self.pool_settings.worker_count)
+            evictions(list(self.footprints), [], self.size(spec, self.shape_of(spec)),
+                      self.memory_budget, self.pool_settings.worker_count)
         return await self.cached_load(model_id)
 
     def problem(self) -> str | None:
