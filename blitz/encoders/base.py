@@ -129,9 +129,10 @@ class Encoder(ABC):
         tensors: dict[int, int] = {}
         for value in vars(self).values():
             for module in (value, getattr(value, "model", None)):
-                if callable(getattr(module, "parameters", None)) and callable(
-                        getattr(module, "buffers", None)):
-                    for t in (*module.parameters(), *module.buffers()):
+                parameters, buffers = (getattr(module, "parameters", None),
+                                       getattr(module, "buffers", None))
+                if callable(parameters) and callable(buffers):
+                    for t in (*parameters(), *buffers()):
                         tensors[id(t)] = t.numel() * t.element_size()
         return sum(tensors.values()) if tensors else None
 

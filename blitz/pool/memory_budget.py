@@ -1,6 +1,6 @@
 """What a model needs in its pool's memory, the token budget that memory allows, and which
-resident models a new one evicts: pure arithmetic, no Ray (docs/memory.md has the rule,
-the measurements it was fitted to, and the decisions).
+resident models a new one evicts: pure arithmetic, no Ray. docs/models.md, "Token budgets
+and memory", has the rule, the measurements it was fitted to, and the decisions.
 
 - **Weights**: the loaded model's parameters and buffers (``Encoder.weight_bytes``), or
   before it loads, a parameter count from its ``config.json`` (``ModelShape``) times the

@@ -58,7 +58,8 @@ class PoolSettings(_Settings):
         None, ge=1, description="tokens (padding included) in one model call, TEI's "
         "`--max-batch-tokens`, for every model on this pool that sets none of its own; "
         "either is capped by what the pool's memory allows. Unset: derived per model from "
-        "its size and the memory (docs/memory.md): 512 on a CPU, up to 65,536 on a GPU")
+        "its size and the memory (docs/models.md, \"Token budgets and memory\"): 512 on "
+        "a CPU, up to 65,536 on a GPU")
     memory_bytes: int | None = Field(
         None, ge=1, description="bytes the models of one replica may use, weights plus the "
         "activations of each model's largest batch (x workers); models are evicted least "

@@ -101,7 +101,8 @@ class ModelSpec(BaseModel):
     max_batch_tokens: int | None = Field(
         None, gt=0, description="tokens (padding included) in one model call of this "
         "model, TEI's `--max-batch-tokens`; wins over the pool's, and is capped by what "
-        "the pool's memory allows (docs/memory.md); default: the pool's, else derived")
+        "the pool's memory allows (docs/models.md, \"Token budgets and memory\"); "
+        "default: the pool's, else derived")
     truncation_side: Literal["left", "right"] | None = Field(
         None, description="bi-encoders: which end of an over-long input is cut (left keeps "
         "its end, right its start; the special tokens stay); default: the tokenizer's own")

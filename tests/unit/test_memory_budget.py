@@ -1,5 +1,5 @@
-"""Token budgets and memory (``blitz.pool.memory_budget``, docs/memory.md): the rule's
-numbers against what was measured, the LRU's byte decisions, and a pool replica on a
+"""Token budgets and memory (``blitz.pool.memory_budget``; docs/models.md has the rule):
+the rule's numbers against what was measured, the LRU's byte decisions, and a pool replica on a
 device-memory stand-in (an 80 GB "GPU" and model shapes of Qwen3-Embedding-0.6B and -8B
 and a reranker, the models fakes) that holds them together when they fit, evicts the least
 recently used when they do not, and refuses one too large alone before loading it."""
@@ -37,7 +37,8 @@ MINILM = ModelShape(hidden=384, layers=6, intermediate=1536, vocab=30_522, max_p
 
 
 def test_the_rule_covers_what_was_measured():
-    """Measured activation bytes per token (docs/memory.md): the rule (its margin
+    """Measured activation bytes per token (docs/models.md, "Token budgets and memory"):
+    the rule (its margin
     included) is at or above each, and within 2.5x of it (BERT on a GPU: 2.1x)."""
     measured = [  # hidden, intermediate, value bytes, row length, bytes per token
         (384, 1536, 4, 512, 30_295), (768, 3072, 4, 512, 55_929),  # CPU fp32, peak RSS
@@ -52,7 +53,7 @@ def test_the_rule_covers_what_was_measured():
 
 def test_parameter_counts_from_a_config_are_close():
     assert abs(MINILM.parameters - 22_713_216) / 22_713_216 < 0.02  # all-MiniLM-L6-v2
-    # Qwen3-8B's shape as built on the H200 (docs/memory.md): 15,173,006,336 bytes in bf16
+    # Qwen3-8B's shape as built on the H200 (docs/models.md): 15,173,006,336 bytes in bf16
     assert abs(QWEN3_8B.parameters - 7_586_503_168) / 7.5865e9 < 0.01
     assert QWEN3_8B == ModelShape.from_config({
         "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36,
