@@ -23,6 +23,7 @@ be shown (``expose``, stated on every class): a ``ClientError`` is the request's
      │    │    └── TimedOut         503 unavailable_error / timeout       Retry-After: 2
      │    └── NotReady              503 unavailable_error / not_ready     Retry-After: 5
      ├── ModelLoadFailed            424 model_load_error / model_load_failed (fixed text)
+     ├── ModelTooLarge              507 model_load_error / model_too_large    expose=True
      └── InternalError              500 internal_error (the request id only)
 
 Every error renders as OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``,
@@ -236,6 +237,17 @@ class ModelLoadFailed(BlitzError):
     def public_message(self) -> str:
         which = f"model {self.model!r}" if self.model else "the model"
         return f"{which} failed to load; {self.hint or 'the server log has the cause'}"
+
+
+class ModelTooLarge(BlitzError):
+    """A model that cannot fit in its pool's memory budget even with every other model
+    evicted: refused before it loads (nothing is evicted for it). Not the request's fault
+    and not transient, so 507 (Insufficient Storage) with no ``Retry-After``; the message
+    names the model's bytes and the budget, for the operator to act on
+    (``max_batch_tokens``, ``memory_bytes``, another pool or device)."""
+
+    status, type, code = 507, "model_load_error", "model_too_large"
+    expose = True
 
 
 class InternalError(BlitzError):

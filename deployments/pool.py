@@ -31,6 +31,9 @@ from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.metrics import metrics
 
 logger = logging.getLogger("ray.serve")
+SERVE_LRU = "__serve_multiplex_wrapper"  # where @serve.multiplexed keeps a replica's LRU
+# (Ray 2.60 serve/api.py: an OrderedDict ``models``, least recent first, and
+# ``unload_model_lru``); tests/integration/test_memory_budget.py checks it is still there
 
 
 def _events(pool: str) -> PoolEvents:
@@ -76,8 +79,12 @@ class ModelPool:
 
     @serve.multiplexed(max_num_models_per_replica=MAX_MODELS_PER_REPLICA)
     async def get_model(self, model_id: str) -> ModelHolder:
-        """Serve's loader (it runs one at a time; Serve evicts the least recently used)."""
-        return await self.replica.load(model_id)
+        """Serve's loader (it runs one at a time, under the LRU's lock). Serve evicts the
+        least recently used model past ``MAX_MODELS_PER_REPLICA``; the replica evicts more
+        through the same LRU until the new model's bytes fit."""
+        lru = getattr(self, SERVE_LRU)  # Serve sets it before it first calls this
+        return await self.replica.load(model_id, cached=lambda: list(lru.models),
+                                       evict=lru.unload_model_lru)
 
     async def check_health(self) -> None:
         """Serve calls this every ``health_check_period_s``; raising makes Serve replace

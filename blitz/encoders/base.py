@@ -125,6 +125,20 @@ class Encoder(ABC):
     def calibrate(self) -> None:  # noqa: B027 - backends without micro-batches keep the default
         """Measure what the backend needs to size its micro-batches (once, after loading)."""
 
+    def weight_bytes(self) -> int | None:
+        """Bytes of the loaded weights: the parameters and buffers of the torch modules it
+        holds (or their ``model``); None where it holds none (ONNX, a fake), and the pool
+        keeps its estimate from the model's config (``blitz.pool.memory_budget``)."""
+        tensors: dict[int, int] = {}
+        for value in vars(self).values():
+            for module in (value, getattr(value, "model", None)):
+                parameters, buffers = (getattr(module, "parameters", None),
+                                       getattr(module, "buffers", None))
+                if callable(parameters) and callable(buffers):
+                    for t in (*parameters(), *buffers()):
+                        tensors[id(t)] = t.numel() * t.element_size()
+        return sum(tensors.values()) if tensors else None
+
     def close(self) -> None:  # noqa: B027 - backends without resources keep the default
         """Drop the weights; idempotent."""
 

@@ -28,10 +28,13 @@ if TYPE_CHECKING:
 
 # Tokens per micro-batch. On a CPU a small budget is fastest for short and long texts
 # alike: a large one pads every text to the longest and leaves the CPU's caches
-# (docs/benchmarks-history.md, "What was measured, adopted and rejected"). A GPU takes
-# whole batches.
+# (docs/benchmarks-history.md, "What was measured, adopted and rejected"). On a GPU,
+# 65,536 tokens ran within 1% of 262,144's throughput with a quarter of its activation
+# memory (docs/models.md, "Token budgets and memory"). A pool lowers either where its
+# memory needs it, and a model's
+# or pool's max_batch_tokens replaces it (blitz.pool.memory_budget).
 CPU_TOKEN_BUDGET = 512
-GPU_TOKEN_BUDGET = 262_144
+GPU_TOKEN_BUDGET = 65_536
 # (query, document) pairs per cross-encoder forward pass
 CPU_PAIRS_PER_BATCH = 32
 GPU_PAIRS_PER_BATCH = 256

@@ -61,7 +61,8 @@ async def info(s: Services, request: Any, model: str | None,
         version=facts["version"], model_id=facts["model_id"],
         model_dtype=facts["model_dtype"], model_type=MODEL_TYPES[next(iter(facts["model_type"]))],
         max_concurrent_requests=facts["max_concurrent_requests"],
-        max_input_length=facts["max_input_length"] or 0, max_batch_tokens=0,
+        max_input_length=facts["max_input_length"] or 0,
+        max_batch_tokens=facts["max_batch_tokens"] or 0,
         max_batch_requests=facts["max_batch_requests"],
         max_client_batch_size=facts["max_client_batch_size"], tokenization_workers=0)
 

@@ -48,6 +48,7 @@ CODES = {  # an error's HTTP status -> its gRPC status code
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
+    507: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 logger = logging.getLogger("blitz.grpc")
 MODEL_KEYS = ("model", "multiplexed_model_id")

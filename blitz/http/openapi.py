@@ -140,7 +140,8 @@ _ERROR_SCHEMA = {"anyOf": [{"$ref": REF.format(model=name)} for name in _ERRORS]
 _STATUSES = {"400": "The body cannot be decoded", "401": "No valid API key",
              "404": "Unknown model", "408": "The body did not arrive in time",
              "413": "Over a limit (the message names it)", "422": "A bad value (param names "
-             "the field)", "424": "The model failed to load", "503": "Overloaded or not "
+             "the field)", "424": "The model failed to load", "507": "The model does not fit "
+             "in its pool's memory (the message names the sizes)", "503": "Overloaded or not "
              "ready: retry after Retry-After seconds"}
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from blitz.errors import NotReady
 from blitz.loading.fetch import read_dimension, read_facts
+from blitz.pool.memory_budget import model_shape, size_model
 from blitz.settings.registry import RERANK_KINDS
 
 if TYPE_CHECKING:
@@ -105,6 +106,10 @@ def info(service: EmbeddingService, model: str | None = None) -> dict[str, objec
     spec = service.spec(model)
     pools = sorted(service.dispatcher.pools)
     batch = {pool: service.dispatcher.max_batch(pool) for pool in pools}
+    shape = model_shape(spec)
+    tokens = {pool: size_model(spec, settings.pool(pool), "cuda" if pool == "gpu" else "cpu",
+                               settings.pool(pool).memory_bytes, shape).max_batch_tokens
+              for pool in pools}  # a budget left to a GPU's memory lowers it there only
     facts = read_facts(spec)
     kind: dict[str, object]
     if spec.kind in RERANK_KINDS:
@@ -126,7 +131,7 @@ def info(service: EmbeddingService, model: str | None = None) -> dict[str, objec
         "model_type": kind,
         "max_concurrent_requests": settings.ingress.max_queued_texts,
         "max_input_length": facts["max_input_length"],
-        "max_batch_tokens": None,
+        "max_batch_tokens": tokens.get("gpu", tokens.get("cpu")),  # where long batches go
         "max_batch_requests": max(batch.values(), default=None),
         "max_client_batch_size": limits.max_texts_per_request,
         "auto_truncate": True,
@@ -137,6 +142,7 @@ def info(service: EmbeddingService, model: str | None = None) -> dict[str, objec
         # Blitz's own
         "default_model": settings.default_model,
         "models": describe_models(service),
-        "pools": {pool: {"max_batch_size": batch[pool]} for pool in pools},
+        "pools": {pool: {"max_batch_size": batch[pool], "max_batch_tokens": tokens[pool]}
+                  for pool in pools},
         "limits": limits.model_dump(),
     }

@@ -2,7 +2,10 @@
 model's jobs batched in one queue and run on worker threads under a lease on the model.
 
 ``PoolReplica`` holds up to ``MAX_MODELS_PER_REPLICA`` models (the deployment puts Serve's
-multiplexed LRU in front of ``load``, as ``cached_load``), batches concurrent jobs of every
+multiplexed LRU in front of ``load``, as ``cached_load``), fewer where their bytes do not
+fit its memory budget (``blitz.pool.memory_budget``: before a load, and again once the
+model's exact weights are known, the LRU's least recently used models are evicted until
+the new one fits; one that cannot fit alone is refused, 507), batches concurrent jobs of every
 kind (texts, token ids, reranks) per model with one ``Batcher``, runs model work on
 ``workers`` threads (``WorkerSlots``: that many model calls at once) and each load on a
 thread of its own (``LoadQueue``: one at a time, shared by its callers, within
@@ -15,6 +18,7 @@ does is reported through ``PoolEvents`` callbacks (the deployment wires Ray's me
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -33,6 +37,16 @@ from blitz.loading.load import load_encoder, resolve_device
 from blitz.pool.batching import Batcher
 from blitz.pool.holder import ModelFreed, ModelHolder
 from blitz.pool.load_queue import LoadQueue
+from blitz.pool.memory_budget import (
+    Footprint,
+    ModelShape,
+    evictions,
+    gib,
+    model_shape,
+    needed_bytes,
+    pool_budget,
+    size_model,
+)
 from blitz.pool.mixed_batch import Job, run_jobs
 from blitz.pool.worker_slots import WorkerSlots
 from blitz.runtime import malloc, model_threads
@@ -42,6 +56,7 @@ from blitz.settings.registry import ModelSpec
 logger = logging.getLogger("blitz.pool")
 EVICTIONS_KEPT = 32  # the last evicted ids kept for stats(); the count is kept in full
 LEASE_TRIES = 3  # a model evicted between lookup and use is loaded again this often
+MEMORY_POLL_S = 0.05  # how often a load waiting for evicted models' memory looks again
 
 
 def _nothing(*_: Any) -> None:
@@ -69,13 +84,24 @@ def rss_bytes() -> int:
 
 
 class PoolReplica:
-    def __init__(self, settings: BlitzSettings, pool: str, events: PoolEvents | None = None):
+    def __init__(self, settings: BlitzSettings, pool: str, events: PoolEvents | None = None,
+                 *, device: str | None = None, cuda: Any = None,
+                 shape_of: Callable[[ModelSpec], ModelShape | None] = model_shape):
+        """``device`` (default: the pool's, if present here), ``cuda`` (the ``torch.cuda``
+        module the memory budget reads) and ``shape_of`` (a model's shape before it
+        loads) are for tests' stand-ins."""
         self.settings = settings
         self.registry = settings.registry()
         self.pool = pool
         self.pool_settings = settings.pool(pool)
         self.events = events or PoolEvents()
-        self.device = resolve_device("cuda" if pool == "gpu" else "cpu")
+        self.device = device or resolve_device("cuda" if pool == "gpu" else "cpu")
+        sizing = settings.sizing
+        self.memory_budget = pool_budget(self.pool_settings, self.device,
+                                         sizing.cpu_replicas if sizing else 1, cuda)
+        self.shape_of = shape_of
+        self.footprints: list[Footprint] = []  # every model in memory, evicted ones that a
+        # call still holds included (one each: the holder's ``on_release`` drops it)
         self.cache_dir = settings.resolved_cache_dir()
         self.workers = WorkerSlots(self.pool_settings.worker_count,
                                    stuck_after_s=self.pool_settings.call_timeout_s,
@@ -99,35 +125,74 @@ class PoolReplica:
 
     # ---- models ----------------------------------------------------------------------
 
-    async def load(self, model_id: str) -> ModelHolder:
-        """Load a registered model (one load at a time). A caller that gives up leaves the
-        load running for the next caller of the id; a failure comes through
-        ``_load_failed`` (the queue's ``on_failure``), so it is remembered and counted
-        once per load."""
+    async def load(self, model_id: str, cached: Callable[[], list[str]] = list,
+                   evict: Callable[[], Awaitable[None]] | None = None) -> ModelHolder:
+        """Load a registered model (one load at a time), first making room for its bytes:
+        ``evict`` evicts the least recently used of the ``cached()`` ids in front (Serve's
+        LRU). A caller that gives up leaves the load running for the next caller of the
+        id; a failure comes through ``_load_failed`` (the queue's ``on_failure``), so it
+        is remembered and counted once per load."""
         spec = self.registry.get(model_id)  # only registered ids ever load
         started = time.perf_counter()
         timeout = self.pool_settings.load_timeout_s
+        await self._make_room(self.size(spec, self.shape_of(spec)), cached, evict)
+        shapes: list[ModelShape | None] = []
 
         def load() -> Encoder:
             # the deadline travels with the load: a child build or measurement dies with it
             encoder = load_encoder(spec, self.device, self.cache_dir, timeout_s=timeout)
-            cap_token_budget(encoder, self.pool_settings.sparse_token_budget)
+            shapes.append(self.shape_of(spec) or model_shape(spec, self.cache_dir, True))
             encoder.warmup()
             malloc.trim()  # what the load only passed through (file reads, graph
             # optimisation) back to the system: glibc would keep it (blitz.pool.holder)
             return encoder
 
         encoder = await self.loads.load(model_id, load)
+        footprint = self.size(spec, shapes[0] if shapes else self.shape_of(spec),
+                              weights=encoder.weight_bytes(),
+                              max_seq_length=encoder.max_seq_length)
+        try:  # the exact weights: room again, or the model goes
+            await self._make_room(footprint, cached, evict)
+        except BaseException:
+            ModelHolder(encoder).__del__()
+            raise
+        if hasattr(encoder, "token_budget"):
+            encoder.token_budget = footprint.max_batch_tokens
+        cap_token_budget(encoder, self.pool_settings.sparse_token_budget)
+        self.footprints.append(footprint)
         seconds = time.perf_counter() - started
         self.events.loaded(model_id, seconds)
-        logger.info("loaded model %r on %s (%s) in %.2fs", model_id, self.device,
-                    encoder.backend, seconds)
+        logger.info("loaded model %r on %s (%s) in %.2fs: %s of weights, max_batch_tokens %d",
+                    model_id, self.device, encoder.backend, seconds, gib(footprint.weights),
+                    footprint.max_batch_tokens)
         self.loaded.append(model_id)
         self.backends[model_id] = encoder.backend
         if encoder.auto_choice is not None:
             self.auto_choices[model_id] = encoder.auto_choice
         self.events.noted()
         return ModelHolder(encoder, on_release=self._released)
+
+    def size(self, spec: ModelSpec, shape: ModelShape | None, **known: Any) -> Footprint:
+        """``spec``'s bytes and max_batch_tokens here (``blitz.pool.memory_budget``)."""
+        return size_model(spec, self.pool_settings, self.device, self.memory_budget, shape,
+                          **known)
+
+    async def _make_room(self, new: Footprint, cached: Callable[[], list[str]],
+                         evict: Callable[[], Awaitable[None]] | None) -> None:
+        """Evict least recently used models until ``new`` fits the memory budget, then wait
+        (``call_timeout_s`` at most) for calls that still hold evicted ones to end: their
+        memory is freed only then. ``ModelTooLarge`` if it cannot fit alone."""
+        workers, budget = self.pool_settings.worker_count, self.memory_budget
+        for _ in range(evictions(list(self.footprints), cached() if evict else [], new,
+                                 budget, workers)):
+            if evict is not None:
+                await evict()
+        deadline = time.monotonic() + self.pool_settings.call_timeout_s
+        while needed_bytes([*self.footprints, new], workers) > budget:
+            if time.monotonic() > deadline:
+                raise Unavailable(f"model {new.model_id!r} is waiting for memory that calls "
+                                  "on evicted models still hold; retry shortly")
+            await asyncio.sleep(MEMORY_POLL_S)
 
     async def preload(self) -> None:
         """Load the pool's ``preload`` models through ``cached_load``, so the cache in front
@@ -149,6 +214,9 @@ class PoolReplica:
     def _released(self, model_id: str) -> None:
         if model_id in self.loaded:
             self.loaded.remove(model_id)
+        held = next((f for f in self.footprints if f.model_id == model_id), None)
+        if held is not None:
+            self.footprints.remove(held)
         self.backends.pop(model_id, None)
         self.auto_choices.pop(model_id, None)
         self.evicted.append(model_id)
@@ -167,6 +235,9 @@ class PoolReplica:
                 preflight_source(spec)
             except Exception as exc:
                 raise self._load_failed(spec, exc) from exc
+            # too large even alone: refused before the cache in front evicts anything
+            evictions(list(self.footprints), [], self.size(spec, self.shape_of(spec)),
+                      self.memory_budget, self.pool_settings.worker_count)
         return await self.cached_load(model_id)
 
     def problem(self) -> str | None:
@@ -263,4 +334,13 @@ class PoolReplica:
                 "busy_workers": self.workers.busy, "stuck_workers": self.workers.stuck,
                 "waiting_for_workers": self.workers.waiting,
                 "loading": self.loads.loading, "queued_loads": self.loads.queued,
-                "load_overdue_s": round(self.loads.overdue_s(), 3)}
+                "load_overdue_s": round(self.loads.overdue_s(), 3),
+                "memory": self.memory_stats()}
+
+    def memory_stats(self) -> dict[str, Any]:
+        workers = self.pool_settings.worker_count
+        return {"budget_bytes": self.memory_budget,
+                "needed_bytes": needed_bytes(list(self.footprints), workers),
+                "models": [{"id": f.model_id, "weight_bytes": f.weights,
+                            "call_bytes": f.activations, "max_batch_tokens": f.max_batch_tokens}
+                           for f in self.footprints]}

@@ -98,6 +98,11 @@ class ModelSpec(BaseModel):
         "batch), measured once and cached with its builds")
     gpu_dtype: GpuDtype = Field("float16", description="how GPU pools run it")
     max_seq_length: int | None = Field(None, gt=0, description="tokens; default: the model's own")
+    max_batch_tokens: int | None = Field(
+        None, gt=0, description="tokens (padding included) in one model call of this "
+        "model, TEI's `--max-batch-tokens`; wins over the pool's, and is capped by what "
+        "the pool's memory allows (docs/models.md, \"Token budgets and memory\"); "
+        "default: the pool's, else derived")
     truncation_side: Literal["left", "right"] | None = Field(
         None, description="bi-encoders: which end of an over-long input is cut (left keeps "
         "its end, right its start; the special tokens stay); default: the tokenizer's own")

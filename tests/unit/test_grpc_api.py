@@ -190,6 +190,7 @@ async def test_rerank_predict_and_info():
         info = await call(channel, "Info")(pb.InfoRequest(), metadata=(("model", "cls"),))
         assert (info.model_id, info.model_type) == ("cls", pb.MODEL_TYPE_CLASSIFIER)
         assert info.max_client_batch_size == 4
+        assert info.max_batch_tokens == 512  # the model's effective budget (a CPU pool's)
 
 
 async def test_tokenize_gives_byte_offsets_and_decode_round_trips():

@@ -473,7 +473,7 @@ def test_sparse_token_budget_caps_a_sparse_models_calls(tmp_path):
     folder = build_tiny_splade(tmp_path / "splade", seed=12)
     encoder = SparseEncoder("splade", AutoModelForMaskedLM.from_pretrained(str(folder)).eval(),
                             AutoTokenizer.from_pretrained(str(folder)), max_seq_length=None,
-                            device="cpu", token_budget=262_144)  # a GPU pool's budget
+                            device="cpu", token_budget=65_536)  # a GPU pool's budget
     cap_token_budget(encoder, 64)
     assert encoder.token_budget == 64
     calls: list[tuple[int, int]] = []
@@ -489,7 +489,7 @@ def test_sparse_token_budget_caps_a_sparse_models_calls(tmp_path):
     assert calls and all(rows * width <= 64 for rows, width in calls)
     cap_token_budget(encoder, 10_000)  # never raised: a budget only caps
     assert encoder.token_budget == 64
-    encoder.token_budget, calls[:] = 262_144, []
+    encoder.token_budget, calls[:] = 65_536, []
     whole = encoder.embed_sparse(texts)
     assert len(calls) == 1  # the GPU budget: one call of every text
     assert np.array_equal(budgeted.rows, whole.rows)

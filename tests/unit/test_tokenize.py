@@ -186,6 +186,8 @@ async def test_info_has_tei_fields_and_every_model(client):
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
     assert info["max_client_batch_size"] == 4
     assert [m["id"] for m in info["models"]] == ["minilm", "fake"]
+    # TEI's max_batch_tokens: the model's effective budget (a CPU pool's: 512)
+    assert info["max_batch_tokens"] == 512 == info["pools"]["cpu"]["max_batch_tokens"]
     other = (await client.get("/info", params={"model": "fake"})).json()
     assert other["model_id"] == "fake"
     assert (await client.get("/info", params={"model": "nope"})).status_code == 404
