@@ -26,6 +26,7 @@ outputs (cosine, or the largest score difference) as a check that both did the s
 
     python -m loadtest.model_families --rounds 3 --out results/model-families
     python -m loadtest.model_families --families qwen3-embedding --backends onnx,onnx-int8
+    python -m loadtest.model_families --device cuda --dtype float16 --batch 256  # a GPU pool
 """
 
 from __future__ import annotations
@@ -169,35 +170,44 @@ def build(family: str, root: Path, texts: list[str]) -> Path:
     return st
 
 
-def blitz_engine(family: str, folder: Path, backend: str, cache: Path) -> Callable[..., Any]:
+def blitz_engine(family: str, folder: Path, backend: str, cache: Path, device: str = "cpu",
+                 dtype: str = "float16") -> Callable[..., Any]:
+    """What a pool replica runs: ``load_encoder`` for ``device`` (a GPU: in ``dtype``)."""
     from blitz.loading.load import load_encoder
     from blitz.settings.registry import ModelSpec
 
+    on = {"gpu_dtype": dtype}
     if family == "qwen3-reranker":
-        encoder = load_encoder(ModelSpec(id=family, source=str(folder), kind="llm-reranker"))
+        encoder = load_encoder(ModelSpec(id=family, source=str(folder), kind="llm-reranker",
+                                         **on), device)
         return lambda query, docs: encoder.score(query, docs).values
     if family == "bge-m3":
-        encoder = load_encoder(ModelSpec(id=family, source=str(folder), kind="hybrid"))
+        encoder = load_encoder(ModelSpec(id=family, source=str(folder), kind="hybrid", **on),
+                               device)
         outputs = ("dense", "sparse", "colbert")
         return lambda texts: encoder.embed_hybrid(texts, outputs).outputs["dense"].values  # type: ignore[index]
     encoder = load_encoder(ModelSpec(id=family, source=str(folder), cpu_backend=backend,
-                                     accuracy_threshold=0.9), cache_dir=cache)
+                                     accuracy_threshold=0.9, **on), device, cache_dir=cache)
     return lambda texts: encoder.embed(texts, normalize=True).values
 
 
-def reference_engine(family: str, folder: Path) -> Callable[..., Any]:
+def reference_engine(family: str, folder: Path, device: str = "cpu", dtype: str = "float16",
+                     batch: int = 32) -> Callable[..., Any]:
+    """The reference library on ``device`` (a GPU: weights in ``dtype``, as Blitz's)."""
     import torch
 
+    weights = getattr(torch, dtype) if device != "cpu" else torch.float32
     if family != "qwen3-reranker":
         from sentence_transformers import SentenceTransformer
 
-        model = SentenceTransformer(str(folder), device="cpu")
-        return lambda texts: model.encode(texts, batch_size=32, normalize_embeddings=True,
+        model = SentenceTransformer(str(folder), device=device,
+                                    model_kwargs={"dtype": weights})
+        return lambda texts: model.encode(texts, batch_size=batch, normalize_embeddings=True,
                                           convert_to_numpy=True, show_progress_bar=False)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder), padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=weights).to(device).eval()
     yes, no = tokenizer.convert_tokens_to_ids("yes"), tokenizer.convert_tokens_to_ids("no")
     prefix = tokenizer.encode(QWEN3_PREFIX, add_special_tokens=False)
     suffix = tokenizer.encode(QWEN3_SUFFIX, add_special_tokens=False)
@@ -208,11 +218,11 @@ def reference_engine(family: str, folder: Path) -> Callable[..., Any]:
                            return_attention_mask=False,
                            max_length=8192 - len(prefix) - len(suffix))
         inputs["input_ids"] = [prefix + ids + suffix for ids in inputs["input_ids"]]
-        inputs = tokenizer.pad(inputs, padding=True, return_tensors="pt")
+        inputs = tokenizer.pad(inputs, padding=True, return_tensors="pt").to(device)
         with torch.inference_mode():
-            last = model(**inputs).logits[:, -1, :]
+            last = model(**inputs).logits[:, -1, :].float()
         pair = torch.nn.functional.log_softmax(torch.stack([last[:, no], last[:, yes]], 1), 1)
-        return pair[:, 1].exp().numpy()
+        return pair[:, 1].exp().cpu().numpy()
     return score
 
 
@@ -244,11 +254,12 @@ def measure_family(family: str, backends: list[str], args: argparse.Namespace,
     print(f"{family}: built in {built_s:.0f}s at {folder}", flush=True)
     workloads = {"batch": texts[:args.batch], "single": texts[args.batch:]}
     rows = []
-    reference = reference_engine(family, folder)
+    reference = reference_engine(family, folder, args.device, args.dtype, args.batch)
     for backend in backends:
         start = time.perf_counter()
         try:
-            blitz = blitz_engine(family, folder, backend, root / "cache")
+            blitz = blitz_engine(family, folder, backend, root / "cache", args.device,
+                                 args.dtype)
         except Exception as exc:  # an export too slow or refused: say so, go on
             print(f"{family} {backend}: not loaded ({type(exc).__name__}: {exc})"[:400])
             rows.append({"family": family, "backend": backend, "error": str(exc)[:300]})
@@ -318,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5.0, help="at least, per figure")
     parser.add_argument("--out", type=Path, default=None, help="folder for the JSON report")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: a GPU pool's load")
+    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"],
+                        help="on a GPU: Blitz's gpu_dtype and the reference's weights")
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="blitz-families-") as tmp:
