@@ -142,6 +142,7 @@ def long_inputs(device: str, root: Path, small: bool) -> dict[str, Any]:
         big = AutoModel.from_config(Qwen3Config(**shape_config), dtype=dtype).eval()
     made_s = time.perf_counter() - started
     st[0].auto_model = big
+    del big  # the encoder holds it; swapped out later, it is freed
     st.max_seq_length = longest
     spec = ModelSpec(id="qwen3-8b-shape", source=str(built.st), gpu_dtype="bfloat16",
                      max_seq_length=longest)
@@ -194,7 +195,45 @@ def long_inputs(device: str, root: Path, small: bool) -> dict[str, Any]:
         "each": {f.model_id: {"weights": f.weights, "max_batch_tokens": f.max_batch_tokens,
                               "call_bytes": f.activations} for f in footprints}}
     print(report["three_models"], flush=True)
+    report["single_rows"] = single_rows(device, encoder, shape_config, longest, rng, words)
     return report
+
+
+def single_rows(device: str, encoder: Any, shape_config: dict[str, Any], longest: int,
+                rng: Any, words: list[str]) -> list[dict[str, Any]]:
+    """One text per call at growing lengths, for this shape and the 0.6B one (same
+    tokenizer): the peak over the weights, to fit the rule's length term."""
+    import torch
+    from transformers import AutoModel, Qwen3Config
+
+    rows = []
+    small = {k: v for k, v in QWEN3_06B.items() if k != "model_type"}
+    for name, config in (("8b", shape_config), ("0.6b", small)):
+        if name == "0.6b":
+            dtype = torch.bfloat16 if device != "cpu" else torch.float32
+            with torch.device(device):
+                model = AutoModel.from_config(Qwen3Config(**(config if device != "cpu"
+                                                             else SMALL)), dtype=dtype).eval()
+            encoder.model[0].auto_model = model
+            del model
+            if device != "cpu":
+                torch.cuda.empty_cache()
+        for length in (longest // 8, longest // 4, longest // 2, longest - 8):
+            text = " ".join(rng.choice(words, size=length - 1))
+            base = 0
+            if device != "cpu":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = int(torch.cuda.memory_allocated())
+            started = time.perf_counter()
+            result = encoder.embed([text], normalize=True)
+            seconds = time.perf_counter() - started
+            peak = int(torch.cuda.max_memory_allocated()) if device != "cpu" else 0
+            rows.append({"shape": name, "heads": config["num_attention_heads"],
+                         "tokens": int(result.token_counts.sum()),
+                         "seconds": round(seconds, 3), "peak_over_resident": peak - base})
+            print(rows[-1], flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

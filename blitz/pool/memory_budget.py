@@ -6,11 +6,12 @@ and memory", has the rule, the measurements it was fitted to, and the decisions.
   before it loads, a parameter count from its ``config.json`` (``ModelShape``) times the
   bytes of the dtype it runs in.
 - **Activations** of one model call of ``T`` tokens in rows of ``L``:
-  ``MARGIN x T x (bytes x (2 x hidden + 4 x intermediate) + 4 x L)``. Inference frees
-  each layer's tensors before the next, so the peak is one layer's (the MLP's
-  intermediate tensors dominate) and does not grow with depth; ``4 x L`` is the attention
-  mask (a GPU's padded batch materializes it rows x L x L). Measured on CPU (fp32, peak
-  RSS) and an H200 (bf16, ``max_memory_allocated``); ``MARGIN`` covers the allocator.
+  ``T x (MARGIN x bytes x (2 x hidden + 4 x intermediate) + MASK_BYTES x L)``. Inference
+  frees each layer's tensors before the next, so the peak is one layer's (the MLP's
+  intermediate tensors dominate) and does not grow with depth; ``MASK_BYTES x L`` is the
+  L x L attention mask transformers builds for every row on the load path (sentence-
+  transformers passes a padding mask), whatever the model's size. Measured on CPU (fp32,
+  peak RSS) and an H200 (bf16, ``max_memory_allocated``); ``MARGIN`` covers the allocator.
 - **A model's bytes**: weights + ``workers`` x the activations of its largest call (each
   worker thread can run one at once); a pool needs the sum of its models' weights plus
   ``workers`` x the largest of their activations.
@@ -35,7 +36,7 @@ from blitz.settings.pool_settings import PoolSettings
 from blitz.settings.registry import ModelSpec
 
 MARGIN = 1.25  # measured peaks reached 1.22 x the rule's bytes (CPU, 4 layers)
-MASK_BYTES = 4  # per token per position of its row: the attention mask
+MASK_BYTES = 44  # per token per position of its row: the masks (40.0-40.3 measured, +10%)
 SHARE = 0.5  # of what the weights leave: the most one model's calls take by default
 GATED = ("llama", "mistral", "qwen", "gemma", "phi3")  # model_type prefixes with a gated MLP
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"),
@@ -102,8 +103,8 @@ def dtype_bytes(spec: ModelSpec, device: str) -> tuple[int, int]:
 def activation_bytes_per_token(hidden: int, intermediate: int, value_bytes: int,
                                row_length: int) -> int:
     """The rule (module docstring), per token of a call whose rows are ``row_length``."""
-    return int(MARGIN * (value_bytes * (2 * hidden + 4 * intermediate)
-                         + MASK_BYTES * row_length))
+    return int(MARGIN * value_bytes * (2 * hidden + 4 * intermediate)
+               + MASK_BYTES * row_length)
 
 
 @dataclass(frozen=True)
