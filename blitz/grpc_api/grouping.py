@@ -26,6 +26,7 @@ from blitz.errors import ClientError, as_blitz_error
 from blitz.grpc_api import convert
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.rpc_table import BY_METHOD, Malformed
+from blitz.hop_messages import NORMAL
 from blitz.ingress.service import EmbeddingService, RequestRecord, record_failure
 from blitz.pool.batching import Batcher
 
@@ -56,10 +57,11 @@ def runs(requests: list[Any]) -> list[list[Any]]:
 
 class EmbedGroups:
     def __init__(self, service: EmbeddingService, model: str | None, alone: Alone,
-                 window: int, api_key: int = -1):
+                 window: int, api_key: int = -1, priority: int = NORMAL):
         self.service = service
         self.model = model
         self.api_key = api_key  # the stream's API key (RequestRecord.api_key)
+        self.priority = priority  # the stream's priority level (its metadata's)
         self.alone = alone
         self.path = BY_METHOD["EmbedStream"].path
         self.batcher: Batcher[Any, Any] = Batcher(
@@ -85,7 +87,7 @@ class EmbedGroups:
 
     async def _group(self, run: list[Any]) -> list[Any]:
         first = run[0]
-        record = RequestRecord(self.path, api_key=self.api_key)
+        record = RequestRecord(self.path, api_key=self.api_key, priority=self.priority)
         started = time.perf_counter()
         try:
             result = await self.service.embed(

@@ -9,7 +9,8 @@ but an ``EmbedStream`` one per group of messages answered together,
 ``blitz/grpc_api/grouping.py``).
 
 Metadata in: ``authorization: Bearer <key>`` when API keys are on, ``model`` to choose a
-model (the default otherwise; ``multiplexed_model_id`` too, as HTTP's header).
+model (the default otherwise; ``multiplexed_model_id`` too, as HTTP's header),
+``x-blitz-priority`` (or ``priority``): high | normal | low, as HTTP's header.
 Errors: Blitz's error table (``blitz.errors``) as gRPC status codes (``CODES``), the
 message as the details, ``retry-after`` and ``x-blitz-error`` as trailing metadata.
 Like TEI, proto3's defaults apply: ``truncate``, ``add_special_tokens`` and
@@ -31,6 +32,7 @@ from blitz.errors import BlitzError, Overloaded, as_blitz_error
 from blitz.grpc_api import convert
 from blitz.grpc_api.grouping import EmbedGroups
 from blitz.grpc_api.rpc_table import BY_METHOD
+from blitz.hop_messages import NORMAL, priority_level
 from blitz.ingress.keys import ApiKeys
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord, record_failure
@@ -52,6 +54,7 @@ CODES = {  # an error's HTTP status -> its gRPC status code
 }
 logger = logging.getLogger("blitz.grpc")
 MODEL_KEYS = ("model", "multiplexed_model_id")
+PRIORITY_KEYS = ("x-blitz-priority", "priority")  # the first given wins: high | normal | low
 STREAM_WINDOW = 256
 """Messages of one stream being answered at once (they batch together on the pools, like
 concurrent requests), and at most ``limits.max_body_bytes`` of them (one HTTP body's
@@ -94,11 +97,11 @@ class TeiServicer:
         and details and answers an empty message, as Serve expects."""
         rpc = BY_METHOD[method]
         try:
-            model, key = self._admit(context)
+            model, key, priority = self._admit(context)
         except Exception as exc:
             return self._fail(context, exc, rpc.response)
         reply, error = await self._within_bytes(
-            method, request, lambda message: self._answer(method, message, model, key))
+            method, request, lambda message: self._answer(method, message, model, key, priority))
         if error is not None:
             return self._fail(context, error, rpc.response)
         return reply
@@ -126,11 +129,11 @@ class TeiServicer:
             self.held_bytes -= size
 
     async def _answer(self, method: str, request: Any, model: str | None,
-                      key: int = -1) -> tuple[Any, Exception | None]:
+                      key: int = -1, priority: int = NORMAL) -> tuple[Any, Exception | None]:
         """One message's reply, or the error it got; observed once either way (unless the
         client left: as an HTTP request whose client left, it is not counted). ``key``:
-        the caller's API key (``RequestRecord.api_key``)."""
-        record = RequestRecord(BY_METHOD[method].path, api_key=key)
+        the caller's API key (``RequestRecord.api_key``); ``priority``: its level."""
+        record = RequestRecord(BY_METHOD[method].path, api_key=key, priority=priority)
         started = time.perf_counter()
         try:
             reply = await convert.ANSWER[method](self, request, model, record)
@@ -141,16 +144,18 @@ class TeiServicer:
         self.service.observe(record, 200)
         return reply, None
 
-    def _admit(self, context: Context) -> tuple[str | None, int]:
-        """Check the key; the model the metadata names (None: the default) and the
-        index of the caller's API key (-1 with keys off)."""
+    def _admit(self, context: Context) -> tuple[str | None, int, int]:
+        """Check the key; the model the metadata names (None: the default), the index of
+        the caller's API key (-1 with keys off) and the priority level the metadata names
+        (``x-blitz-priority`` or ``priority``; normal when neither)."""
         metadata = {key.lower(): value for key, value in context.invocation_metadata() or ()}
         api_key = (self.keys.check(str(metadata.get("authorization", "")))
                    if self.keys.on else -1)
-        for key in MODEL_KEYS:
-            if metadata.get(key):
-                return str(metadata[key]), api_key
-        return None, api_key
+        named = next((k for k in PRIORITY_KEYS if metadata.get(k) is not None), None)
+        priority = (priority_level(str(metadata[named]).strip().lower(), named) if named
+                    else NORMAL)
+        model = next((str(metadata[k]) for k in MODEL_KEYS if metadata.get(k)), None)
+        return model, api_key, priority
 
     @staticmethod
     def _fail(context: Context, exc: BaseException, response: Any) -> Any:
@@ -174,14 +179,14 @@ class TeiServicer:
         being answered is cancelled, and so is everything when the client leaves."""
         rpc = BY_METHOD[method]
         try:
-            model, key = self._admit(context)
+            model, key, priority = self._admit(context)
         except Exception as exc:
             self._fail(context, exc, rpc.response)
             return
         def alone(request: Any) -> Awaitable[tuple[Any, Exception | None]]:
-            return self._answer(method, request, model, key)
+            return self._answer(method, request, model, key, priority)
 
-        grouped = (EmbedGroups(self.service, model, alone, STREAM_WINDOW, key).answer
+        grouped = (EmbedGroups(self.service, model, alone, STREAM_WINDOW, key, priority).answer
                    if method == "EmbedStream" else alone)
 
         def answer(request: Any) -> Awaitable[tuple[Any, Exception | None]]:
