@@ -180,7 +180,7 @@ class AsyncClient:
                            normalize: bool | None = None, dimensions: int | None = None,
                            dtype: OutputDtype | None = None, prompt_name: str | None = None,
                            instruction: str | None = None,
-                     priority: PriorityName | None = None) -> list[TextChunks]:
+                           priority: PriorityName | None = None) -> list[TextChunks]:
         """Each text chunked (``return_chunks``): its windows' vectors and [start, end)
         character offsets (docs/models.md, "Long inputs")."""
         request = _Calls.embed(texts, model, normalize=normalize, dimensions=dimensions,

@@ -50,7 +50,7 @@ FIELDS = ["texts", "inputs", "input", "model", "normalize", "truncate", "dimensi
           "return_documents", "ids", "add_special_tokens", "skip_special_tokens",
           "return_offsets", "offsets", "raw_scores", "top_k", "input_type", "embedding_types",
           "output_dimension", "truncation_direction", "return_text", "modality", "outputs",
-          "instruction", "truncation_side"]
+          "instruction", "truncation_side", "long_inputs", "return_chunks", "priority"]
 # the values each field takes, and values it refuses, in lists of every shape
 FIELD_VALUES = (VALUES | st.lists(st.text(max_size=4), max_size=12)
                 | st.lists(st.integers(-3, 2**40) | st.booleans(), max_size=25)
@@ -58,7 +58,8 @@ FIELD_VALUES = (VALUES | st.lists(st.text(max_size=4), max_size=12)
                 | st.sampled_from(["float32", "int8", "binary", "base64", "float", "portable",
                                    "numpy", 1, 0, True, -1, "END", "NONE", "START", "right",
                                    "left", "search_query", "text", "image", "dense",
-                                   "sparse", "colbert", ["dense", "colbert"], []]))
+                                   "sparse", "colbert", ["dense", "colbert"], [], "chunk",
+                                   "truncate", "error", "high", "low", "normal"]))
 BODIES = (st.dictionaries(st.sampled_from(FIELDS), FIELD_VALUES, max_size=6)
           | st.dictionaries(st.text(max_size=8), VALUES, max_size=4) | VALUES)
 
