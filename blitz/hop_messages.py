@@ -3,7 +3,8 @@ results the ingress answers with.
 
 - ``EmbedJob``, ``RerankJob``, ``TokenEmbedJob``, ``SparseEmbedJob``, ``ClassifyJob``:
   ingress -> pool, over Serve's handle or the local hop,
-  pickled either way; never larger than the pool's batch limit.
+  pickled either way; never larger than the pool's batch limit. Each carries ``trace``:
+  None, or while tracing is on its request's span context (``blitz.runtime.tracing``).
 - ``EmbedResult`` (with ``TextChunks``), ``RerankResult`` (with ``RerankHit``, ``Usage``),
   ``TokenEmbeddingsResult``, ``SparseResult`` (``SparseVector``), ``SimilarityResult``,
   ``ClassifyResult``
@@ -36,6 +37,7 @@ class EmbedJob:
     truncation_side: str | None = None  # left | right; None: the model's
     long_inputs: str | None = None  # truncate | error | chunk; None: the model's
     return_chunks: bool = False  # chunked, with each window's vector and offsets too
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
 
     def __len__(self) -> int:
         return len(self.texts if self.texts is not None else self.token_ids or ())
@@ -46,6 +48,7 @@ class RerankJob:
     query: str
     documents: list[str]
     truncate: bool = True
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
 
     def __len__(self) -> int:
         return len(self.documents)
@@ -59,6 +62,7 @@ class TokenEmbedJob:
     texts: list[str]
     truncate: bool = True
     long_inputs: str | None = None  # truncate | error; None: the model's (never chunked)
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -71,6 +75,7 @@ class SparseEmbedJob:
     texts: list[str]
     truncate: bool = True
     long_inputs: str | None = None  # truncate | error | chunk; None: the model's
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -84,6 +89,7 @@ class HybridEmbedJob:
     texts: list[str]
     outputs: tuple[str, ...]
     truncate: bool = True
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -96,6 +102,7 @@ class ClassifyJob:
 
     inputs: list[list[str]]
     truncate: bool = True
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
 
     def __len__(self) -> int:
         return len(self.inputs)

@@ -9,7 +9,9 @@ but an ``EmbedStream`` one per group of messages answered together,
 ``blitz/grpc_api/grouping.py``).
 
 Metadata in: ``authorization: Bearer <key>`` when API keys are on, ``model`` to choose a
-model (the default otherwise; ``multiplexed_model_id`` too, as HTTP's header).
+model (the default otherwise; ``multiplexed_model_id`` too, as HTTP's header), and
+``traceparent`` / ``tracestate`` while traces are on (``blitz.runtime.tracing``: each
+message answered gets a span under it).
 Errors: Blitz's error table (``blitz.errors``) as gRPC status codes (``CODES``), the
 message as the details, ``retry-after`` and ``x-blitz-error`` as trailing metadata.
 Like TEI, proto3's defaults apply: ``truncate``, ``add_special_tokens`` and
@@ -30,11 +32,12 @@ import grpc
 from blitz.errors import BlitzError, Overloaded, as_blitz_error
 from blitz.grpc_api import convert
 from blitz.grpc_api.grouping import EmbedGroups
-from blitz.grpc_api.rpc_table import BY_METHOD
+from blitz.grpc_api.rpc_table import BY_METHOD, end_span
 from blitz.ingress.keys import ApiKeys
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord, record_failure
 from blitz.ingress.tokenizing import TokenService
+from blitz.runtime import tracing
 
 CODES = {  # an error's HTTP status -> its gRPC status code
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -94,11 +97,11 @@ class TeiServicer:
         and details and answers an empty message, as Serve expects."""
         rpc = BY_METHOD[method]
         try:
-            model, key = self._admit(context)
+            model, key, traced = self._admit(context)
         except Exception as exc:
             return self._fail(context, exc, rpc.response)
         reply, error = await self._within_bytes(
-            method, request, lambda message: self._answer(method, message, model, key))
+            method, request, lambda message: self._answer(method, message, model, key, traced))
         if error is not None:
             return self._fail(context, error, rpc.response)
         return reply
@@ -125,32 +128,41 @@ class TeiServicer:
         finally:
             self.held_bytes -= size
 
-    async def _answer(self, method: str, request: Any, model: str | None,
-                      key: int = -1) -> tuple[Any, Exception | None]:
+    async def _answer(self, method: str, request: Any, model: str | None, key: int = -1,
+                      traced: dict[str, Any] | None = None) -> tuple[Any, Exception | None]:
         """One message's reply, or the error it got; observed once either way (unless the
         client left: as an HTTP request whose client left, it is not counted). ``key``:
-        the caller's API key (``RequestRecord.api_key``)."""
+        the caller's API key (``RequestRecord.api_key``); ``traced``: the call's metadata
+        while traces are on (the message gets a span, ``Rpc.span``)."""
         record = RequestRecord(BY_METHOD[method].path, api_key=key)
+        if traced is not None:
+            record.trace = BY_METHOD[method].span(traced)
         started = time.perf_counter()
         try:
             reply = await convert.ANSWER[method](self, request, model, record)
         except Exception as exc:
-            record_failure(record, exc, self.service.observe)
+            end_span(record, record_failure(record, exc, self.service.observe))
             return None, exc
+        except BaseException:  # cancelled (the client left): not counted, its span still ends
+            end_span(record, None)
+            raise
         convert.fill_metadata(reply, request, record, time.perf_counter() - started)
         self.service.observe(record, 200)
+        end_span(record, None)
         return reply, None
 
-    def _admit(self, context: Context) -> tuple[str | None, int]:
-        """Check the key; the model the metadata names (None: the default) and the
-        index of the caller's API key (-1 with keys off)."""
+    def _admit(self, context: Context) -> tuple[str | None, int, dict[str, Any] | None]:
+        """Check the key; the model the metadata names (None: the default), the index of
+        the caller's API key (-1 with keys off) and, while traces are on, the metadata (its
+        ``traceparent``, ``blitz.runtime.tracing``)."""
         metadata = {key.lower(): value for key, value in context.invocation_metadata() or ()}
         api_key = (self.keys.check(str(metadata.get("authorization", "")))
                    if self.keys.on else -1)
+        traced = metadata if tracing.TRACER is not None else None
         for key in MODEL_KEYS:
             if metadata.get(key):
-                return str(metadata[key]), api_key
-        return None, api_key
+                return str(metadata[key]), api_key, traced
+        return None, api_key, traced
 
     @staticmethod
     def _fail(context: Context, exc: BaseException, response: Any) -> Any:
@@ -174,14 +186,14 @@ class TeiServicer:
         being answered is cancelled, and so is everything when the client leaves."""
         rpc = BY_METHOD[method]
         try:
-            model, key = self._admit(context)
+            model, key, traced = self._admit(context)
         except Exception as exc:
             self._fail(context, exc, rpc.response)
             return
         def alone(request: Any) -> Awaitable[tuple[Any, Exception | None]]:
-            return self._answer(method, request, model, key)
+            return self._answer(method, request, model, key, traced)
 
-        grouped = (EmbedGroups(self.service, model, alone, STREAM_WINDOW, key).answer
+        grouped = (EmbedGroups(self.service, model, alone, STREAM_WINDOW, key, traced).answer
                    if method == "EmbedStream" else alone)
 
         def answer(request: Any) -> Awaitable[tuple[Any, Exception | None]]:
