@@ -67,7 +67,7 @@ class RequestRecord:
     cache_hits: int = 0  # texts answered by the vector cache (ingress.vector_cache_mb)
     cache_misses: int = 0  # texts the cache sent on to a pool
     cache_bytes: int = 0  # what the cache holds after this request
-    trace: RequestSpan | None = None  # its span while traced (blitz.runtime.tracing)
+    trace: RequestSpan | None = field(default=None, compare=False, repr=False)  # when traced
     timings: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
     started: float = field(default_factory=time.perf_counter, compare=False, repr=False)
 
