@@ -18,7 +18,7 @@ import numpy as np
 
 from blitz import codecs
 from blitz.encoders.postprocess import OutputDtype
-from blitz.hop_messages import TextChunks
+from blitz.hop_messages import PriorityName, TextChunks
 
 _MSGPACK = codecs.MSGPACK_TYPES[0]
 LongInputs = Literal["truncate", "error", "chunk"]
@@ -48,16 +48,17 @@ class _Calls:
     def embed(cls, texts: str | list[str], model: str | None,
               **options: Any) -> dict[str, Any]:
         """``options``: the body's fields (normalize, truncate, dimensions, dtype,
-        prompt_name, instruction, long_inputs, return_chunks); None ones are left out."""
+        prompt_name, instruction, long_inputs, return_chunks, priority); None ones are
+        left out."""
         return cls._post("/embed", {"texts": texts, **options}, model)
 
     @classmethod
     def rerank(cls, query: str, documents: list[str], model: str | None, *,
                top_n: int | None, return_documents: bool | None,
-               truncate: bool | None) -> dict[str, Any]:
+               truncate: bool | None, priority: PriorityName | None) -> dict[str, Any]:
         return cls._post("/rerank", {"query": query, "documents": documents, "top_n": top_n,
                                      "return_documents": return_documents,
-                                     "truncate": truncate}, model)
+                                     "truncate": truncate, "priority": priority}, model)
 
     @staticmethod
     def models() -> dict[str, Any]:
@@ -96,39 +97,48 @@ class Client:
     """Blocking client. ``transport`` accepts any httpx transport (tests serve the real API).
 
     The options of ``embed`` and ``rerank`` are the request bodies' (README, "APIs"); one left
-    as None is not sent, so the server's default applies."""
+    as None is not sent, so the server's default applies. ``priority`` (high | normal |
+    low) is the client's default for every call (a call's own wins): a bulk job's client
+    says ``priority="low"`` once (docs/operations.md, "Priorities")."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None,
-                 timeout: float = 60.0, transport: httpx.BaseTransport | None = None):
+                 timeout: float = 60.0, transport: httpx.BaseTransport | None = None,
+                 priority: PriorityName | None = None):
         self._http = httpx.Client(base_url=base_url, headers=_headers(api_key),
                                   timeout=timeout, transport=transport)
+        self.priority = priority
 
     def embed(self, texts: str | list[str], model: str | None = None, *,
               normalize: bool | None = None, truncate: bool | None = None,
               dimensions: int | None = None, dtype: OutputDtype | None = None,
               prompt_name: str | None = None, instruction: str | None = None,
-              long_inputs: LongInputs | None = None) -> np.ndarray:
+              long_inputs: LongInputs | None = None,
+              priority: PriorityName | None = None) -> np.ndarray:
         request = _Calls.embed(texts, model, normalize=normalize, truncate=truncate,
                                dimensions=dimensions, dtype=dtype, prompt_name=prompt_name,
-                               instruction=instruction, long_inputs=long_inputs)
+                               instruction=instruction, long_inputs=long_inputs,
+                               priority=priority or self.priority)
         return _Calls.embeddings(self._http.request(**request))
 
     def embed_chunks(self, texts: str | list[str], model: str | None = None, *,
                      normalize: bool | None = None, dimensions: int | None = None,
                      dtype: OutputDtype | None = None, prompt_name: str | None = None,
-                     instruction: str | None = None) -> list[TextChunks]:
+                     instruction: str | None = None,
+                     priority: PriorityName | None = None) -> list[TextChunks]:
         """Each text chunked (``return_chunks``): its windows' vectors and [start, end)
         character offsets (docs/models.md, "Long inputs")."""
         request = _Calls.embed(texts, model, normalize=normalize, dimensions=dimensions,
                                dtype=dtype, prompt_name=prompt_name, instruction=instruction,
-                               return_chunks=True)
+                               return_chunks=True, priority=priority or self.priority)
         return _Calls.chunks(self._http.request(**request))
 
     def rerank(self, query: str, documents: list[str], model: str | None = None, *,
                top_n: int | None = None, return_documents: bool | None = None,
-               truncate: bool | None = None) -> dict[str, Any]:
+               truncate: bool | None = None,
+               priority: PriorityName | None = None) -> dict[str, Any]:
         request = _Calls.rerank(query, documents, model, top_n=top_n,
-                                return_documents=return_documents, truncate=truncate)
+                                return_documents=return_documents, truncate=truncate,
+                                priority=priority or self.priority)
         return _Calls.decode(self._http.request(**request))
 
     def models(self) -> list[dict[str, Any]]:
@@ -148,36 +158,43 @@ class AsyncClient:
     """Asyncio client with the same methods as ``Client``."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None,
-                 timeout: float = 60.0, transport: httpx.AsyncBaseTransport | None = None):
+                 timeout: float = 60.0, transport: httpx.AsyncBaseTransport | None = None,
+                 priority: PriorityName | None = None):
         self._http = httpx.AsyncClient(base_url=base_url, headers=_headers(api_key),
                                        timeout=timeout, transport=transport)
+        self.priority = priority
 
     async def embed(self, texts: str | list[str], model: str | None = None, *,
                     normalize: bool | None = None, truncate: bool | None = None,
                     dimensions: int | None = None, dtype: OutputDtype | None = None,
                     prompt_name: str | None = None, instruction: str | None = None,
-                    long_inputs: LongInputs | None = None) -> np.ndarray:
+                    long_inputs: LongInputs | None = None,
+                    priority: PriorityName | None = None) -> np.ndarray:
         request = _Calls.embed(texts, model, normalize=normalize, truncate=truncate,
                                dimensions=dimensions, dtype=dtype, prompt_name=prompt_name,
-                               instruction=instruction, long_inputs=long_inputs)
+                               instruction=instruction, long_inputs=long_inputs,
+                               priority=priority or self.priority)
         return _Calls.embeddings(await self._http.request(**request))
 
     async def embed_chunks(self, texts: str | list[str], model: str | None = None, *,
                            normalize: bool | None = None, dimensions: int | None = None,
                            dtype: OutputDtype | None = None, prompt_name: str | None = None,
-                           instruction: str | None = None) -> list[TextChunks]:
+                           instruction: str | None = None,
+                     priority: PriorityName | None = None) -> list[TextChunks]:
         """Each text chunked (``return_chunks``): its windows' vectors and [start, end)
         character offsets (docs/models.md, "Long inputs")."""
         request = _Calls.embed(texts, model, normalize=normalize, dimensions=dimensions,
                                dtype=dtype, prompt_name=prompt_name, instruction=instruction,
-                               return_chunks=True)
+                               return_chunks=True, priority=priority or self.priority)
         return _Calls.chunks(await self._http.request(**request))
 
     async def rerank(self, query: str, documents: list[str], model: str | None = None, *,
                      top_n: int | None = None, return_documents: bool | None = None,
-                     truncate: bool | None = None) -> dict[str, Any]:
+                     truncate: bool | None = None,
+               priority: PriorityName | None = None) -> dict[str, Any]:
         request = _Calls.rerank(query, documents, model, top_n=top_n,
-                                return_documents=return_documents, truncate=truncate)
+                                return_documents=return_documents, truncate=truncate,
+                                priority=priority or self.priority)
         return _Calls.decode(await self._http.request(**request))
 
     async def models(self) -> list[dict[str, Any]]:

@@ -3,8 +3,10 @@ results the ingress answers with.
 
 - ``EmbedJob``, ``RerankJob``, ``TokenEmbedJob``, ``SparseEmbedJob``, ``ClassifyJob``:
   ingress -> pool, over Serve's handle or the local hop,
-  pickled either way; never larger than the pool's batch limit. Each carries ``trace``:
-  None, or while tracing is on its request's span context (``blitz.runtime.tracing``).
+  pickled either way; never larger than the pool's batch limit. Each carries its
+  request's ``priority`` (``PRIORITIES``), which both queues it waits in honour, and
+  ``trace``: None, or while tracing is on its request's span context
+  (``blitz.runtime.tracing``).
 - ``EmbedResult`` (with ``TextChunks``), ``RerankResult`` (with ``RerankHit``, ``Usage``),
   ``TokenEmbeddingsResult``, ``SparseResult`` (``SparseVector``), ``SimilarityResult``,
   ``ClassifyResult``
@@ -20,14 +22,63 @@ versions side by side, so the module keeps its name. The HTTP request bodies are
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Literal, TypeVar
 
 import numpy as np
+
+from blitz.errors import InvalidValue, echo
+
+# ---- priority (docs/operations.md, "Priorities: interactive ahead of bulk") ---------------
+
+PRIORITIES = ("high", "normal", "low")
+"""A request's priority by name; its level is its index here: level 0 is served first.
+A waiting job moves up one level every ``priority_aging_s`` it waits (PoolSettings)."""
+HIGH, NORMAL, LOW = range(len(PRIORITIES))
+PriorityName = Literal["high", "normal", "low"]
+PRIORITY_HELP = ("high | normal | low: the queues serve higher first, and a request "
+                 "waiting priority_aging_s moves up one, so low is never starved; default "
+                 "normal (header x-blitz-priority wins over the body)")
+
+
+def priority_level(value: object, param: str = "priority") -> int:
+    """The level of a priority as sent (a name of ``PRIORITIES``, or None: normal); a 422
+    naming ``param`` otherwise. Headers and metadata are lowercased before."""
+    if value is None:
+        return NORMAL
+    if isinstance(value, str) and value in PRIORITIES:
+        return PRIORITIES.index(value)
+    raise InvalidValue(f"{param} must be one of {', '.join(PRIORITIES)}, not "
+                       f"{echo(repr(value))}", param=param)
+
 
 # ---- pool jobs (ingress -> pool) ---------------------------------------------------------
 
 @dataclass(frozen=True)
-class EmbedJob:
+class _Job:
+    """What every job carries besides its inputs: its request's priority level. A job
+    pickled by a version without it reads the class's default, normal."""
+
+    priority: int = dataclasses.field(default=NORMAL, kw_only=True)
+
+
+J = TypeVar("J", bound=_Job)
+
+
+def with_priority(job: J, level: int) -> J:
+    """``job`` at priority ``level`` (the ingress's queue hands the pool a job it aged)."""
+    return job if job.priority == level else dataclasses.replace(job, priority=level)
+
+
+def priority_of(job: object) -> int:
+    """A job's priority level (``Batcher``'s ``priority``); normal for anything else."""
+    level = getattr(job, "priority", NORMAL)
+    return level if isinstance(level, int) and HIGH <= level <= LOW else NORMAL
+
+
+@dataclass(frozen=True)
+class EmbedJob(_Job):
     """Texts (or token ids) for one pool call; never larger than the pool's batch limit."""
 
     texts: list[str] | None = None
@@ -44,7 +95,7 @@ class EmbedJob:
 
 
 @dataclass(frozen=True)
-class RerankJob:
+class RerankJob(_Job):
     query: str
     documents: list[str]
     truncate: bool = True
@@ -55,7 +106,7 @@ class RerankJob:
 
 
 @dataclass(frozen=True)
-class TokenEmbedJob:
+class TokenEmbedJob(_Job):
     """Texts whose per-token vectors are asked for (``/embed_all``); never larger than the
     pool's batch limit."""
 
@@ -69,7 +120,7 @@ class TokenEmbedJob:
 
 
 @dataclass(frozen=True)
-class SparseEmbedJob:
+class SparseEmbedJob(_Job):
     """Texts for a sparse (SPLADE) model (``/embed_sparse``); at most the batch limit."""
 
     texts: list[str]
@@ -82,7 +133,7 @@ class SparseEmbedJob:
 
 
 @dataclass(frozen=True)
-class HybridEmbedJob:
+class HybridEmbedJob(_Job):
     """Texts for a hybrid (bge-m3) model (``/embed_hybrid``) and the outputs asked for
     (of "dense", "sparse", "colbert"); at most the batch limit."""
 
@@ -96,7 +147,7 @@ class HybridEmbedJob:
 
 
 @dataclass(frozen=True)
-class ClassifyJob:
+class ClassifyJob(_Job):
     """Inputs for a classifier (``/predict``, ``/classify``): each one text or a text
     pair; never larger than the pool's batch limit."""
 

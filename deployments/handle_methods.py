@@ -1,6 +1,8 @@
 """The ingress's handle API, generated: ``await handle.embed.remote(texts, model=...)`` and
 its nine siblings call the service method of the same name, with its own signature,
-options and docstring, so the handle cannot drift from ``POST /embed`` and the rest.
+options and docstring, so the handle cannot drift from ``POST /embed`` and the rest. In
+place of the service's internal ``record`` a method takes ``priority=`` (high | normal |
+low; docs/operations.md, "Priorities"): the queues' order for the model work it sends.
 
 Each entry of ``HANDLE_METHODS`` names the service the ingress holds (``service``,
 ``outputs`` or ``tokens``) and the function called; ``info`` is a function of the service
@@ -14,12 +16,14 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from blitz.hop_messages import priority_level
 from blitz.ingress import status
 from blitz.ingress.other_outputs import OutputService
-from blitz.ingress.service import EmbeddingService
+from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.tokenizing import TokenService
 
 INTERNAL = "record"  # the services' parameter that the handle does not offer
+PRIORITY = "priority"  # what it offers in its place: high | normal | low (default normal)
 HANDLE_METHODS: dict[str, tuple[str, Callable[..., Any]]] = {
     "embed": ("service", EmbeddingService.embed),
     "rerank": ("service", EmbeddingService.rerank),
@@ -36,17 +40,27 @@ HANDLE_METHODS: dict[str, tuple[str, Callable[..., Any]]] = {
 
 def _method(name: str, holder: str, function: Callable[..., Any]) -> Callable[..., Any]:
     signature = inspect.signature(function)
+    recorded = INTERNAL in signature.parameters  # it takes a priority (tokenize and decode
+    # run no model: theirs changes nothing)
 
     async def call(self: HandleMethods, *args: Any, **kwargs: Any) -> Any:
         if INTERNAL in kwargs:  # the request record is the service's own, never a caller's
             raise TypeError(f"{name}() got an unexpected keyword argument {INTERNAL!r}")
-        result = function(getattr(self, holder), *args, **kwargs)
-        return await result if inspect.isawaitable(result) else result
+        priority = kwargs.pop(PRIORITY, None) if recorded else None
+        if priority is None:
+            result = function(getattr(self, holder), *args, **kwargs)
+            return await result if inspect.isawaitable(result) else result
+        record = RequestRecord(f"handle.{name}")  # as the service names its own
+        with self.service.observed(record):
+            record.priority = priority_level(priority)
+            return await function(getattr(self, holder), *args, record=record, **kwargs)
 
     call.__name__ = call.__qualname__ = name  # Serve finds a handle's method by its name
     call.__doc__ = f"Handle API: ``await handle.{name}.remote(...)``.\n\n{function.__doc__}"
     call.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[p for p in signature.parameters.values() if p.name != INTERNAL])
+        parameters=[inspect.Parameter(PRIORITY, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                      annotation="str | None") if p.name == INTERNAL else p
+                    for p in signature.parameters.values()])
     return call
 
 

@@ -23,6 +23,7 @@ from blitz import timing
 from blitz.encoders.base import Encoded
 from blitz.errors import Overloaded, Unavailable
 from blitz.grpc_api.servicer import TeiServicer
+from blitz.hop_messages import priority_of, with_priority
 from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
 from blitz.ingress.other_outputs import OutputService
@@ -81,7 +82,8 @@ class ServeDispatcher:
 
     Concurrent jobs of every kind for one pool and model go through one ``Batcher``, this
     hop's one queue: they become one pool call (``run_jobs``) that answers each job on its
-    own, bounded in texts waiting and in calls in flight, and timed by ``pool_timeout_s``. A replica
+    own, bounded in texts waiting and in calls in flight, and timed by ``pool_timeout_s``;
+    higher priorities first, aged by the pool's ``priority_aging_s``. A replica
     that dies mid-call is retried once (embedding and scoring are idempotent), then
     answered 503 with Retry-After; a full queue is a 503 at once. What a replica raised
     arrives as Ray's ``RayTaskError`` and is passed on: ``as_blitz_error`` answers its cause.
@@ -181,8 +183,10 @@ class ServeDispatcher:
                 max_in_flight=calls_in_flight(settings.worker_count, settings.max_replicas),
                 timeout_s=self.settings.ingress.pool_timeout_s,
                 name=f"{pool} pool queue for {model_id!r}",
+                priority=priority_of, promote=with_priority, aging_s=settings.priority_aging_s,
                 on_reject=lambda: metrics.rejected.inc(tags={"hop": "ingress"}),
-                on_waiting=metrics.waiting("ingress", pool, model_id))
+                on_waiting=metrics.waiting("ingress", pool, model_id),
+                on_waited=metrics.waited("ingress", pool))
         return batcher
 
     async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:

@@ -3,7 +3,7 @@
 Ray exports each as ``ray_<name>`` (counters as ``ray_<name>_total``) and adds the
 ``deployment``, ``replica`` and ``application`` labels; every label set here takes its
 values from a closed set: route templates (unknown paths are ``other``), registry model
-ids (unknown ids are ``other``), pool names, hops and error codes. ``-`` stands for "not
+ids (unknown ids are ``other``), pool names, hops, priorities and error codes. ``-`` stands for "not
 known yet" (a request refused before it was routed). deploy/grafana/blitz.json charts
 every metric here, and Serve's own ones in ``SERVE_METRICS_CHARTED``.
 """
@@ -15,6 +15,7 @@ from functools import cached_property
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
+from blitz.hop_messages import PRIORITIES
 from blitz.ingress.service import RequestRecord
 from blitz.runtime.metric_buffer import MetricBuffer
 
@@ -82,6 +83,15 @@ class BlitzMetrics:
                      description="texts waiting for a batch, per replica: hop ingress "
                      "(for a pool call) or pool (for a model call)",
                      tag_keys=_tag_keys("hop", "pool", "model"))
+
+    @cached_property
+    def queue_seconds(self) -> Histogram:
+        return Histogram("blitz_queue_seconds",
+                         description="per batch formed, how long its oldest job waited in "
+                         "the queue, by hop (ingress: for a pool call; pool: for a model "
+                         "call), pool and the priority it came with (high, normal, low)",
+                         boundaries=LATENCY_BOUNDS_S,
+                         tag_keys=_tag_keys("hop", "pool", "priority"))
 
     @cached_property
     def model_evictions(self) -> Counter:
@@ -198,6 +208,12 @@ class BlitzMetrics:
         """A Batcher's ``on_waiting``: sets the queue-depth gauge of one hop and model."""
         tags = {"hop": hop, "pool": pool, "model": model}
         return lambda texts: self.buffer.set(self.waiting_texts, texts, tags)
+
+    def waited(self, hop: str, pool: str) -> Callable[[int, float], None]:
+        """A Batcher's ``on_waited``: a batch's priority level and its oldest job's wait."""
+        tags = [{"hop": hop, "pool": pool, "priority": name} for name in PRIORITIES]
+        return lambda level, seconds: self.buffer.observe(self.queue_seconds, seconds,
+                                                          tags[level])
 
     def observe_batch(self, pool: str, texts: int) -> None:
         """A model call of ``texts`` texts, about to run."""

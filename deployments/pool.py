@@ -49,6 +49,7 @@ def _events(pool: str) -> PoolEvents:
         evicted=lambda model: metrics.model_evictions.inc(tags={"model": model, "pool": pool}),
         rejected=lambda: metrics.rejected.inc(tags={"hop": pool}),
         waiting=lambda model: metrics.waiting("pool", pool, model),
+        waited=metrics.waited("pool", pool),
         batch=lambda texts: metrics.observe_batch(pool, texts),
         padding=lambda ratio: metrics.observe_padding(pool, ratio),
         noted=flush_replica_log)

@@ -6,7 +6,8 @@
   timed), the corpus written as ``files`` Parquet files;
 - ``server`` (with ``--url``, or ``--serve`` to start ``scripts/serve.sh`` once the
   bulk job's Ray is gone, and stop it after): the same corpus through the server in
-  128-text ``POST /embed`` requests, ``concurrency`` in flight.
+  128-text ``POST /embed`` requests, ``concurrency`` in flight, at priority low as a
+  bulk client should send them.
 
 Rows/s for each, the ratios to the ceiling, and the smallest cosine between the bulk
 output and the in-process vectors.
@@ -158,7 +159,7 @@ def _server_row(url: str, corpus: list[str], model: str, concurrency: int,
 
     texts = len(corpus)
     progress(f"server: {texts} texts in 128-text requests, {concurrency} in flight")
-    client = Client(url, timeout=300)
+    client = Client(url, timeout=300, priority="low")  # bulk work: behind interactive
     chunks = [corpus[i:i + 128] for i in range(0, texts, 128)]
     client.embed(chunks[0], model=model)  # warm up
     start = time.perf_counter()

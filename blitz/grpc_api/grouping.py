@@ -26,6 +26,7 @@ from blitz.errors import ClientError, as_blitz_error
 from blitz.grpc_api import convert
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.rpc_table import BY_METHOD, Malformed, end_span
+from blitz.hop_messages import NORMAL
 from blitz.ingress.service import EmbeddingService, RequestRecord, record_failure
 from blitz.pool.batching import Batcher
 
@@ -56,10 +57,12 @@ def runs(requests: list[Any]) -> list[list[Any]]:
 
 class EmbedGroups:
     def __init__(self, service: EmbeddingService, model: str | None, alone: Alone,
-                 window: int, api_key: int = -1, traced: dict[str, Any] | None = None):
+                 window: int, api_key: int = -1, priority: int = NORMAL,
+                 traced: dict[str, Any] | None = None):
         self.service = service
         self.model = model
         self.api_key = api_key  # the stream's API key (RequestRecord.api_key)
+        self.priority = priority  # the stream's priority level (its metadata's)
         self.traced = traced  # the stream's metadata while traces are on: a span per group
         self.alone = alone
         self.path = BY_METHOD["EmbedStream"].path
@@ -86,7 +89,7 @@ class EmbedGroups:
 
     async def _group(self, run: list[Any]) -> list[Any]:
         first = run[0]
-        record = RequestRecord(self.path, api_key=self.api_key)
+        record = RequestRecord(self.path, api_key=self.api_key, priority=self.priority)
         if self.traced is not None:
             record.trace = BY_METHOD["EmbedStream"].span(self.traced)
         started = time.perf_counter()

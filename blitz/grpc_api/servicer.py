@@ -9,7 +9,8 @@ but an ``EmbedStream`` one per group of messages answered together,
 ``blitz/grpc_api/grouping.py``).
 
 Metadata in: ``authorization: Bearer <key>`` when API keys are on, ``model`` to choose a
-model (the default otherwise; ``multiplexed_model_id`` too, as HTTP's header), and
+model (the default otherwise; ``multiplexed_model_id`` too, as HTTP's header),
+``x-blitz-priority`` (or ``priority``): high | normal | low, as HTTP's header, and
 ``traceparent`` / ``tracestate`` while traces are on (``blitz.runtime.tracing``: each
 message answered gets a span under it).
 Errors: Blitz's error table (``blitz.errors``) as gRPC status codes (``CODES``), the
@@ -33,6 +34,7 @@ from blitz.errors import BlitzError, Overloaded, as_blitz_error
 from blitz.grpc_api import convert
 from blitz.grpc_api.grouping import EmbedGroups
 from blitz.grpc_api.rpc_table import BY_METHOD, end_span
+from blitz.hop_messages import NORMAL, priority_level
 from blitz.ingress.keys import ApiKeys
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord, record_failure
@@ -55,6 +57,7 @@ CODES = {  # an error's HTTP status -> its gRPC status code
 }
 logger = logging.getLogger("blitz.grpc")
 MODEL_KEYS = ("model", "multiplexed_model_id")
+PRIORITY_KEYS = ("x-blitz-priority", "priority")  # the first given wins: high | normal | low
 STREAM_WINDOW = 256
 """Messages of one stream being answered at once (they batch together on the pools, like
 concurrent requests), and at most ``limits.max_body_bytes`` of them (one HTTP body's
@@ -97,11 +100,11 @@ class TeiServicer:
         and details and answers an empty message, as Serve expects."""
         rpc = BY_METHOD[method]
         try:
-            model, key, traced = self._admit(context)
+            model, key, priority, traced = self._admit(context)
         except Exception as exc:
             return self._fail(context, exc, rpc.response)
-        reply, error = await self._within_bytes(
-            method, request, lambda message: self._answer(method, message, model, key, traced))
+        reply, error = await self._within_bytes(method, request, lambda message: self._answer(
+            method, message, model, key, priority, traced))
         if error is not None:
             return self._fail(context, error, rpc.response)
         return reply
@@ -129,12 +132,14 @@ class TeiServicer:
             self.held_bytes -= size
 
     async def _answer(self, method: str, request: Any, model: str | None, key: int = -1,
-                      traced: dict[str, Any] | None = None) -> tuple[Any, Exception | None]:
+                      priority: int = NORMAL, traced: dict[str, Any] | None = None
+                      ) -> tuple[Any, Exception | None]:
         """One message's reply, or the error it got; observed once either way (unless the
         client left: as an HTTP request whose client left, it is not counted). ``key``:
-        the caller's API key (``RequestRecord.api_key``); ``traced``: the call's metadata
-        while traces are on (the message gets a span, ``Rpc.span``)."""
-        record = RequestRecord(BY_METHOD[method].path, api_key=key)
+        the caller's API key (``RequestRecord.api_key``); ``priority``: its level;
+        ``traced``: the call's metadata while traces are on (the message gets a span,
+        ``Rpc.span``)."""
+        record = RequestRecord(BY_METHOD[method].path, api_key=key, priority=priority)
         if traced is not None:
             record.trace = BY_METHOD[method].span(traced)
         started = time.perf_counter()
@@ -151,18 +156,19 @@ class TeiServicer:
         end_span(record, None)
         return reply, None
 
-    def _admit(self, context: Context) -> tuple[str | None, int, dict[str, Any] | None]:
+    def _admit(self, context: Context) -> tuple[str | None, int, int, dict[str, Any] | None]:
         """Check the key; the model the metadata names (None: the default), the index of
-        the caller's API key (-1 with keys off) and, while traces are on, the metadata (its
-        ``traceparent``, ``blitz.runtime.tracing``)."""
+        the caller's API key (-1 with keys off), the priority level the metadata names
+        (``x-blitz-priority`` or ``priority``; normal when neither) and, while traces are
+        on, the metadata (its ``traceparent``, ``blitz.runtime.tracing``)."""
         metadata = {key.lower(): value for key, value in context.invocation_metadata() or ()}
         api_key = (self.keys.check(str(metadata.get("authorization", "")))
                    if self.keys.on else -1)
-        traced = metadata if tracing.TRACER is not None else None
-        for key in MODEL_KEYS:
-            if metadata.get(key):
-                return str(metadata[key]), api_key, traced
-        return None, api_key, traced
+        named = next((k for k in PRIORITY_KEYS if metadata.get(k) is not None), None)
+        priority = (priority_level(str(metadata[named]).strip().lower(), named) if named
+                    else NORMAL)
+        model = next((str(metadata[k]) for k in MODEL_KEYS if metadata.get(k)), None)
+        return model, api_key, priority, metadata if tracing.TRACER is not None else None
 
     @staticmethod
     def _fail(context: Context, exc: BaseException, response: Any) -> Any:
@@ -186,14 +192,15 @@ class TeiServicer:
         being answered is cancelled, and so is everything when the client leaves."""
         rpc = BY_METHOD[method]
         try:
-            model, key, traced = self._admit(context)
+            model, key, priority, traced = self._admit(context)
         except Exception as exc:
             self._fail(context, exc, rpc.response)
             return
         def alone(request: Any) -> Awaitable[tuple[Any, Exception | None]]:
-            return self._answer(method, request, model, key, traced)
+            return self._answer(method, request, model, key, priority, traced)
 
-        grouped = (EmbedGroups(self.service, model, alone, STREAM_WINDOW, key, traced).answer
+        grouped = (EmbedGroups(self.service, model, alone, STREAM_WINDOW, key, priority,
+                               traced).answer
                    if method == "EmbedStream" else alone)
 
         def answer(request: Any) -> Awaitable[tuple[Any, Exception | None]]:

@@ -42,7 +42,13 @@ from blitz.http.bodies import (
     SimilarityRequest,
     TokenizeRequest,
 )
-from blitz.http.middleware import RequestMiddleware, record_of, request_id_of, speaks
+from blitz.http.middleware import (
+    RequestMiddleware,
+    record_of,
+    request_id_of,
+    speaks,
+    take_priority,
+)
 from blitz.http.peers import PeerRoutes
 from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
 from blitz.ingress import status
@@ -176,7 +182,9 @@ class HttpApi:
         async def endpoint(request: Request) -> Response:
             if tei and self._reply(request)[0] != "msgpack":
                 _speaks(request, "tei")
-            return await route(request, await self._body(request))
+            payload = await self._body(request)
+            take_priority(request.scope, payload)
+            return await route(request, payload)
         endpoint.__name__, endpoint.__doc__ = route.__name__, route.__doc__
         return endpoint
 

@@ -26,6 +26,7 @@ from pydantic import (
 from blitz.codecs import ArrayLayout
 from blitz.encoders.postprocess import OutputDtype
 from blitz.errors import BadRequest, InvalidValue, echo
+from blitz.hop_messages import PRIORITY_HELP, PriorityName
 from blitz.http.long_inputs import LongInputs, TruncationSide
 from blitz.ingress.limits import check_count, check_token_total
 
@@ -37,6 +38,7 @@ class _Request(BaseModel):
     """A request body. Numbers and booleans are strict (``true`` is not ``1``)."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    priority: PriorityName | None = Field(None, description=PRIORITY_HELP)  # take_priority
     # body keys holding one item per text: counted before validation, so that a hostile
     # list costs one len() instead of one validation error per item
     _list_keys: ClassVar[tuple[str, ...]] = ()

@@ -17,6 +17,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Collection
+from typing import Any
 
 from starlette._utils import get_route_path  # the router's own reading of root_path
 from starlette.datastructures import Headers
@@ -32,6 +33,7 @@ from blitz.errors import (
     as_blitz_error,
     echo,
 )
+from blitz.hop_messages import priority_level
 from blitz.http import disconnect
 from blitz.http.responses import JSONBytesResponse
 from blitz.ingress.keys import ApiKeys
@@ -47,12 +49,26 @@ RECORD = "blitz.record"  # scope key of the request's RequestRecord, for the rou
 # shape (blitz.errors.ErrorShape); OpenAI's otherwise
 ERROR_SHAPE = "blitz.error_shape"
 REQUEST_ID = "blitz.request_id"  # scope key of the request's id (its x-request-id)
+PRIORITY_HEADER = "x-blitz-priority"  # high | normal | low; wins over the body's priority
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 def record_of(scope: Scope) -> RequestRecord:
     """The request's record, made by the middleware; the service fills it in."""
     return scope[RECORD]
+
+
+def take_priority(scope: Scope, payload: Any) -> None:
+    """The request's priority into its record: the ``x-blitz-priority`` header's, else the
+    body's ``priority``, else normal (a gateway that sets the header decides; its value in
+    any case); either one not a priority name is a 422 naming it."""
+    given = payload.get("priority") if isinstance(payload, dict) else None
+    level = priority_level(given) if given is not None else None
+    header = Headers(scope=scope).get(PRIORITY_HEADER)
+    if header is not None:
+        level = priority_level(header.strip().lower(), param=PRIORITY_HEADER)
+    if level is not None:
+        record_of(scope).priority = level
 
 
 def request_id_of(scope: Scope) -> str:

@@ -70,3 +70,19 @@ def check_token_ids(token_ids: list[list[int]], limits: Limits, what: str = "inp
         check_length(len(row), limits, f"{what}[{i}]", what, "token ids")
         total += len(row)
     check_token_total(total, limits, what)
+
+
+def check_rerank(query: str, documents: list[str], top_n: int | None,
+                 limits: Limits) -> list[str]:
+    """``documents``, once the query, they and ``top_n`` are within ``limits``."""
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidValue("query must be a non-empty string", param="query")
+    check_length(len(query), limits, "query", "query")
+    check_texts(documents, limits, "documents")
+    if top_n is not None:
+        if top_n < 1:
+            raise InvalidValue("top_n must be at least 1", param="top_n")
+        if top_n > limits.max_top_n:
+            raise PayloadTooLarge(f"top_n={top_n}; the limit max_top_n is "
+                                  f"{limits.max_top_n}", param="top_n")
+    return documents

@@ -27,11 +27,19 @@ from blitz.errors import (
     InputTooLong,
     InvalidValue,
     ModelLoadFailed,
-    PayloadTooLarge,
     as_blitz_error,
 )
-from blitz.hop_messages import EmbedJob, EmbedResult, RerankHit, RerankJob, RerankResult, Usage
-from blitz.ingress.limits import check_length, check_texts, check_token_ids
+from blitz.hop_messages import (
+    NORMAL,
+    EmbedJob,
+    EmbedResult,
+    RerankHit,
+    RerankJob,
+    RerankResult,
+    Usage,
+    with_priority,
+)
+from blitz.ingress.limits import check_rerank, check_texts, check_token_ids
 from blitz.ingress.long_inputs import check_long_inputs, text_chunks
 from blitz.ingress.routing import Route, choose_pool
 from blitz.ingress.vector_cache import CachedEmbedder, Computed, Key, fingerprint
@@ -67,6 +75,7 @@ class RequestRecord:
     cache_hits: int = 0  # texts answered by the vector cache (ingress.vector_cache_mb)
     cache_misses: int = 0  # texts the cache sent on to a pool
     cache_bytes: int = 0  # what the cache holds after this request
+    priority: int = NORMAL  # its level (blitz.hop_messages.PRIORITIES); every job carries it
     trace: RequestSpan | None = field(default=None, compare=False, repr=False)  # when traced
     timings: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
     started: float = field(default_factory=time.perf_counter, compare=False, repr=False)
@@ -180,7 +189,13 @@ class EmbeddingService:
         if record is not None:
             yield record
             return
-        record = RequestRecord(route)
+        with self.observed(RequestRecord(route)) as record:
+            yield record
+
+    @contextmanager
+    def observed(self, record: RequestRecord) -> Iterator[RequestRecord]:
+        """``record``, observed on exit: 200, or its error's status (a handle call's; the
+        handle API makes one itself when the caller gives a priority)."""
         try:
             yield record
         except Exception as exc:
@@ -215,9 +230,9 @@ class EmbeddingService:
             make_job = record.trace.stamping(make_job)
 
         async def send(some: list[Any]) -> list[Encoded]:
-            return await self.gather([self.dispatcher.submit(pool, spec.id,
-                                                             make_job(spec, some[i:i + size]))
-                                      for i in range(0, len(some), size)], size)
+            return await self.gather([self.dispatcher.submit(pool, spec.id, with_priority(
+                make_job(spec, some[i:i + size]), record.priority))
+                for i in range(0, len(some), size)], size)
 
         parts = await (send(items) if through is None else through(spec, pool, items, send))
         record.pool, record.timings = pool, timing.slowest(parts)
@@ -366,30 +381,15 @@ class EmbeddingService:
         """Score ``documents`` against ``query``, best first; ``record`` as for ``embed``."""
         with self.recorded(record, "handle.rerank") as record:
             record.texts = len(documents or ())
+            limits = self.settings.limits
             spec, pool, parts = await self.run(
-                record, model, lambda _: self._rerank_inputs(query, documents, top_n),
+                record, model, lambda _: check_rerank(query, documents, top_n, limits),
                 lambda _, chunk: RerankJob(query, chunk, truncate))
             scores = np.concatenate([p.values for p in parts])
             order = np.argsort(-scores, kind="stable")[: top_n or len(documents)]
             hits = [RerankHit(int(i), float(scores[i]),
                               documents[i] if return_documents else None) for i in order]
             return RerankResult(hits, spec.id, Usage.of(record.tokens), pool)
-
-    def _rerank_inputs(self, query: str, documents: list[str],
-                       top_n: int | None) -> list[str]:
-        """``documents``, once the query, they and ``top_n`` are within the limits."""
-        limits = self.settings.limits
-        if not isinstance(query, str) or not query.strip():
-            raise InvalidValue("query must be a non-empty string", param="query")
-        check_length(len(query), limits, "query", "query")
-        check_texts(documents, limits, "documents")
-        if top_n is not None:
-            if top_n < 1:
-                raise InvalidValue("top_n must be at least 1", param="top_n")
-            if top_n > limits.max_top_n:
-                raise PayloadTooLarge(f"top_n={top_n}; the limit max_top_n is "
-                                      f"{limits.max_top_n}", param="top_n")
-        return documents
 
 
 DENSE_KINDS = ("embedding", "hybrid")  # what /embed and /embed_all take (bge-m3: its dense)

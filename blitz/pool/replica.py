@@ -33,6 +33,7 @@ from blitz import timing
 from blitz.encoders.base import Encoded, Encoder
 from blitz.encoders.sparse import cap_token_budget
 from blitz.errors import ModelLoadFailed, Overloaded, Unavailable
+from blitz.hop_messages import priority_of
 from blitz.loading.failures import LoadFailures, as_load_failure
 from blitz.loading.fetch import preflight_source
 from blitz.loading.load import load_encoder, resolve_device
@@ -75,6 +76,8 @@ class PoolEvents:
     rejected: Callable[[], None] = _nothing  # a job refused: the model's queue is full
     waiting: Callable[[str], Callable[[int], None] | None] = _nothing  # model id ->
     # the Batcher's ``on_waiting`` for that model's queue (texts waiting)
+    waited: Callable[[int, float], None] = _nothing  # a batch's priority level, the seconds
+    # its oldest job waited in the model's queue (as the batch formed)
     batch: Callable[[int], None] = _nothing  # a model call of this many texts, about to run
     padding: Callable[[float], None] = _nothing  # real tokens / computed tokens of a call
     noted: Callable[[], None] = _nothing  # a rare event was logged (a load, an eviction)
@@ -280,8 +283,9 @@ class PoolReplica:
                 max_batch=self.pool_settings.max_batch_size,
                 max_waiting=self.pool_settings.max_queued_texts,
                 max_in_flight=self.pool_settings.worker_count,
-                name=f"{self.pool} pool, model {model_id!r}",
-                on_reject=self.events.rejected, on_waiting=self.events.waiting(model_id))
+                name=f"{self.pool} pool, model {model_id!r}", priority=priority_of,
+                aging_s=self.pool_settings.priority_aging_s, on_reject=self.events.rejected,
+                on_waiting=self.events.waiting(model_id), on_waited=self.events.waited)
         return batcher
 
     async def _run_batch(self, model_id: str, jobs: list[Job]) -> list:

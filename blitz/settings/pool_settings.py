@@ -28,6 +28,11 @@ class PoolSettings(_Settings):
     max_batch_size: int = Field(128, ge=1, description="texts per model call")
     max_queued_texts: int = Field(
         4096, ge=1, description="texts waiting per model on a replica; past it: 503")
+    priority_aging_s: float = Field(
+        5.0, gt=0, description="a request waiting this long in a queue of this pool (the "
+        "ingress's in front of it, or a replica's) moves up one priority: low competes as "
+        "normal after it, as high after twice it, so bulk work is never starved "
+        "(docs/operations.md, \"Priorities: interactive ahead of bulk\")")
     call_timeout_s: float = Field(
         60.0, gt=0, description="one model call (a batch), and the longest it waits for a "
         "free worker; past it its requests get 503. A replica whose workers are all stuck "

@@ -8,7 +8,9 @@ batch durations and failures, random bounds. Whatever the schedule:
   its batch's failure, or ``Overloaded`` (refused at once, never run);
 - **nothing computed for a caller that left**: a batch never starts with an item whose
   caller has gone, and no item runs twice;
-- **nothing stranded**: afterwards nothing waits and nothing runs.
+- **nothing stranded**: afterwards nothing waits and nothing runs;
+- **priorities** (half the schedules give items levels): a batch holds one level, and an
+  item refused to make room for a higher one (``Overloaded`` as its result) never ran.
 
 The constants (how many batches in flight, how large) are inputs here, not facts.
 """
@@ -31,6 +33,7 @@ class Item:
     units: int
     ticks: int  # how long a batch holding it runs, in loop turns
     outcome: str  # "ok" | "error" (its own) | "crash" (its whole batch fails)
+    level: int = 1  # its priority (0 high, 1 normal, 2 low), when the schedule has them
 
     def __len__(self) -> int:
         return self.units
@@ -48,18 +51,20 @@ def scenarios(draw):
     max_batch = draw(st.integers(1, 8))
     max_waiting = draw(st.integers(max_batch, 24))
     max_in_flight = draw(st.integers(1, 3))
+    prioritized = draw(st.booleans())
     callers, next_id = [], 0
     for _ in range(draw(st.integers(1, 25))):
         items = []
         for _ in range(draw(st.integers(1, 3))):
             items.append(Item(next_id, draw(st.integers(1, max_batch)), draw(st.integers(0, 6)),
-                              draw(st.sampled_from(["ok"] * 6 + ["error", "crash"]))))
+                              draw(st.sampled_from(["ok"] * 6 + ["error", "crash"])),
+                              draw(st.integers(0, 2)) if prioritized else 1))
             next_id += 1
         while sum(i.units for i in items) > max_waiting:  # a group that fits an empty queue
             items.pop()
         leaves = draw(st.one_of(st.none(), st.integers(0, 8)))
         callers.append(Caller(tuple(items), draw(st.integers(0, 3)), leaves))
-    return max_batch, max_waiting, max_in_flight, callers
+    return max_batch, max_waiting, max_in_flight, callers, prioritized
 
 
 async def _turns(n: int) -> None:
@@ -68,7 +73,7 @@ async def _turns(n: int) -> None:
 
 
 async def _play(max_batch: int, max_waiting: int, max_in_flight: int,
-                callers: list[Caller]) -> None:
+                callers: list[Caller], prioritized: bool) -> None:
     runs: dict[int, int] = {}  # item id -> times it reached the batch function
     gone: set[int] = set()  # items whose callers have left (and the batcher knows it)
     crashed: set[int] = set()  # items of batches that failed as a whole
@@ -79,6 +84,7 @@ async def _play(max_batch: int, max_waiting: int, max_in_flight: int,
         nonlocal running
         assert not gone.intersection(i.id for i in items), "ran an item whose caller left"
         assert sum(i.units for i in items) <= max_batch
+        assert len({i.level for i in items}) == 1, "a batch mixed priorities"
         running += 1
         assert running <= max_in_flight
         for i in items:
@@ -94,7 +100,8 @@ async def _play(max_batch: int, max_waiting: int, max_in_flight: int,
 
     batcher: Batcher[Item, tuple] = Batcher(run, max_batch=max_batch, max_waiting=max_waiting,
                                          max_in_flight=max_in_flight,
-                                         on_waiting=waiting_seen.append)
+                                         on_waiting=waiting_seen.append,
+                                         priority=(lambda i: i.level) if prioritized else None)
 
     async def call(caller: Caller) -> list | BaseException:
         try:
@@ -128,6 +135,9 @@ async def _play(max_batch: int, max_waiting: int, max_in_flight: int,
             continue
         assert not isinstance(outcome, BaseException), outcome
         for item, result in zip(caller.items, outcome, strict=True):
+            if isinstance(result, Overloaded):  # shed for a higher item: never run
+                assert prioritized and item.id not in runs
+                continue
             assert runs.get(item.id) == 1
             if isinstance(result, RuntimeError):
                 assert item.id in crashed  # its batch failed as a whole

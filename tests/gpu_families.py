@@ -17,8 +17,8 @@
    Then the rule's verdict on a 0.6B embedder, this 8B embedder and a 0.6B reranker in one
    GPU pool's budget.
 
-    python -m loadtest.gpu_families --out results/gpu-families       # on a GPU machine
-    python -m loadtest.gpu_families --device cpu --small            # the script's smoke run
+    python -m tests.gpu_families --out results/gpu-families       # on a GPU machine
+    python -m tests.gpu_families --device cpu --small            # the script's smoke run
 """
 
 from __future__ import annotations
