@@ -4,7 +4,9 @@ results the ingress answers with.
 - ``EmbedJob``, ``RerankJob``, ``TokenEmbedJob``, ``SparseEmbedJob``, ``ClassifyJob``:
   ingress -> pool, over Serve's handle or the local hop,
   pickled either way; never larger than the pool's batch limit. Each carries its
-  request's ``priority`` (``PRIORITIES``), which both queues it waits in honour.
+  request's ``priority`` (``PRIORITIES``), which both queues it waits in honour, and
+  ``trace``: None, or while tracing is on its request's span context
+  (``blitz.runtime.tracing``).
 - ``EmbedResult`` (with ``TextChunks``), ``RerankResult`` (with ``RerankHit``, ``Usage``),
   ``TokenEmbeddingsResult``, ``SparseResult`` (``SparseVector``), ``SimilarityResult``,
   ``ClassifyResult``
@@ -86,6 +88,7 @@ class EmbedJob(_Job):
     truncation_side: str | None = None  # left | right; None: the model's
     long_inputs: str | None = None  # truncate | error | chunk; None: the model's
     return_chunks: bool = False  # chunked, with each window's vector and offsets too
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
 
     def __len__(self) -> int:
         return len(self.texts if self.texts is not None else self.token_ids or ())
@@ -96,6 +99,7 @@ class RerankJob(_Job):
     query: str
     documents: list[str]
     truncate: bool = True
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
 
     def __len__(self) -> int:
         return len(self.documents)
@@ -109,6 +113,7 @@ class TokenEmbedJob(_Job):
     texts: list[str]
     truncate: bool = True
     long_inputs: str | None = None  # truncate | error; None: the model's (never chunked)
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -121,6 +126,7 @@ class SparseEmbedJob(_Job):
     texts: list[str]
     truncate: bool = True
     long_inputs: str | None = None  # truncate | error | chunk; None: the model's
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -134,6 +140,7 @@ class HybridEmbedJob(_Job):
     texts: list[str]
     outputs: tuple[str, ...]
     truncate: bool = True
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -146,6 +153,7 @@ class ClassifyJob(_Job):
 
     inputs: list[list[str]]
     truncate: bool = True
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
 
     def __len__(self) -> int:
         return len(self.inputs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,7 @@ from blitz.ingress.tokenizing import TokenService
 from blitz.pool.batching import Batcher
 from blitz.pool.local_hop import HopLost
 from blitz.pool.mixed_batch import Job
+from blitz.runtime import tracing
 from blitz.settings.config import BlitzSettings
 from deployments.bind_addresses import (
     http_host,
@@ -170,8 +172,12 @@ class ServeDispatcher:
         batcher = self._batchers.get((pool, model_id))
         if batcher is None:
             settings = self.settings.pool(pool)
+            call: Callable[[list[Job]], Awaitable[Any]] = functools.partial(
+                self._call, pool, model_id, "run_jobs")
+            if tracing.TRACER is not None:  # traces on: each job's pool call in a hop span
+                call = tracing.hops(call, pool, model_id)
             batcher = self._batchers[(pool, model_id)] = Batcher(
-                lambda jobs: self._call(pool, model_id, "run_jobs", jobs),
+                call,
                 max_batch=settings.max_batch_size,
                 max_waiting=self.settings.ingress.max_queued_texts,
                 max_in_flight=calls_in_flight(settings.worker_count, settings.max_replicas),
@@ -189,6 +195,10 @@ class ServeDispatcher:
         entered = time.perf_counter()
         result = await self._batcher(pool, model_id).submit(job)
         timing.since([result], "ingress-queue", entered)
+        if job.trace is not None:  # traced (blitz.runtime.tracing): that wait as a span
+            tracing.waited(job.trace, "blitz.ingress_queue", entered,
+                           result.timings.get("ingress-queue", 0.0),
+                           {"blitz.pool": pool, "blitz.model": model_id})
         return result
 
     @staticmethod
@@ -241,6 +251,7 @@ class _IngressMethods(GrpcMethods, HandleMethods):
     api: HttpApi
 
     def _serve(self, dispatcher: ServeDispatcher) -> None:
+        tracing.configure(self.settings.tracing)  # off unless an OTLP endpoint is set
         self.dispatcher = dispatcher
         self.service = EmbeddingService(self.settings, dispatcher,
                                         observer=metrics.observe_request,

@@ -24,7 +24,7 @@ from blitz.pool.holder import ModelHolder
 from blitz.pool.local_hop import LocalHopServer
 from blitz.pool.mixed_batch import Job
 from blitz.pool.replica import PoolEvents, PoolReplica
-from blitz.runtime import gpu_memory, lean_imports, malloc
+from blitz.runtime import gpu_memory, lean_imports, malloc, tracing
 from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from deployments.bind_addresses import keep_replica_grpc_on_node_ip
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
@@ -67,6 +67,7 @@ class ModelPool:
         route_library_logs_to_serve()
         keep_replica_grpc_on_node_ip()
         self.replica = PoolReplica(BlitzSettings.from_args(settings), pool, _events(pool))
+        tracing.configure(self.replica.settings.tracing)  # off unless an OTLP endpoint is set
         self.replica.cached_load = self.get_model  # Serve's LRU in front of every load
         self._hop: LocalHopServer | None = None  # made when an ingress first asks for it
         if self.replica.device.startswith("cuda"):  # for as long as the replica lives

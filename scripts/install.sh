@@ -2,7 +2,8 @@
 # Create .venv in the repository root and install Blitz.
 #   bash scripts/install.sh           what serving needs (scripts/serve.sh)
 #   bash scripts/install.sh EXTRAS    plus extras from pyproject.toml: `dev` (tests, load
-#                                     tests, bulk; scripts/test.sh), `bulk`, `s3`, `bulk,s3`
+#                                     tests, bulk, tracing; scripts/test.sh), `bulk`, `s3`,
+#                                     `tracing` (OpenTelemetry's OTLP exporter), `bulk,s3`
 # Serving leaves the `bulk` extra out on purpose: Ray Data needs pandas, and every Serve
 # process imports pandas when it is installed (~32 MiB of private memory each).
 # The pinned CPU torch goes first: a plain `torch` requirement would pull CUDA packages.
@@ -15,7 +16,7 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
 EXTRAS="${1:-}"
 if [[ -n "$EXTRAS" && ! "$EXTRAS" =~ ^[a-z0-9,]+$ ]]; then
-  echo "install.sh: EXTRAS is a comma-separated list of extras (dev, bulk, s3), not '$EXTRAS'" >&2
+  echo "install.sh: EXTRAS is a comma-separated list of extras (dev, bulk, s3, tracing), not '$EXTRAS'" >&2
   exit 2
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"

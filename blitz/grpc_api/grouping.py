@@ -25,7 +25,7 @@ from typing import Any
 from blitz.errors import ClientError, as_blitz_error
 from blitz.grpc_api import convert
 from blitz.grpc_api import tei_pb2 as pb
-from blitz.grpc_api.rpc_table import BY_METHOD, Malformed
+from blitz.grpc_api.rpc_table import BY_METHOD, Malformed, end_span
 from blitz.hop_messages import NORMAL
 from blitz.ingress.service import EmbeddingService, RequestRecord, record_failure
 from blitz.pool.batching import Batcher
@@ -57,11 +57,13 @@ def runs(requests: list[Any]) -> list[list[Any]]:
 
 class EmbedGroups:
     def __init__(self, service: EmbeddingService, model: str | None, alone: Alone,
-                 window: int, api_key: int = -1, priority: int = NORMAL):
+                 window: int, api_key: int = -1, priority: int = NORMAL,
+                 traced: dict[str, Any] | None = None):
         self.service = service
         self.model = model
         self.api_key = api_key  # the stream's API key (RequestRecord.api_key)
         self.priority = priority  # the stream's priority level (its metadata's)
+        self.traced = traced  # the stream's metadata while traces are on: a span per group
         self.alone = alone
         self.path = BY_METHOD["EmbedStream"].path
         self.batcher: Batcher[Any, Any] = Batcher(
@@ -88,6 +90,8 @@ class EmbedGroups:
     async def _group(self, run: list[Any]) -> list[Any]:
         first = run[0]
         record = RequestRecord(self.path, api_key=self.api_key, priority=self.priority)
+        if self.traced is not None:
+            record.trace = BY_METHOD["EmbedStream"].span(self.traced)
         started = time.perf_counter()
         try:
             result = await self.service.embed(
@@ -99,11 +103,13 @@ class EmbedGroups:
         except Exception as exc:
             error = as_blitz_error(exc)
             if isinstance(error, ClientError):  # whose? each alone says
+                end_span(record, error)
                 return list(await asyncio.gather(*(self._one(r) for r in run)))
-            record_failure(record, error, self.service.observe)
+            end_span(record, record_failure(record, error, self.service.observe))
             return [exc] * len(run)
         seconds = time.perf_counter() - started
         self.service.observe(record, 200)
+        end_span(record, None)
         replies = []
         for request, row in zip(run, result.embeddings, strict=True):
             reply = pb.EmbedResponse(embeddings=row.tolist())

@@ -11,14 +11,16 @@ deployment's method of the same name (``deployments/grpc_methods.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from blitz.errors import BlitzError
 from blitz.grpc_api import tei_pb2 as pb
+from blitz.runtime import tracing
 
 PACKAGE = "tei.v1"
 
@@ -35,6 +37,20 @@ class Rpc:
     def path(self) -> str:
         """The method's full name on the wire: ``/tei.v1.Embed/EmbedStream``."""
         return f"/{PACKAGE}.{self.service}/{self.method}"
+
+    def span(self, metadata: Mapping[str, Any]) -> tracing.RequestSpan | None:
+        """A call's span while traces are on (``tei.v1.Embed/Embed``, SERVER), a child of
+        the ``traceparent`` in its ``metadata`` (``blitz.runtime.tracing``)."""
+        return tracing.start_request(self.path[1:], metadata, {
+            "rpc.system": "grpc", "rpc.service": f"{PACKAGE}.{self.service}",
+            "rpc.method": self.method})
+
+
+def end_span(record: Any, error: BlitzError | None) -> None:
+    """End the span of a call's ``record`` (a ``RequestRecord``), if it has one: an error
+    span when the server failed it (a 5xx error; a client's error is its own)."""
+    if record.trace is not None:
+        record.trace.end(record, error is not None and error.status >= 500, {})
 
 
 RPCS = (

@@ -10,7 +10,9 @@ but an ``EmbedStream`` one per group of messages answered together,
 
 Metadata in: ``authorization: Bearer <key>`` when API keys are on, ``model`` to choose a
 model (the default otherwise; ``multiplexed_model_id`` too, as HTTP's header),
-``x-blitz-priority`` (or ``priority``): high | normal | low, as HTTP's header.
+``x-blitz-priority`` (or ``priority``): high | normal | low, as HTTP's header, and
+``traceparent`` / ``tracestate`` while traces are on (``blitz.runtime.tracing``: each
+message answered gets a span under it).
 Errors: Blitz's error table (``blitz.errors``) as gRPC status codes (``CODES``), the
 message as the details, ``retry-after`` and ``x-blitz-error`` as trailing metadata.
 Like TEI, proto3's defaults apply: ``truncate``, ``add_special_tokens`` and
@@ -31,12 +33,13 @@ import grpc
 from blitz.errors import BlitzError, Overloaded, as_blitz_error
 from blitz.grpc_api import convert
 from blitz.grpc_api.grouping import EmbedGroups
-from blitz.grpc_api.rpc_table import BY_METHOD
+from blitz.grpc_api.rpc_table import BY_METHOD, end_span
 from blitz.hop_messages import NORMAL, priority_level
 from blitz.ingress.keys import ApiKeys
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord, record_failure
 from blitz.ingress.tokenizing import TokenService
+from blitz.runtime import tracing
 
 CODES = {  # an error's HTTP status -> its gRPC status code
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -97,11 +100,11 @@ class TeiServicer:
         and details and answers an empty message, as Serve expects."""
         rpc = BY_METHOD[method]
         try:
-            model, key, priority = self._admit(context)
+            model, key, priority, traced = self._admit(context)
         except Exception as exc:
             return self._fail(context, exc, rpc.response)
-        reply, error = await self._within_bytes(
-            method, request, lambda message: self._answer(method, message, model, key, priority))
+        reply, error = await self._within_bytes(method, request, lambda message: self._answer(
+            method, message, model, key, priority, traced))
         if error is not None:
             return self._fail(context, error, rpc.response)
         return reply
@@ -128,26 +131,36 @@ class TeiServicer:
         finally:
             self.held_bytes -= size
 
-    async def _answer(self, method: str, request: Any, model: str | None,
-                      key: int = -1, priority: int = NORMAL) -> tuple[Any, Exception | None]:
+    async def _answer(self, method: str, request: Any, model: str | None, key: int = -1,
+                      priority: int = NORMAL, traced: dict[str, Any] | None = None
+                      ) -> tuple[Any, Exception | None]:
         """One message's reply, or the error it got; observed once either way (unless the
         client left: as an HTTP request whose client left, it is not counted). ``key``:
-        the caller's API key (``RequestRecord.api_key``); ``priority``: its level."""
+        the caller's API key (``RequestRecord.api_key``); ``priority``: its level;
+        ``traced``: the call's metadata while traces are on (the message gets a span,
+        ``Rpc.span``)."""
         record = RequestRecord(BY_METHOD[method].path, api_key=key, priority=priority)
+        if traced is not None:
+            record.trace = BY_METHOD[method].span(traced)
         started = time.perf_counter()
         try:
             reply = await convert.ANSWER[method](self, request, model, record)
         except Exception as exc:
-            record_failure(record, exc, self.service.observe)
+            end_span(record, record_failure(record, exc, self.service.observe))
             return None, exc
+        except BaseException:  # cancelled (the client left): not counted, its span still ends
+            end_span(record, None)
+            raise
         convert.fill_metadata(reply, request, record, time.perf_counter() - started)
         self.service.observe(record, 200)
+        end_span(record, None)
         return reply, None
 
-    def _admit(self, context: Context) -> tuple[str | None, int, int]:
+    def _admit(self, context: Context) -> tuple[str | None, int, int, dict[str, Any] | None]:
         """Check the key; the model the metadata names (None: the default), the index of
-        the caller's API key (-1 with keys off) and the priority level the metadata names
-        (``x-blitz-priority`` or ``priority``; normal when neither)."""
+        the caller's API key (-1 with keys off), the priority level the metadata names
+        (``x-blitz-priority`` or ``priority``; normal when neither) and, while traces are
+        on, the metadata (its ``traceparent``, ``blitz.runtime.tracing``)."""
         metadata = {key.lower(): value for key, value in context.invocation_metadata() or ()}
         api_key = (self.keys.check(str(metadata.get("authorization", "")))
                    if self.keys.on else -1)
@@ -155,7 +168,7 @@ class TeiServicer:
         priority = (priority_level(str(metadata[named]).strip().lower(), named) if named
                     else NORMAL)
         model = next((str(metadata[k]) for k in MODEL_KEYS if metadata.get(k)), None)
-        return model, api_key, priority
+        return model, api_key, priority, metadata if tracing.TRACER is not None else None
 
     @staticmethod
     def _fail(context: Context, exc: BaseException, response: Any) -> Any:
@@ -179,14 +192,15 @@ class TeiServicer:
         being answered is cancelled, and so is everything when the client leaves."""
         rpc = BY_METHOD[method]
         try:
-            model, key, priority = self._admit(context)
+            model, key, priority, traced = self._admit(context)
         except Exception as exc:
             self._fail(context, exc, rpc.response)
             return
         def alone(request: Any) -> Awaitable[tuple[Any, Exception | None]]:
-            return self._answer(method, request, model, key, priority)
+            return self._answer(method, request, model, key, priority, traced)
 
-        grouped = (EmbedGroups(self.service, model, alone, STREAM_WINDOW, key, priority).answer
+        grouped = (EmbedGroups(self.service, model, alone, STREAM_WINDOW, key, priority,
+                               traced).answer
                    if method == "EmbedStream" else alone)
 
         def answer(request: Any) -> Awaitable[tuple[Any, Exception | None]]:

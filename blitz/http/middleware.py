@@ -5,7 +5,8 @@ it takes the request id and the API key from the headers, answers every error (a
 the router's 404 and 405, its own 401) in Blitz's JSON shape (or the peer API's the route
 named, ``ERROR_SHAPE``), adds ``x-request-id``,
 ``x-compute-time``, ``x-blitz-pool`` and ``server-timing`` (``blitz.timing``: the time per
-hop) to every reply, and observes each request once.
+hop) to every reply, and observes each request once; while traces are on, it gives the request
+its span (``blitz.runtime.tracing``).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from blitz.http import disconnect
 from blitz.http.responses import JSONBytesResponse
 from blitz.ingress.keys import ApiKeys
 from blitz.ingress.service import RequestRecord, record_failure
+from blitz.runtime import tracing
 from blitz.settings.config import AuthSettings
 
 logger = logging.getLogger("blitz.http")
@@ -105,6 +107,8 @@ class RequestMiddleware:
         request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
         path = get_route_path(scope)
         record = RequestRecord(path if path in self.paths else "other")
+        if tracing.TRACER is not None:  # traces on (blitz.runtime.tracing): a span of its own
+            record.trace = self._span(scope, headers, path, request_id)
         scope[RECORD] = record
         scope[REQUEST_ID] = request_id
         scope["app"] = self  # so the router raises its 404 and 405, answered below
@@ -148,7 +152,23 @@ class RequestMiddleware:
             await reply(scope, receive, send_with_headers)
             record_failure(record, error, self.observe)  # as sent: error.status
             return
-        self.observe(record, status)
+        else:
+            self.observe(record, status)
+        finally:
+            if record.trace is not None:  # no status: the client left, or the reply broke
+                record.trace.end(record, not 0 < status < 500,
+                                 {"http.response.status_code": status})
+
+    def _span(self, scope: Scope, headers: Headers, path: str,
+              request_id: str) -> tracing.RequestSpan | None:
+        """The request's span: ``POST /embed``, a child of the client's ``traceparent``."""
+        method = scope["method"]
+        routed = path in self.paths
+        return tracing.start_request(
+            f"{method} {path}" if routed else method, headers,
+            {"http.request.method": method, "url.path": path[:256],  # a stranger's: capped
+             "blitz.request_id": request_id,
+             **({"http.route": path} if routed else {})})
 
     @staticmethod
     def _error_reply(exc: Exception, scope: Scope, path: str,

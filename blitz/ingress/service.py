@@ -45,6 +45,7 @@ from blitz.ingress.routing import Route, choose_pool
 from blitz.ingress.vector_cache import CachedEmbedder, Computed, Key, fingerprint
 from blitz.loading.fetch import read_dimension
 from blitz.pool.mixed_batch import Job
+from blitz.runtime.tracing import RequestSpan
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec, apply_prompt
 
@@ -75,6 +76,7 @@ class RequestRecord:
     cache_misses: int = 0  # texts the cache sent on to a pool
     cache_bytes: int = 0  # what the cache holds after this request
     priority: int = NORMAL  # its level (blitz.hop_messages.PRIORITIES); every job carries it
+    trace: RequestSpan | None = field(default=None, compare=False, repr=False)  # when traced
     timings: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
     started: float = field(default_factory=time.perf_counter, compare=False, repr=False)
 
@@ -213,8 +215,8 @@ class EmbeddingService:
         (None: any kind; a tuple: any of those), the error saying ``other_kind`` after the model's kind; take
         ``inputs(spec)``, the request's items, checked; route them; send them in
         ``make_job(spec, chunk)`` jobs of the pool's batch limit, in parallel (through
-        ``through`` when given); gather the parts; fill the record's pool, tokens and
-        timings. The caller sets ``record.texts``."""
+        ``through`` when given), with the record's trace context; gather the parts; fill
+        the record's pool, tokens and timings. The caller sets ``record.texts``."""
         record.model = model or ""  # observed as "other" if it is unknown
         spec = self.spec(model)
         record.model = spec.id
@@ -224,6 +226,8 @@ class EmbeddingService:
         items = inputs(spec)
         pool = self.route(spec.kind, len(items)).pool
         size = self.dispatcher.max_batch(pool)
+        if record.trace is not None:  # traced: its jobs carry its span's context to the pool
+            make_job = record.trace.stamping(make_job)
 
         async def send(some: list[Any]) -> list[Encoded]:
             return await self.gather([self.dispatcher.submit(pool, spec.id, with_priority(

@@ -13,12 +13,14 @@ thread of its own (``LoadQueue``: one at a time, shared by its callers, within
 already resident. Work holds a lease on its model, so an eviction never frees a model
 mid-batch. ``problem()`` names a load or all workers stuck past their deadlines; the
 deployment's health check raises it, and Serve replaces the replica. What the replica
-does is reported through ``PoolEvents`` callbacks (the deployment wires Ray's metrics).
+does is reported through ``PoolEvents`` callbacks (the deployment wires Ray's metrics);
+while traces are on, each traced job's spans here are made too (``blitz.runtime.tracing``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -50,7 +52,7 @@ from blitz.pool.memory_budget import (
 )
 from blitz.pool.mixed_batch import Job, run_jobs
 from blitz.pool.worker_slots import WorkerSlots
-from blitz.runtime import malloc, model_threads
+from blitz.runtime import malloc, model_threads, tracing
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
 
@@ -257,6 +259,13 @@ class PoolReplica:
         each gets its own result or error, so one bad job fails alone."""
         self.registry.get(model_id)  # an unknown id: UnknownModel (404), and no queue made
         self.workers.refuse_if_stuck(f"model {model_id!r}")  # queued, it could never run
+        if tracing.TRACER is not None:  # traces on: a span per traced job, around the rest
+            return await tracing.in_pool(functools.partial(self._queued, model_id), jobs,
+                                         self.pool, model_id)
+        return await self._queued(model_id, jobs)
+
+    async def _queued(self, model_id: str, jobs: list[Job]) -> list[Encoded | BaseException]:
+        """``run_jobs``' jobs through the model's queue, timed (``pool``, ``pool-queue``)."""
         entered = time.perf_counter()
         try:
             results = await self._batcher(model_id).submit_many(jobs)
@@ -286,10 +295,14 @@ class PoolReplica:
         self.events.batch(texts)
         self.batches_run[model_id] = self.batches_run.get(model_id, 0) + 1
         self.texts_run[model_id] = self.texts_run.get(model_id, 0) + texts
-        results, waited, ran = await self._call_model(
+        results, waited, ran, ran_at = await self._call_model(
             model_id, lambda encoder: run_jobs(encoder, jobs))
         timing.mark(results, "pool-queue", started)
         timing.record(results, worker_wait=waited, model=ran)
+        if tracing.TRACER is not None:  # traces on: this batch's spans, in each job's trace
+            tracing.batch(jobs, results, started, ran_at, ran, {
+                "blitz.pool": self.pool, "blitz.model": model_id,
+                "blitz.batch.jobs": len(jobs), "blitz.batch.texts": texts})
         real = sum(int(r.token_counts.sum()) for r in results if isinstance(r, Encoded))
         padded = sum(r.padded_tokens for r in results if isinstance(r, Encoded))
         if padded:  # billed tokens can pass computed ones: an embedding model's rerank
@@ -298,9 +311,10 @@ class PoolReplica:
         return results
 
     async def _call_model(self, model_id: str, fn: Callable[[Encoder], Any]
-                          ) -> tuple[Any, float, float]:
+                          ) -> tuple[Any, float, float, float]:
         """``fn(encoder)`` on a worker thread, holding a lease on the model throughout;
-        with the seconds it waited for the thread (the hand-off included) and ran there.
+        with the seconds it waited for the thread (the hand-off included) and ran there,
+        and when it began there (``time.perf_counter()``).
         A model evicted between lookup and lease is loaded again, ``LEASE_TRIES`` times."""
         what = f"model {model_id!r}"
         for _ in range(LEASE_TRIES):
@@ -321,7 +335,7 @@ class PoolReplica:
                 result = await self.workers.run(work, self.pool_settings.call_timeout_s, what)
             except ModelFreed:
                 continue
-            return result, ran[0] - asked, ran[1] - ran[0]
+            return result, ran[0] - asked, ran[1] - ran[0], ran[0]
         raise Unavailable(f"model {model_id!r} was evicted {LEASE_TRIES} times in a row "
                           "while waiting; the pool holds too many models for its load")
 

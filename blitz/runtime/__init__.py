@@ -1,7 +1,7 @@
 """The process a model runs in: intra-op threads (``model_threads``), child processes that
 die with their parent (``child_process``), what the CPU does fast (``cpu_features``), CUDA
-memory (``gpu_memory``), imports kept out of a replica (``lean_imports``) and metric values
-recorded off the event loop (``metric_buffer``).
+memory (``gpu_memory``), imports kept out of a replica (``lean_imports``), metric values
+recorded off the event loop (``metric_buffer``) and OpenTelemetry traces (``tracing``).
 
 The lowest floor beside the top-level leaf modules: may import only ``blitz.errors``,
 ``blitz.timing`` and ``blitz.codecs``; every other package may import it.

@@ -151,6 +151,21 @@ class AuthSettings(_Settings):
         return [k.strip() for k in (*self.api_keys, *from_env.split(",")) if k.strip()]
 
 
+class TracingSettings(_Settings):
+    """OpenTelemetry traces (docs/operations.md, "Traces (OpenTelemetry)")."""
+
+    otlp_endpoint: str | None = Field(
+        None, description="where traces go, over OTLP/HTTP (`http://collector:4318`; "
+        "`/v1/traces` is added). Unset: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or "
+        "$OTEL_EXPORTER_OTLP_ENDPOINT, and with neither, traces are off "
+        "($OTEL_SDK_DISABLED=true keeps them off). Needs the `tracing` extra")
+    service_name: str = Field("blitz", description="the traces' `service.name` "
+                              "($OTEL_SERVICE_NAME wins)")
+    sample_ratio: float = Field(
+        1.0, ge=0, le=1, description="the share of traces begun here that are kept; a "
+        "request with a `traceparent` follows its sampled flag instead")
+
+
 class BlitzSettings(_Settings):
     """Everything the app builder reads; built from serve_config.yaml ``args``."""
 
@@ -172,6 +187,8 @@ class BlitzSettings(_Settings):
                                      description="the HTTP and handle front")
     limits: Limits = Field(default_factory=Limits, description="request limits")
     auth: AuthSettings = Field(default_factory=AuthSettings, description="API keys")
+    tracing: TracingSettings = Field(default_factory=TracingSettings,
+                                     description="OpenTelemetry traces, off by default")
     cache_dir: str | None = Field(None, description=f"model cache; default ${CACHE_DIR_ENV} "
                                   "or ~/.cache/blitz")
     _sizing: Sizing | None = PrivateAttr(None)  # what `auto` stood for, when sized here

@@ -91,11 +91,12 @@ def render() -> str:
     parts = [f"<!-- generated from blitz/settings/config.py; edit the fields' descriptions, "
              f"then run `{COMMAND}` -->", "",
              "Top level of `args`:", "", *_table(settings, ("routing", "cpu_pool", "gpu_pool",
-                                                       "ingress", "limits", "auth")),
+                                                       "ingress", "limits", "auth",
+                                                       "tracing")),
              "", "Each entry of `models`:", "", *_table(ModelSpec(id="m", source="fake:8")),
              "", "`cpu_pool` and `gpu_pool` (a partial `gpu_pool` keeps the GPU defaults it "
              "leaves out):", "", *_pool_tables(settings)]
-    for name in ("ingress", "routing", "limits", "auth"):
+    for name in ("ingress", "routing", "limits", "auth", "tracing"):
         parts += ["", f"`{name}` ({section[name].description}):", "",
                   *_table(getattr(settings, name))]
         if name == "ingress":

@@ -11,6 +11,7 @@ from blitz.settings.config import (
     Limits,
     PoolSettings,
     RoutingSettings,
+    TracingSettings,
 )
 from blitz.settings.registry import ModelSpec
 
@@ -24,7 +25,7 @@ def test_reference_settings_tables_are_generated_from_the_fields():
 
 def test_every_setting_has_a_description():
     models = (BlitzSettings, RoutingSettings, PoolSettings, IngressSettings, Limits,
-              AuthSettings, BulkSettings, ModelSpec)
+              AuthSettings, TracingSettings, BulkSettings, ModelSpec)
     missing = [f"{m.__name__}.{name}" for m in models
                for name, field in m.model_fields.items() if not field.description]
     assert not missing, f"fields without a description (docs/configuration.md shows it): {missing}"
