@@ -2,6 +2,8 @@
 
     blitz models   [--config serve_config.yaml] [--app NAME] [--json]
     blitz optimize MODEL [--config serve_config.yaml] [--app NAME] [--cache-dir DIR] [--no-speed]
+    blitz admin    list | add FILE [--pin] | remove ID | pin ID | unpin ID | evict ID
+                   [--url http://127.0.0.1:8000] [--key KEY]   (a running server's admin API)
     blitz embed    INPUT OUTPUT [--model ID] ...   (added by deployments/cli.py: it needs Ray)
 
 ``optimize`` prepares a model for the CPU pool ahead of time, into the same cache the
@@ -87,9 +89,61 @@ def _parser(extend: Callable[[Any], None] | None = None) -> argparse.ArgumentPar
     optimize.add_argument("--no-speed", action="store_true",
                           help="skip the speed comparison with torch fp32")
     optimize.set_defaults(run=run_optimize)
+    admin = commands.add_parser(
+        "admin", help="a running server's models, added, pinned, evicted and removed without "
+        "a redeploy (its admin API, docs/operations.md)")
+    admin.add_argument("action", choices=ADMIN_ACTIONS, help="list the models with their "
+                       "load states; add a model entry (a YAML or JSON file holding one entry "
+                       "of the config's `models`); remove, pin, unpin or evict one by id")
+    admin.add_argument("target", nargs="?", help="add: the entry's file; else: a model id")
+    admin.add_argument("--pin", action="store_true", help="add: pin it as well")
+    admin.add_argument("--url", default=os.environ.get("BLITZ_URL", "http://127.0.0.1:8000"),
+                       help="the server (default: $BLITZ_URL or http://127.0.0.1:8000)")
+    admin.add_argument("--key", default=None, help="an admin key (default: the first of "
+                       "$BLITZ_ADMIN_KEYS)")
+    admin.set_defaults(run=run_admin)
     if extend is not None:
         extend(commands)
     return parser
+
+
+# --- the admin API ----------------------------------------------------------------------
+
+ADMIN_ACTIONS = ("list", "add", "remove", "pin", "unpin", "evict")
+
+
+def run_admin(args: argparse.Namespace, out: TextIO) -> int:
+    """One call of the server's admin API; its JSON reply printed (exit 1 on an error)."""
+    import httpx
+    import yaml
+
+    if args.action != "list" and not args.target:
+        raise UsageError(f"admin {args.action} needs " + (
+            "a file holding the model entry" if args.action == "add" else "a model id"))
+    key = args.key or os.environ.get("BLITZ_ADMIN_KEYS", "").split(",")[0].strip()
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    url = args.url.rstrip("/") + "/admin/models"
+    body = None
+    if args.action == "add":
+        try:
+            entry = yaml.safe_load(Path(args.target).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"cannot read the model entry in {args.target}: {exc}") from exc
+        body = {"model": entry, "pin": args.pin}
+    method, path = {"list": ("GET", ""), "add": ("POST", ""),
+                    "remove": ("DELETE", f"/{args.target}")}.get(
+        args.action, ("POST", f"/{args.target}/{args.action}"))
+    try:
+        reply = httpx.request(method, url + path, json=body, headers=headers, timeout=60)
+    except httpx.HTTPError as exc:
+        print(f"blitz: {url}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        shown = reply.json()
+    except ValueError:
+        shown = reply.text
+    print(json.dumps(shown, indent=2), file=out if reply.is_success else sys.stderr)
+    return 0 if reply.is_success else 1
 
 
 # --- the registry -----------------------------------------------------------------------

@@ -99,6 +99,11 @@ class Unauthorized(ClientError):
     expose = True
 
 
+class Forbidden(ClientError):
+    status, type, code = 403, "permission_error", "forbidden"
+    expose = True
+
+
 class NotFound(ClientError):
     status, type, code = 404, "not_found_error", "not_found"
     expose = True
@@ -113,6 +118,14 @@ class MethodNotAllowed(ClientError):
     """A known route called with a method it does not take; the reply's ``Allow`` names them."""
 
     status, type, code = 405, "invalid_request_error", "method_not_allowed"
+    expose = True
+
+
+class Conflict(ClientError):
+    """The request contradicts the server's state (an id taken, a model of the config
+    removed); the message says what to change first."""
+
+    status, type, code = 409, "invalid_request_error", "conflict"
     expose = True
 
 

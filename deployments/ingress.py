@@ -44,6 +44,7 @@ from deployments.handle_methods import HandleMethods
 from deployments.local_hops import LocalHops
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.metrics import metrics
+from deployments.model_admin import AdminMethods, IngressFollower, app_name, model_admin
 from deployments.placement import PlacementWatch
 from deployments.pool import in_process
 from deployments.replicas import PoolWaker, running_replicas, watch
@@ -97,7 +98,7 @@ class ServeDispatcher:
         self._waker = PoolWaker(handles, settings.ingress.pool_timeout_s)
         self._hops = LocalHops(settings, handles)
         self.placement = PlacementWatch(
-            _app_name(), {pool: handle.deployment_name for pool, handle in handles.items()},
+            app_name(), {pool: handle.deployment_name for pool, handle in handles.items()},
             after_s=settings.ingress.unplaced_after_s)
         self.placement.start()
         for handle in handles.values():
@@ -232,16 +233,10 @@ class InProcessCpuDispatcher(ServeDispatcher):
         return await self._timed(lambda: getattr(self.cpu_pool, f"{method}_for")(model_id, arg))
 
 
-def _app_name() -> str:
-    try:
-        return serve.get_replica_context().app_name
-    except Exception:  # outside a replica (tests): the default app's name
-        return "blitz"
-
-
-class _IngressMethods(GrpcMethods, HandleMethods):
+class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
     """What both ingress deployments answer: HTTP (the ASGI app), gRPC (TEI's services,
-    ``deployments/grpc_methods.py``) and the handle API (``deployments/handle_methods.py``)."""
+    ``deployments/grpc_methods.py``), the handle API (``deployments/handle_methods.py``)
+    and the model admin API (``deployments/model_admin.py``)."""
 
     settings: BlitzSettings
     dispatcher: ServeDispatcher
@@ -258,7 +253,14 @@ class _IngressMethods(GrpcMethods, HandleMethods):
                                         route_observer=metrics.observe_route)
         self.tokens = TokenService(self.service)
         self.outputs = OutputService(self.service, self.tokens)
-        self.api = HttpApi(self.service, self.tokens, self.outputs)
+        self.admin = model_admin(self.settings)
+        self.model_table = IngressFollower(self.admin, self.service.registry, self.outputs.forget,
+                                      self.settings.admin.poll_s)
+        self.api = HttpApi(self.service, self.tokens, self.outputs, self.admin)
+        try:  # the async constructor runs on the replica's loop; else check_health starts it
+            self.model_table.start()
+        except RuntimeError:
+            pass
         self.grpc = TeiServicer(self.service, self.tokens, self.outputs)
         host = http_host()
         keep_grpc_on_http_host(host)  # before Serve starts this replica's gRPC server
@@ -284,6 +286,7 @@ class Ingress(_IngressMethods):
 
     async def check_health(self) -> None:  # Serve calls it every few seconds
         self.dispatcher.placement.start()  # the constructor may have run without a loop
+        self.model_table.start()
 
 
 @serve.deployment
@@ -304,4 +307,5 @@ class IngressWithCpuPool(_IngressMethods):
 
     async def check_health(self) -> None:
         self.dispatcher.placement.start()
+        self.model_table.start()
         await self.cpu_pool.check_health()

@@ -29,6 +29,7 @@ from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from deployments.bind_addresses import keep_replica_grpc_on_node_ip
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.metrics import metrics
+from deployments.model_admin import PinnedLru, PoolFollower
 
 logger = logging.getLogger("ray.serve")
 SERVE_LRU = "__serve_multiplex_wrapper"  # where @serve.multiplexed keeps a replica's LRU
@@ -74,6 +75,11 @@ class ModelPool:
             self._memory_reports = asyncio.get_running_loop().create_task(
                 gpu_memory.report_forever(metrics.gpu_memory_publisher(pool)))
         await self.replica.preload()
+        self.follower = PoolFollower(  # the model table (the admin API's): pins, evicts
+            self.replica.settings, self.replica.registry, pool, self.get_model,
+            self.replica.model_states, self.replica.failures.forget,
+            lambda: getattr(self, "_pins", None))
+        self.follower.start()
         self.constructor_s = round(time.perf_counter() - constructed, 3)
         logger.info("%s pool replica constructed in %.2f s (preload included)", pool,
                     self.constructor_s)
@@ -84,9 +90,14 @@ class ModelPool:
         """Serve's loader (it runs one at a time, under the LRU's lock). Serve evicts the
         least recently used model past ``MAX_MODELS_PER_REPLICA``; the replica evicts more
         through the same LRU until the new model's bytes fit."""
-        lru = getattr(self, SERVE_LRU)  # Serve sets it before it first calls this
-        return await self.replica.load(model_id, cached=lambda: list(lru.models),
-                                       evict=lru.unload_model_lru)
+        pins: PinnedLru | None = getattr(self, "_pins", None)
+        if pins is None:  # the first load: from now on, pinned models are never its victims
+            pins = self._pins = PinnedLru(getattr(self, SERVE_LRU), self._pinned)
+        return await self.replica.load(model_id, cached=pins.unpinned, evict=pins.unload_lru)
+
+    def _pinned(self) -> set[str]:
+        follower = getattr(self, "follower", None)  # none yet while preloading
+        return follower.watch.pinned if follower is not None else set()
 
     async def check_health(self) -> None:
         """Serve calls this every ``health_check_period_s``; raising makes Serve replace
@@ -121,6 +132,9 @@ class ModelPool:
         Its calls are not Serve requests, so Serve's drain does not wait for them: with
         some in flight this returns a coroutine, which Serve awaits (it awaits one a sync
         method returns), answering them (within ``call_timeout_s``) before closing."""
+        follower = getattr(self, "follower", None)
+        if follower is not None:
+            follower.close()
         hop, self._hop = getattr(self, "_hop", None), None
         if hop is None:
             return None

@@ -28,8 +28,10 @@ from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
 from blitz import codecs
+from blitz.admin.table import ModelAdmin
 from blitz.errors import ErrorShape, InvalidValue, Overloaded, PayloadTooLarge, RequestTimeout
 from blitz.http import hybrid, openapi, reply_bodies, responses
+from blitz.http.admin import AdminApi
 from blitz.http.bodies import (
     ClassifyRequest,
     DecodeRequest,
@@ -63,7 +65,7 @@ MODEL_HEADERS = ("serve_multiplexed_model_id", "serve-multiplexed-model-id")
 
 class HttpApi:
     def __init__(self, service: EmbeddingService, tokens: TokenService | None = None,
-                 outputs: OutputService | None = None):
+                 outputs: OutputService | None = None, admin: ModelAdmin | None = None):
         self.service = service
         self.tokens = tokens or TokenService(service)
         self.outputs = outputs or OutputService(service, self.tokens)
@@ -113,6 +115,7 @@ class HttpApi:
                   Route("/openapi.json", self.openapi, methods=["GET"]),
                   Route("/docs", self.docs, methods=["GET"])]
         self._openapi = openapi.document([*self.routes, *public])
+        public += AdminApi(admin, self.settings.admin).routes(self._read)  # keys of its own
         self._docs = openapi.docs_page(self._openapi)
         router = Router([*self.routes, *public])
         self._app = RequestMiddleware(router, [r.path for r in self.routes],

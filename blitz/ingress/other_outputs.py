@@ -56,6 +56,12 @@ class OutputService:
         self.tokens = tokens or TokenService(service)
         self._longest: dict[str, int | None] = {}  # model id -> its max input length
 
+    def forget(self, model_id: str) -> None:
+        """Drop what is known of ``model_id`` (the admin API changed or removed it)."""
+        self._longest.pop(model_id, None)
+        self.tokens.tokenizers.forget(model_id)
+        self.service.forget(model_id)
+
     def _texts(self, texts: str | list[str], model: str | None,
                prompt_name: str | None) -> list[str]:
         """``texts`` checked against the limits, behind the model's prompt if named."""

@@ -58,12 +58,10 @@ RouteObserver = Callable[[str, str], None]
 
 @dataclass(slots=True)
 class RequestRecord:
-    """One request's facts for the metrics. The service fills ``model``, ``pool``,
-    ``texts`` and ``tokens``; whoever made the record observes it once, with the status
-    and the error's ``code`` when it failed: the HTTP middleware for an HTTP request (it
-    knows the route and the status), the service for a handle call. Every field that
-    becomes a label comes from a closed set (route templates, registry ids, pool names,
-    error codes)."""
+    """One request's facts for the metrics. The service fills ``model``, ``pool``, ``texts``
+    and ``tokens``; whoever made the record observes it once, with the status and the
+    error's ``code`` when it failed: the HTTP middleware for an HTTP request, the service
+    for a handle call. Labels come from closed sets (routes, model ids, pools, codes)."""
 
     route: str
     model: str = ""
@@ -102,17 +100,13 @@ class Dispatcher(Protocol):
 
     def max_batch(self, pool: str) -> int: ...
 
-    def running_pools(self) -> frozenset[str]:
-        """The pools with at least one running replica now; cheap enough for every request."""
-        ...
+    # the pools with a running replica now (cheap enough for every request)
+    def running_pools(self) -> frozenset[str]: ...
 
-    def wake(self, pool: str) -> None:
-        """Make ``pool`` start a replica if it has none (returns at once)."""
-        ...
+    def wake(self, pool: str) -> None: ...  # make ``pool`` start a replica (returns at once)
 
-    def unplaced_pools(self) -> Mapping[str, str]:
-        """Pools with a replica the cluster cannot place, and why (``blitz.ingress.placement``)."""
-        ...
+    # pools with a replica the cluster cannot place, and why (blitz.ingress.placement)
+    def unplaced_pools(self) -> Mapping[str, str]: ...
 
     async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
         """``job`` (any ``blitz.pool.mixed_batch.Job``) for ``model_id`` on ``pool``, through the
@@ -156,7 +150,7 @@ class EmbeddingService:
         self._dimensions: dict[str, int | None] = {}
         cache_mb = settings.ingress.vector_cache_mb
         self.vectors = CachedEmbedder(int(cache_mb * 2**20)) if cache_mb > 0 else None
-        self._fingerprints = {spec.id: fingerprint(spec) for spec in self.registry}
+        self._fingerprints: dict[str, str] = {}  # model id -> its spec's (vector cache)
         self.default_failed_at: float | None = None  # when the default model last got a 424
         self.not_ready_logged: str | None = None
 
@@ -167,6 +161,11 @@ class EmbeddingService:
         default = self.settings.default_model
         assert default is not None  # BlitzSettings' validator fills it in
         return self.registry.get(model_id or default)
+
+    def forget(self, model_id: str) -> None:
+        """Drop what is known of ``model_id`` (the admin API changed or removed it)."""
+        self._dimensions.pop(model_id, None)
+        self._fingerprints.pop(model_id, None)
 
     # ---- metrics ---------------------------------------------------------------------
 
@@ -345,7 +344,8 @@ class EmbeddingService:
             async def rows(some: list[str]) -> Computed:
                 return joined(await send(some))
 
-            key = Key(self._fingerprints[spec.id], pool, _normalized(spec, normalize),
+            key = Key(self._fingerprints.get(spec.id) or self._fingerprints.setdefault(
+                spec.id, fingerprint(spec)), pool, _normalized(spec, normalize),
                       truncate, "", record.api_key, side, long_inputs)
             values, counts, parts, cache_s = await vectors.embed(key, texts, rows, record)
             return [Encoded(values, counts,

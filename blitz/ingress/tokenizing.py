@@ -94,6 +94,11 @@ class Tokenizers:
         # shielded: a caller that leaves does not cancel the open the others wait for
         return await asyncio.shield(opening)
 
+    def forget(self, model_id: str) -> None:
+        """Open ``model_id``'s tokenizer again on its next use (its spec changed)."""
+        with self._lock:
+            self._held.pop(model_id, None)
+
     def _open(self, model_id: str) -> Any:
         with self._lock:
             if model_id not in self._held:

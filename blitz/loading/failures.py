@@ -47,6 +47,14 @@ class LoadFailures:
                      self.ttl_s, error.message)
         self._failed[model_id] = (self._clock() + self.ttl_s, error)
 
+    def recent(self) -> dict[str, ModelLoadFailed]:
+        """The failures still remembered, by model id."""
+        now = self._clock()
+        return {m: error for m, (until, error) in self._failed.items() if now < until}
+
+    def forget(self, model_id: str) -> None:
+        self._failed.pop(model_id, None)
+
     def check(self, model_id: str) -> None:
         """Raise the remembered failure while it is fresh."""
         entry = self._failed.get(model_id)

@@ -93,12 +93,17 @@ class LoadQueue(Generic[V]):
     def queued(self) -> list[str]:
         return [load.key for load in self._queue if load.waiters]
 
-    def overdue_s(self) -> float:
-        """How far the running load is past its deadline; 0 when none is."""
+    def running_s(self) -> float:
+        """How long the running load has run; 0 when none runs."""
         running = self._running
         if running is None or running.started is None:
             return 0.0
-        return max(0.0, self._clock() - running.started - self.deadline_s)
+        return self._clock() - running.started
+
+    def overdue_s(self) -> float:
+        """How far the running load is past its deadline; 0 when none is."""
+        running = self.running_s()
+        return max(0.0, running - self.deadline_s) if running else 0.0
 
     def problem(self) -> str | None:
         """Why this queue can never drain (a load's thread stuck past its deadline), or None."""

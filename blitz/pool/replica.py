@@ -355,6 +355,20 @@ class PoolReplica:
                 "load_overdue_s": round(self.loads.overdue_s(), 3),
                 "memory": self.memory_stats()}
 
+    def model_states(self) -> dict[str, dict[str, Any]]:
+        """Each model this replica holds, loads, waits to load or failed to load, with its
+        state (for the admin API's listing; a failure says only its public message)."""
+        states: dict[str, dict[str, Any]] = {
+            m: {"state": "failed", "error": e.public_message()}
+            for m, e in self.failures.recent().items()}
+        states |= {m: {"state": "queued"} for m in self.loads.queued}
+        if self.loads.loading is not None:
+            states[self.loads.loading] = {"state": "loading",
+                                          "seconds": round(self.loads.running_s(), 1)}
+        states |= {m: {"state": "loaded", "backend": self.backends.get(m)}
+                   for m in self.loaded}
+        return states
+
     def memory_stats(self) -> dict[str, Any]:
         workers = self.pool_settings.worker_count
         return {"budget_bytes": self.memory_budget,

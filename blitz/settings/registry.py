@@ -240,14 +240,16 @@ class ModelSpec(BaseModel):
 
 
 class Registry:
-    """The models this deployment may serve, by id."""
+    """The models this deployment may serve, by id: the config's, fixed, and those the
+    admin API added (``blitz.admin``), replaced as a whole by ``set_added``."""
 
     def __init__(self, specs: list[ModelSpec] | tuple[ModelSpec, ...]):
-        self._specs: dict[str, ModelSpec] = {}
+        self._config: dict[str, ModelSpec] = {}
         for spec in specs:
-            if spec.id in self._specs:
+            if spec.id in self._config:
                 raise ValueError(f"model id {spec.id!r} is registered twice")
-            self._specs[spec.id] = spec
+            self._config[spec.id] = spec
+        self._specs = dict(self._config)  # the config's, then the added ones
 
     def get(self, model_id: str) -> ModelSpec:
         try:
@@ -258,11 +260,24 @@ class Registry:
                 f"model {echo(model_id)!r} is not served here; known models: {known}",
                 param="model") from None
 
+    def in_config(self, model_id: str) -> bool:
+        return model_id in self._config
+
+    def set_added(self, specs: list[ModelSpec]) -> set[str]:
+        """Serve the config's models and ``specs`` (an id of the config's among them is
+        skipped); the ids whose spec changed or went (each was served before)."""
+        before = self._specs
+        self._specs = dict(self._config)
+        for spec in specs:
+            self._specs.setdefault(spec.id, spec)
+        return {model_id for model_id, spec in before.items()
+                if self._specs.get(model_id) != spec}
+
     def __contains__(self, model_id: object) -> bool:
         return model_id in self._specs
 
     def __iter__(self):
-        return iter(self._specs.values())
+        return iter(list(self._specs.values()))
 
     def __len__(self) -> int:
         return len(self._specs)

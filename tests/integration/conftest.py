@@ -16,6 +16,7 @@ GPU_BATCH = 16
 MAX_TEXTS = 64
 CPU_WORKERS = 2  # as serve_config.yaml: two model calls at once per CPU pool replica
 BUSY_BATCH_S = 3
+ADMIN_KEY = "it-admin-key"  # the model admin API's (tests/integration/test_model_admin.py)
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +48,8 @@ def app_args(tiny_models, tmp_path_factory) -> dict:
                      "torch_threads": 1},
         "ingress": {"deployment": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}},
         "limits": {"max_texts_per_request": MAX_TEXTS, "max_chars_per_text": 20_000},
+        "admin": {"api_keys": [ADMIN_KEY], "poll_s": 0.5,
+                  "models_file": str(tmp_path_factory.mktemp("admin") / "models.json")},
     }
 
 

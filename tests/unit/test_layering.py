@@ -162,6 +162,7 @@ FLOORS = (  # lowest first: a module imports its own package, lower floors and L
     ("blitz.settings",),  # typed settings, the model registry, sizes
     ("blitz.encoders",),  # the encoder contract, one backend per module, output options
     ("blitz.loading", "blitz.hop_messages"),  # a ModelSpec to an Encoder; the jobs and results of the hops
+    ("blitz.admin",),  # the model table the admin API changes and replicas follow
     ("blitz.pool", "blitz.bulk"),  # a pool replica's Ray-free half; the bulk job's
     ("blitz.ingress",),  # request logic: limits, routing, output options
     ("blitz.http", "blitz.grpc_api"),  # the HTTP API; the gRPC API (TEI's tei.v1)
