@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from urllib.parse import quote
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -41,7 +42,8 @@ class GcsStore:
     """``blitz.admin.store.Store`` over Ray's GCS key-value store (blocking calls)."""
 
     def __init__(self, app: str):
-        self.namespace = f"{NAMESPACE}:{app}"
+        # no ':' in a namespace: the GCS would hand keys back with the part after it
+        self.namespace = f"{NAMESPACE}-{quote(app, safe='')}"
 
     def get(self, key: str) -> bytes | None:
         return _internal_kv_get(key, namespace=self.namespace)

@@ -76,7 +76,7 @@ class ModelPool:
                 gpu_memory.report_forever(metrics.gpu_memory_publisher(pool)))
         await self.replica.preload()
         self.follower = PoolFollower(  # the model table (the admin API's): pins, evicts
-            self.replica.settings, self.replica.registry, pool, self.get_model,
+            self.replica.settings, self.replica.registry, pool, self.replica.holder,
             self.replica.model_states, self.replica.failures.forget,
             lambda: getattr(self, "_pins", None))
         self.follower.start()
