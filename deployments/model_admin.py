@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from urllib.parse import quote
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 from ray import serve
 from ray.experimental.internal_kv import (
@@ -160,6 +160,12 @@ class PoolFollower:
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(
                 follow(self.watch, self.every_s, self._changed, self._tick))
+
+    async def refresh(self) -> None:
+        """Read the table now (a job named a model this replica does not know yet)."""
+        changes = self.watch.apply(await asyncio.to_thread(self.watch.read))
+        if changes is not None:
+            await self._changed(changes)
 
     async def _changed(self, changes: Changes) -> None:
         lru = self._lru()

@@ -80,6 +80,7 @@ class ModelPool:
             self.replica.model_states, self.replica.failures.forget,
             lambda: getattr(self, "_pins", None))
         self.follower.start()
+        self.replica.refresh = self.follower.refresh
         self.constructor_s = round(time.perf_counter() - constructed, 3)
         logger.info("%s pool replica constructed in %.2f s (preload included)", pool,
                     self.constructor_s)

@@ -119,6 +119,8 @@ class PoolReplica:
         self.failures = LoadFailures(self.pool_settings.load_failure_ttl_s)
         # the loader work goes through: Serve's multiplexed LRU in a replica, else no cache
         self.cached_load: Callable[[str], Awaitable[ModelHolder]] = self.load
+        # reads the model table now (blitz.admin), when a job names an id not served here
+        self.refresh: Callable[[], Awaitable[None]] | None = None
         self.batchers: dict[str, Batcher] = {}  # one queue per model
         self.batches_run: dict[str, int] = {}  # per model: batches, and the texts in them
         self.texts_run: dict[str, int] = {}
@@ -257,6 +259,8 @@ class PoolReplica:
         """Several requests' jobs for one model (the ingress merges concurrent ones), of any
         kind: they enter the model's one queue together, so they can share a batch, and
         each gets its own result or error, so one bad job fails alone."""
+        if model_id not in self.registry and self.refresh is not None:
+            await self.refresh()  # added a moment ago: the ingress may know it first
         self.registry.get(model_id)  # an unknown id: UnknownModel (404), and no queue made
         self.workers.refuse_if_stuck(f"model {model_id!r}")  # queued, it could never run
         if tracing.TRACER is not None:  # traces on: a span per traced job, around the rest

@@ -254,3 +254,25 @@ async def test_serves_lru_passes_over_pinned_models_and_evicts_by_id():
     assert await pins.evict("a") and lru.unloaded == ["b", "a"]
     assert lru._push_multiplexed_replica_info
     assert not await pins.evict("gone")
+
+
+async def test_a_pool_replica_reads_the_table_when_a_job_names_a_model_it_does_not_know():
+    from blitz.hop_messages import EmbedJob
+    from blitz.pool.replica import PoolReplica
+
+    store = MemoryStore()
+    replica = PoolReplica(settings(), "cpu")
+    watch = ModelWatch(store, replica.registry)
+    reads = []
+
+    async def refresh():
+        reads.append(watch.poll())
+
+    replica.refresh = refresh
+    ModelAdmin(settings(), store).add({"id": "new", "source": "fake:16"})
+    result = (await replica.run_jobs("new", [EmbedJob(texts=["a"])]))[0]
+    assert result.values.shape == (1, 16) and len(reads) == 1
+    await replica.run_jobs("new", [EmbedJob(texts=["b"])])
+    assert len(reads) == 1  # known now: no second read
+    with pytest.raises(UnknownModel):
+        await replica.run_jobs("never", [EmbedJob(texts=["a"])])
