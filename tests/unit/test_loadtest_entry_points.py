@@ -35,4 +35,30 @@ def test_ratios_are_taken_within_each_round_against_serve_sh(tmp_path):
     assert "4.00 ms (4.00-4.00, 3 rounds)" in card_row  # one user p50 minus the floor's
     proxy_row = next(line for line in text.splitlines() if "default proxy" in line)
     assert "0.40x (0.40-0.40x, 2 rounds)" in proxy_row
-    assert "the card's `serve run` >= 0.9x scripts/serve.sh, single: met" in text
+    assert "the card's `serve run` >= 0.9x scripts/serve.sh in every round, single: met" in text
+    assert "0.90, 1.00, 1.25" in text  # the card's single ratios, round by round
+    assert "PSS idle within 10% of scripts/serve.sh's in every round: not measured" in text
+
+
+def _pss(path, processes: dict[str, int]) -> None:
+    path.write_bytes(b"\n".join(orjson.dumps({"pid": i, "name": name, "pss_kib": kib})
+                                for i, (name, kib) in enumerate(processes.items())))
+
+
+def test_every_round_must_meet_the_targets_and_pss_is_reported_by_process(tmp_path):
+    for r, card in enumerate([95.0, 85.0, 120.0], 1):  # round 2 falls under 0.9x
+        d = tmp_path / f"r{r}"
+        d.mkdir()
+        for profile in ("single", "batch32"):
+            _run(d / f"card-{profile}.json", card, 5.0)
+            _run(d / f"serve-sh-{profile}.json", 100.0, 5.0)
+        for kind in ("idle", "peak"):
+            _pss(d / f"serve-sh-pss-{kind}.jsonl", {"raylet": 100 * 1024, "haproxy": 1024})
+            _pss(d / f"card-pss-{kind}.jsonl", {"raylet": 100 * 1024, "haproxy": 1024,
+                                                 "serve run": (5 if kind == "idle" else 30) * 1024})
+    text = report(tmp_path)
+    assert "single: **not met** (lowest round 0.85x)" in text  # the median, 0.95x, would pass
+    assert "PSS idle within 10% of scripts/serve.sh's in every round: met" in text
+    assert "PSS peak within 10% of scripts/serve.sh's in every round: **not met** (highest round 1.30x)" in text
+    assert "131 (1.30x)" in text
+    assert "| serve run | 5 | - |" in text and "| **total** | 106 | 101 |" in text
