@@ -139,7 +139,55 @@ def report(directory: str | Path) -> str:
          if any((r / f"{leg}-single.json").exists() for r in rounds)])
     return "\n".join([f"Entry points, {len(rounds)} interleaved rounds (median, min-max):",
                       "", table, "", "Per round (rounds 1, 2, ...):", "", per_round, "",
-                      *targets(rounds), "", pss_by_process(rounds)])
+                      *targets(rounds), "", pss_by_process(rounds), "",
+                      cpu_by_process(rounds, "single"), "", cpu_by_process(rounds, "batch32")])
+
+
+def cpu_shares(directory: Path, leg: str, profile: str) -> dict[str, float] | None:
+    """CPU-ms per request by process name: each process's share of the tree's CPU time
+    between ``LEG-PROFILE-procs0/1.jsonl`` (the profile, its warm-up included) times the
+    run's measured server CPU-ms per request."""
+    before, after = (pss_processes(directory / f"{leg}-{profile}-procs{i}.jsonl")
+                     for i in (0, 1))
+    run = run_figure(directory / f"{leg}-{profile}.json")
+    if before is None or after is None or run is None or run[1] is None:
+        return None
+    start = {p["pid"]: p.get("cpu_s") or 0.0 for p in before}
+    used: dict[str, float] = {}
+    for p in after:
+        if p.get("cpu_s") is not None:
+            used[p["name"]] = used.get(p["name"], 0.0) + p["cpu_s"] - start.get(p["pid"], 0.0)
+    total = sum(used.values())
+    if total <= 0:
+        return None
+    return {name: run[1] * s / total for name, s in used.items()}
+
+
+def cpu_by_process(rounds: Sequence[Path], profile: str) -> str:
+    import statistics
+
+    table: dict[str, dict[str, list[float]]] = {}
+    legs = []
+    for leg in LEGS:
+        for r in rounds:
+            shares = cpu_shares(r, leg, profile)
+            if shares is None:
+                continue
+            if leg not in legs:
+                legs.append(leg)
+            shares["**total**"] = sum(shares.values())
+            for name, ms in shares.items():
+                table.setdefault(name, {}).setdefault(leg, []).append(ms)
+    if not table:
+        return ""
+    order = sorted(table, key=lambda n: (n == "**total**", -max(
+        statistics.median(v) for v in table[n].values())))
+    rows = [[name, *(f"{statistics.median(table[name][leg]):.3f}" if leg in table[name]
+                     else "-" for leg in legs)] for name in order
+            if name == "**total**" or max(statistics.median(v) for v in table[name].values())
+            >= 0.0005]
+    return (f"Server CPU-ms per request by process, {profile} (median of the rounds):\n\n"
+            + markdown_table(["process", *legs], rows))
 
 
 def pss_by_process(rounds: Sequence[Path], kind: str = "idle") -> str:

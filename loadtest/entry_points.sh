@@ -12,7 +12,8 @@
 # its processes, HAProxy included) and one user (1 text, 1 in flight: `loadtest hops`
 # beside the in-process int8 call), then stops it; PSS over all its processes (HAProxy
 # included, `python -m loadtest.memory`) IDLE_S after the warm-up (idle) and at its
-# largest sample during the two profiles (peak); then one user against the HTTP floor
+# largest sample during the two profiles (peak), and each process's CPU time around each
+# profile (the report splits the CPU-ms per request between them); then one user against the HTTP floor
 # (`loadtest.floor_server`, nothing else running). `python -m loadtest entry-points OUT`
 # reports the per-round ratios to serve-sh, their median and spread.
 # Usage: bash loadtest/entry_points.sh [OUT_DIR]   (after `bash scripts/install.sh dev`)
@@ -87,8 +88,10 @@ for r in $(seq 1 "$ROUNDS"); do
       > "$dir/$leg-pss-peak.jsonl" &
     sampler=$!
     for profile in single batch32; do
+      "$PY" -m loadtest.memory "$SERVER" --with-haproxy --json > "$dir/$leg-$profile-procs0.jsonl"
       "$PY" -m loadtest run --no-progress --duration "$DUR" --warmup "$WARM" --model minilm-int8 \
         --profile "$profile" --server-pids "$SERVER" --out "$dir/$leg-$profile.json" > /dev/null
+      "$PY" -m loadtest.memory "$SERVER" --with-haproxy --json > "$dir/$leg-$profile-procs1.jsonl"
     done
     kill -TERM "$sampler"; wait "$sampler" || true
     "$PY" -m loadtest hops --model minilm-int8 --inprocess onnx-int8 --rounds 2 \

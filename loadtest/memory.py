@@ -35,6 +35,7 @@ class ProcessMemory:
     pid: int
     name: str
     pss_kib: int
+    cpu_s: float | None = None  # user + system CPU seconds so far (``cpu_seconds``)
 
 
 def pss_kib(pid: int, proc: Path = PROC) -> int | None:
@@ -110,13 +111,24 @@ def _argv(pid: int, proc: Path) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def cpu_seconds(pid: int, proc: Path = PROC) -> float | None:
+    """The process's user + system CPU seconds (``/proc/PID/stat``); None when gone."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def tree_memory(roots: Iterable[int], proc: Path = PROC) -> list[ProcessMemory]:
-    """PSS of every live process in the trees under ``roots``, largest first."""
+    """PSS (and CPU time) of every live process in the trees under ``roots``, largest
+    PSS first."""
     found = []
     for pid in descendants(roots, parent_pids(proc)):
         kib = pss_kib(pid, proc)
         if kib is not None:
-            found.append(ProcessMemory(pid, process_name(_argv(pid, proc)), kib))
+            found.append(ProcessMemory(pid, process_name(_argv(pid, proc)), kib,
+                                       cpu_seconds(pid, proc)))
     return sorted(found, key=lambda p: (-p.pss_kib, p.pid))
 
 
@@ -193,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if args.json:
         for p in processes:
-            print(json.dumps({"pid": p.pid, "name": p.name, "pss_kib": p.pss_kib}))
+            print(json.dumps({"pid": p.pid, "name": p.name, "pss_kib": p.pss_kib,
+                              "cpu_s": p.cpu_s}))
     else:
         print(format_table(processes))
     return 0

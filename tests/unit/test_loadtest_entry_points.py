@@ -62,3 +62,22 @@ def test_every_round_must_meet_the_targets_and_pss_is_reported_by_process(tmp_pa
     assert "PSS peak within 10% of scripts/serve.sh's in every round: **not met** (highest round 1.30x)" in text
     assert "131 (1.30x)" in text
     assert "| serve run | 5 | - |" in text and "| **total** | 106 | 101 |" in text
+
+
+def test_cpu_per_request_is_split_between_processes_by_their_cpu_time(tmp_path):
+    from loadtest.entry_points import cpu_by_process, cpu_shares
+
+    d = tmp_path / "r1"
+    d.mkdir()
+    _run(d / "card-single.json", 100.0, 6.0)
+    lines = [{"pid": 1, "name": "raylet", "pss_kib": 1, "cpu_s": 1.0},
+             {"pid": 2, "name": "ray::ServeReplica:blitz:Ingress", "pss_kib": 1, "cpu_s": 5.0}]
+    (d / "card-single-procs0.jsonl").write_bytes(b"\n".join(orjson.dumps(p) for p in lines))
+    lines[0]["cpu_s"], lines[1]["cpu_s"] = 2.0, 7.0  # +1 s and +2 s: a third and two thirds
+    lines.append({"pid": 3, "name": "log monitor", "pss_kib": 1, "cpu_s": 0.0})  # came later
+    (d / "card-single-procs1.jsonl").write_bytes(b"\n".join(orjson.dumps(p) for p in lines))
+    assert cpu_shares(d, "card", "single") == {
+        "raylet": 2.0, "ray::ServeReplica:blitz:Ingress": 4.0, "log monitor": 0.0}
+    table = cpu_by_process([d], "single")
+    assert "| ray::ServeReplica:blitz:Ingress | 4.000 |" in table
+    assert "log monitor" not in table and "| **total** | 6.000 |" in table
