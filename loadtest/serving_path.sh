@@ -78,7 +78,9 @@ for r in $(seq 1 "$ROUNDS"); do
     case "$hop" in
       floor) setsid "$PY" -m loadtest.floor_server --port 8000 --model free --source fake:384 \
         --backend torch > "$OUT/r$r-$hop.log" 2>&1 & ;;
-      *-sh) BLITZ_SERVE_CONFIG="$OUT/config-${hop%-sh}.yaml" BLITZ_SKIP_INSTALL=1 \
+      serve-sh|servefloor-sh) config="$OUT/config-auto.yaml"
+        [ "$hop" = servefloor-sh ] && config="$OUT/config-servefloor.yaml"
+        BLITZ_SERVE_CONFIG="$config" BLITZ_SKIP_INSTALL=1 \
         setsid bash scripts/serve.sh > "$OUT/r$r-$hop.log" 2>&1 & ;;
       *) setsid .venv/bin/serve run "$OUT/config-$hop.yaml" > "$OUT/r$r-$hop.log" 2>&1 & ;;
     esac
