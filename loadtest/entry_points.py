@@ -25,6 +25,7 @@ BASE = "serve-sh"
 LEGS = {"card": "`serve run serve_config.yaml` (the card; its controller_options: fast path)",
         "serve-hop": "the card with `ingress.pool_hop: serve` (Serve's handle to the CPU pool)",
         "default-proxy": "`serve run`, a config without them (Serve's default proxy)",
+        "serve-sh-again": "`bash scripts/serve.sh` again (A/A control: the same entry point)",
         "serve-sh": "`bash scripts/serve.sh` (fast path, no driver)"}
 PROFILES = ("single", "batch32")
 TARGET = 0.9  # the card's `serve run` against scripts/serve.sh, each profile, every round

@@ -7,6 +7,8 @@
 #   default-proxy the card with its controller_options taken out: Serve's default Python
 #                 proxy, what `serve run` of a config without them gets (the app warns)
 #   serve-sh      `bash scripts/serve.sh` (lifecycle.py, no driver, the fast path)
+#   serve-sh-again the same again: an A/A control, what this machine's noise alone makes of
+#                 a ratio to serve-sh
 # Each round starts each entry point in turn, warms `minilm-int8`, runs the single and
 # batch32 profiles (DUR seconds each, the server's CPU time per request measured over all
 # its processes, HAProxy included) and one user (1 text, 1 in flight: `loadtest hops`
@@ -68,7 +70,7 @@ start() {  # start LEG LOG: the leg's server in a process group of its own
     card) setsid .venv/bin/serve run serve_config.yaml > "$2" 2>&1 & ;;
     default-proxy) setsid .venv/bin/serve run "$OUT/default-proxy-config.yaml" > "$2" 2>&1 & ;;
     serve-hop) setsid .venv/bin/serve run "$OUT/serve-hop-config.yaml" > "$2" 2>&1 & ;;
-    serve-sh) BLITZ_SKIP_INSTALL=1 setsid bash scripts/serve.sh > "$2" 2>&1 & ;;
+    serve-sh|serve-sh-again) BLITZ_SKIP_INSTALL=1 setsid bash scripts/serve.sh > "$2" 2>&1 & ;;
   esac
   SERVER=$!
   wait_for http://127.0.0.1:8000/health
