@@ -7,19 +7,25 @@
 #   default-proxy the card with its controller_options taken out: Serve's default Python
 #                 proxy, what `serve run` of a config without them gets (the app warns)
 #   serve-sh      `bash scripts/serve.sh` (lifecycle.py, no driver, the fast path)
+#   serve-sh-again the same again: an A/A control, what this machine's noise alone makes of
+#                 a ratio to serve-sh
 # Each round starts each entry point in turn, warms `minilm-int8`, runs the single and
 # batch32 profiles (DUR seconds each, the server's CPU time per request measured over all
 # its processes, HAProxy included) and one user (1 text, 1 in flight: `loadtest hops`
-# beside the in-process int8 call), then stops it; then one user against the HTTP floor
+# beside the in-process int8 call), then stops it; PSS over all its processes (HAProxy
+# included, `python -m loadtest.memory`) IDLE_S after the warm-up (idle) and at its
+# largest sample during the two profiles (peak), and each process's CPU time around each
+# profile (the report splits the CPU-ms per request between them); then one user against the HTTP floor
 # (`loadtest.floor_server`, nothing else running). `python -m loadtest entry-points OUT`
 # reports the per-round ratios to serve-sh, their median and spread.
 # Usage: bash loadtest/entry_points.sh [OUT_DIR]   (after `bash scripts/install.sh dev`)
-# Environment: ROUNDS (3), DUR/WARM (15/5), ONE_USER_N (300), LEGS ("card serve-hop
+# Environment: ROUNDS (3), DUR/WARM (15/5), IDLE_S (10), ONE_USER_N (300), LEGS ("card serve-hop
 # default-proxy serve-sh"). Stops any Ray/Serve/HAProxy of this machine first (STOP_RAY=0: don't).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:-results/entry-points-$(date +%Y%m%d-%H%M%S)}"
 ROUNDS="${ROUNDS:-3}"; DUR="${DUR:-15}"; WARM="${WARM:-5}"; ONE_USER_N="${ONE_USER_N:-300}"
+IDLE_S="${IDLE_S:-10}"
 LEGS="${LEGS:-card serve-hop default-proxy serve-sh}"
 PY=.venv/bin/python
 mkdir -p "$OUT"
@@ -64,7 +70,7 @@ start() {  # start LEG LOG: the leg's server in a process group of its own
     card) setsid .venv/bin/serve run serve_config.yaml > "$2" 2>&1 & ;;
     default-proxy) setsid .venv/bin/serve run "$OUT/default-proxy-config.yaml" > "$2" 2>&1 & ;;
     serve-hop) setsid .venv/bin/serve run "$OUT/serve-hop-config.yaml" > "$2" 2>&1 & ;;
-    serve-sh) BLITZ_SKIP_INSTALL=1 setsid bash scripts/serve.sh > "$2" 2>&1 & ;;
+    serve-sh|serve-sh-again) BLITZ_SKIP_INSTALL=1 setsid bash scripts/serve.sh > "$2" 2>&1 & ;;
   esac
   SERVER=$!
   wait_for http://127.0.0.1:8000/health
@@ -78,10 +84,18 @@ for r in $(seq 1 "$ROUNDS"); do
   for leg in $LEGS; do
     echo "== round $r: $leg"
     start "$leg" "$dir/$leg.log"
+    sleep "$IDLE_S"
+    "$PY" -m loadtest.memory "$SERVER" --with-haproxy --json > "$dir/$leg-pss-idle.jsonl"
+    "$PY" -m loadtest.memory "$SERVER" --with-haproxy --json --peak 2 \
+      > "$dir/$leg-pss-peak.jsonl" &
+    sampler=$!
     for profile in single batch32; do
+      "$PY" -m loadtest.memory "$SERVER" --with-haproxy --json > "$dir/$leg-$profile-procs0.jsonl"
       "$PY" -m loadtest run --no-progress --duration "$DUR" --warmup "$WARM" --model minilm-int8 \
         --profile "$profile" --server-pids "$SERVER" --out "$dir/$leg-$profile.json" > /dev/null
+      "$PY" -m loadtest.memory "$SERVER" --with-haproxy --json > "$dir/$leg-$profile-procs1.jsonl"
     done
+    kill -TERM "$sampler"; wait "$sampler" || true
     "$PY" -m loadtest hops --model minilm-int8 --inprocess onnx-int8 --rounds 2 \
       --per-round "$ONE_USER_N" --out "$dir/oneuser-$leg.json" > /dev/null
     stop_server

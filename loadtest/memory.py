@@ -35,6 +35,7 @@ class ProcessMemory:
     pid: int
     name: str
     pss_kib: int
+    cpu_s: float | None = None  # user + system CPU seconds so far (``cpu_seconds``)
 
 
 def pss_kib(pid: int, proc: Path = PROC) -> int | None:
@@ -110,14 +111,60 @@ def _argv(pid: int, proc: Path) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def cpu_seconds(pid: int, proc: Path = PROC) -> float | None:
+    """The process's user + system CPU seconds (``/proc/PID/stat``); None when gone."""
+    try:
+        fields = (proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def tree_memory(roots: Iterable[int], proc: Path = PROC) -> list[ProcessMemory]:
-    """PSS of every live process in the trees under ``roots``, largest first."""
+    """PSS (and CPU time) of every live process in the trees under ``roots``, largest
+    PSS first."""
     found = []
     for pid in descendants(roots, parent_pids(proc)):
         kib = pss_kib(pid, proc)
         if kib is not None:
-            found.append(ProcessMemory(pid, process_name(_argv(pid, proc)), kib))
+            found.append(ProcessMemory(pid, process_name(_argv(pid, proc)), kib,
+                                       cpu_seconds(pid, proc)))
     return sorted(found, key=lambda p: (-p.pss_kib, p.pid))
+
+
+def haproxy_pids(proc: Path = PROC) -> list[int]:
+    """Every process whose executable is named haproxy."""
+    found = []
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "haproxy":
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def roots(pids: Iterable[int], with_haproxy: bool, proc: Path = PROC) -> list[int]:
+    return [*pids, *(haproxy_pids(proc) if with_haproxy else [])]
+
+
+def peak_memory(pids: Sequence[int], every_s: float, with_haproxy: bool,
+                proc: Path = PROC) -> list[ProcessMemory]:
+    """Sample the trees every ``every_s`` until SIGTERM or SIGINT; the largest sample."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    best: list[ProcessMemory] = []
+    while True:
+        sample = tree_memory(roots(pids, with_haproxy, proc), proc)
+        if sum(p.pss_kib for p in sample) > sum(p.pss_kib for p in best):
+            best = sample
+        if stop.wait(every_s):
+            return best
 
 
 def by_name(processes: Iterable[ProcessMemory]) -> list[tuple[str, int, int]]:
@@ -144,14 +191,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pids", type=int, nargs="+", help="roots of the process trees")
     parser.add_argument("--json", action="store_true", help="one JSON object per process")
+    parser.add_argument("--with-haproxy", action="store_true",
+                        help="also every process named haproxy, wherever it hangs (it may "
+                             "be re-parented out of the tree)")
+    parser.add_argument("--peak", type=float, metavar="SECONDS", default=0.0,
+                        help="sample every SECONDS until SIGTERM/SIGINT, then report the "
+                             "sample whose total PSS was largest")
     args = parser.parse_args(argv)
-    processes = tree_memory(args.pids)
+    processes = (peak_memory(args.pids, args.peak, args.with_haproxy) if args.peak > 0
+                 else tree_memory(roots(args.pids, args.with_haproxy)))
     if not processes:
         print(f"no readable process under {args.pids}", file=sys.stderr)
         return 1
     if args.json:
         for p in processes:
-            print(json.dumps({"pid": p.pid, "name": p.name, "pss_kib": p.pss_kib}))
+            print(json.dumps({"pid": p.pid, "name": p.name, "pss_kib": p.pss_kib,
+                              "cpu_s": p.cpu_s}))
     else:
         print(format_table(processes))
     return 0

@@ -58,6 +58,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 
 GRACE_S = float(os.environ.get("BLITZ_STOP_GRACE_S", "15"))  # Serve's own shutdown
 TERM_S = 5.0  # then SIGTERM to `serve run`, then SIGKILL to whatever is left
@@ -693,12 +694,22 @@ def _run_driverless(up: subprocess.Popen, requested: list[int], hurry: list[bool
     return status
 
 
+def console_log_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of `serve run`: with BLITZ_CONSOLE_LOGS=1, the replicas log to
+    stderr too (Ray's log monitor forwards it to this console), which the fast path's
+    throughput-optimized mode turns off (RAY_SERVE_LOG_TO_STDERR defaults to 0 there)."""
+    env = dict(environ)
+    if env.get("BLITZ_CONSOLE_LOGS", "0") == "1":
+        env.setdefault("RAY_SERVE_LOG_TO_STDERR", "1")
+    return env
+
+
 def run_serve_run(config: str, extra: list[str], requested: list[int],
                   hurry: list[bool]) -> int:
     """`serve run` (scripts/serve_run.py) in its own session, stopped with its session."""
     driver = os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_run.py")
     child = subprocess.Popen([sys.executable, driver, "run", config, *extra],
-                             start_new_session=True,
+                             env=console_log_env(os.environ), start_new_session=True,
                              preexec_fn=_child_setup)
     while child.poll() is None and not requested:
         time.sleep(0.2)

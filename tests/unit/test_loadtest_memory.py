@@ -71,3 +71,16 @@ def test_process_names():
     assert process_name([py, "-u", "/r/autoscaler/_private/monitor.py"]) == "autoscaler monitor"
     assert process_name([py, "-c", "print(1)"]) == "python -c"
     assert process_name(["/r/core/src/ray/gcs/gcs_server", "--log_dir=x"]) == "gcs_server"
+
+
+def test_haproxy_outside_the_tree_joins_it_when_asked(tmp_path: Path):
+    from loadtest.memory import roots
+
+    fake_process(tmp_path, 1, 0, ["/sbin/init"], 5000)
+    fake_process(tmp_path, 10, 1, ["bash", "scripts/serve.sh"], 2048)
+    fake_process(tmp_path, 30, 1, ["haproxy", "-f", "cfg"], 10240)  # re-parented to init
+    (tmp_path / "30" / "comm").write_text("haproxy\n")
+    (tmp_path / "10" / "comm").write_text("bash\n")
+    assert [p.pid for p in tree_memory(roots([10], False, tmp_path), tmp_path)] == [10]
+    both = tree_memory(roots([10], True, tmp_path), tmp_path)
+    assert sorted(p.pid for p in both) == [10, 30]
