@@ -7,7 +7,8 @@
 #   docker build -t blitz:0.1.0 .                       # CPU torch, for CPU nodes
 #   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 \
 #       -t blitz:0.1.0-gpu .                            # CUDA torch, for GPU nodes
-#   docker run --rm -p 8000:8000 -p 9000:9000 --shm-size=2g blitz:0.1.0   # HTTP, gRPC
+#   docker run --rm -p 8000:8000 -p 9000:9000 --shm-size=2g \
+#       --stop-timeout 150 blitz:0.1.0                 # HTTP, gRPC; a stop drains
 #
 # scripts/image.sh builds and runs it with podman where no image registry is reachable:
 # its base is Debian bookworm made with debootstrap (BASE), and torch comes from a
@@ -62,7 +63,18 @@ RUN for model in $(blitz models --config serve_config.yaml --json \
 RUN sed -i 's/^  host: 127.0.0.1$/  host: 0.0.0.0/' serve_config.yaml
 
 EXPOSE 8000 9000
-# From WORKDIR /app: serve_config.yaml's controller_options turn on the fast request path
-# (HAProxy through scripts/haproxy-loopback, named relative to /app) and its `auto` sizes
-# follow the cores and GPUs the container's Ray sees.
-CMD ["serve", "run", "serve_config.yaml"]
+# scripts/serve.sh, as on a host (its install.sh skipped: done above), from WORKDIR /app:
+# Serve's fast request path (scripts/fast-path.env.sh; HAProxy through
+# scripts/haproxy-loopback), then `exec python scripts/lifecycle.py run serve_config.yaml`,
+# the container's main process: it starts Ray's head with no driver, deploys (the config's
+# `auto` sizes follow the cores and GPUs the container's Ray sees) and waits. On SIGTERM
+# (`docker stop`) it drains (the applications deleted: requests in flight finish, new
+# ones are refused), shuts Serve down, stops Ray and exits 0: about 10 s, longer while a
+# long request runs (the drain waits at most BLITZ_DRAIN_S, 60 s; the whole stop at most
+# about 135 s). Give the stop that long: `docker run --stop-timeout 150` or `docker stop
+# -t 150` (the default 10 s may end it with SIGKILL, status 137, mid-drain).
+# BLITZ_CONSOLE_LOGS=1 keeps `serve run` as the driver, the replicas' logs on the console
+# (`docker logs`), with the same drain.
+ENV BLITZ_SKIP_INSTALL=1
+STOPSIGNAL SIGTERM
+CMD ["bash", "scripts/serve.sh"]

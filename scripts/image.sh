@@ -15,9 +15,13 @@
 #          $HTTP_PORT and $GRPC_PORT, and wait for GET /ready to answer 200.
 #   check  POST /embed (JSON) answers one 384-value vector, GET /ready 200, gRPC Embed
 #          answers a vector, then `podman stop` (SIGTERM, then SIGKILL after
-#          $STOP_TIMEOUT_S): the container must exit by itself, with status 0 or 15
-#          (`serve run`'s SIGTERM exit), within $STOP_BOUND_S.
-#   stop   stop and remove the container, if it runs.
+#          $STOP_TIMEOUT_S) while a request of about $IN_FLIGHT_S runs: the image's
+#          scripts/lifecycle.py drains, so that request must get its vectors, a small
+#          request sent every 0.5 s meanwhile a correct 200 or a refusal (404, 503, no
+#          connection), and the container must exit by itself, status 0, within
+#          $STOP_BOUND_S.
+#   stop   stop (SIGTERM: the same drain, at most $STOP_TIMEOUT_S) and remove the
+#          container, if it runs.
 #
 # Prints the build time, the image's size, the time from `podman run` to /ready's 200 and
 # the stop's. Touches only what it makes, all labelled blitz.image.sh=1: the base image,
@@ -38,8 +42,10 @@ MIRROR="${BLITZ_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 WORK="${BLITZ_IMAGE_WORK:-/var/tmp/blitz-image}"      # debootstrap's root; the build's pip config
 CA="${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}"  # the CAs the host's pip trusts
 READY_TIMEOUT_S="${BLITZ_IMAGE_READY_TIMEOUT_S:-300}"
-STOP_TIMEOUT_S="${BLITZ_IMAGE_STOP_TIMEOUT_S:-60}"    # podman stop's SIGKILL after this
+STOP_TIMEOUT_S="${BLITZ_IMAGE_STOP_TIMEOUT_S:-150}"   # podman stop's SIGKILL after this:
+                                                      # past the longest drain (~135 s)
 STOP_BOUND_S="${BLITZ_IMAGE_STOP_BOUND_S:-30}"        # a clean stop takes less
+IN_FLIGHT_S="${BLITZ_IMAGE_IN_FLIGHT_S:-10}"          # how long check's request in flight runs
 LABEL=blitz.image.sh=1
 PYTHON="${PYTHON:-.venv/bin/python}"                  # the host's, for the gRPC check
 
@@ -113,7 +119,7 @@ build() {
 remove_container() {
   "${PODMAN[@]}" container exists "$NAME" || return 0
   ours container "$NAME" || die "container $NAME exists and is not this script's"
-  "${PODMAN[@]}" rm -f -t 10 "$NAME" >/dev/null
+  "${PODMAN[@]}" rm -f -t "$STOP_TIMEOUT_S" "$NAME" >/dev/null
 }
 
 http_status() {  # the status of GET $1, or 000 when nothing answers
@@ -133,6 +139,7 @@ run() {
   remove_container
   local t0; t0="$(date +%s.%N)"
   "${PODMAN[@]}" run -d --name "$NAME" --label "$LABEL" "${ULIMITS[@]}" --shm-size=2g \
+    --stop-timeout "$STOP_TIMEOUT_S" \
     -p "127.0.0.1:$HTTP_PORT:8000" -p "127.0.0.1:$GRPC_PORT:9000" "$IMAGE" >/dev/null
   local deadline=$((SECONDS + READY_TIMEOUT_S))
   until [ "$(http_status "http://127.0.0.1:$HTTP_PORT/ready")" = 200 ]; do
@@ -173,15 +180,117 @@ assert len(reply.embeddings) == 384, f"gRPC Embed: {len(reply.embeddings)} value
 print("image.sh: check: /embed 384 values, /ready 200, gRPC Embed 384 values",
       file=sys.stderr)
 EOF
-  local t0; t0="$(date +%s.%N)"
-  "${PODMAN[@]}" stop -t "$STOP_TIMEOUT_S" "$NAME" >/dev/null
-  local took code
-  took="$(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $t0}")"
+  # The stop, with a request in flight: sized from a timed one to take $IN_FLIGHT_S (at
+  # most one pool call, 128 texts), sent, and 0.5 s later `podman stop`; meanwhile a small
+  # request every 0.5 s. The request in flight must get its vectors (the drain lets it
+  # finish), each newcomer a correct 200 or a refusal (404, 503, no connection), and the
+  # container must exit 0 by itself.
+  local took status=0 code
+  took="$("$PYTHON" - "$HTTP_PORT" "$IN_FLIGHT_S" \
+            "${PODMAN[@]}" stop -t "$STOP_TIMEOUT_S" "$NAME" <<'EOF'
+import http.client, json, math, subprocess, sys, threading, time
+
+port, slow_s, *stop = sys.argv[1:]
+TEXT = "the quick brown fox jumps over the lazy dog " * 26  # ~240 tokens, under minilm's 256
+# One pool call at most (serve_config.yaml's cpu_pool.max_batch_size): the pool replica
+# holds the whole request, and a stopping replica finishes what it holds. A larger
+# request's later pool calls, made once the drain began, get 503 + Retry-After.
+MAX_TEXTS = 128
+
+
+def post(texts, timeout=60.0, sent=None):
+    """(status, embeddings or None) of POST /embed; OSError when no answer comes."""
+    conn = http.client.HTTPConnection("127.0.0.1", int(port), timeout=timeout)
+    try:
+        conn.request("POST", "/embed", json.dumps({"texts": texts, "model": "minilm"}),
+                     {"content-type": "application/json", "accept": "application/json"})
+        if sent is not None:
+            sent.set()
+        reply = conn.getresponse()
+        body = reply.read()
+        return reply.status, json.loads(body)["embeddings"] if reply.status == 200 else None
+    finally:
+        conn.close()
+
+
+def cos(a, b):
+    return sum(x * y for x, y in zip(a, b, strict=True)) / math.sqrt(sum(x * x for x in a)
+                                                        * sum(y * y for y in b))
+
+
+_, (reference,) = post(["hello world"])
+t0 = time.monotonic()
+post([f"{i} {TEXT}" for i in range(16)])
+n = max(16, min(MAX_TEXTS, round(float(slow_s) * 16 / (time.monotonic() - t0))))
+texts = ["hello world"] + [f"{i} {TEXT}" for i in range(n - 1)]
+slow, later = {}, {}
+sent, stopped = threading.Event(), threading.Event()
+
+
+def in_flight():
+    try:
+        slow["status"], slow["vectors"] = post(texts, timeout=300, sent=sent)
+    except Exception as e:  # a connection cut (OSError, IncompleteRead), a bad body
+        slow["status"] = f"{type(e).__name__}: {e}"
+    slow["at"] = time.monotonic()
+    sent.set()
+
+
+def newcomers():
+    while not stopped.is_set():
+        try:
+            status, vectors = post(["hello world"], timeout=5)
+            ok = status != 200 or (len(vectors) == 1 and cos(vectors[0], reference) > 0.999)
+            outcome = str(status) if ok else "200 with a wrong vector"
+        except (ConnectionRefusedError, TimeoutError):
+            outcome = "refused"
+        except Exception as e:  # a connection cut before its answer, a bad body
+            outcome = type(e).__name__
+        later[outcome] = later.get(outcome, 0) + 1
+        stopped.wait(0.5)
+
+
+client = threading.Thread(target=in_flight)
+client.start()
+sent.wait()
+time.sleep(0.5)  # the request is at the pool replica
+t_stop = time.monotonic()
+watcher = threading.Thread(target=newcomers)
+watcher.start()
+subprocess.run(stop, check=True, stdout=subprocess.DEVNULL)
+print(f"{time.monotonic() - t_stop:.1f}")  # the stop's time, for image.sh
+stopped.set()
+client.join()
+watcher.join()
+print(f"image.sh: stop: the request in flight ({n} texts): {slow['status']}, answered "
+      f"{slow['at'] - t_stop:.1f} s after SIGTERM; new requests meanwhile: "
+      f"{', '.join(f'{v} {k}' for k, v in sorted(later.items())) or 'none'}",
+      file=sys.stderr)
+failed = []
+if slow["status"] != 200:
+    failed.append("the request in flight got no 200")
+elif len(slow["vectors"]) != n or cos(slow["vectors"][0], reference) <= 0.999:
+    failed.append("the request in flight got wrong vectors")
+if slow["at"] <= t_stop:
+    failed.append("the request in flight was answered before the stop began: make it "
+                  "slower (BLITZ_IMAGE_IN_FLIGHT_S)")
+bad = {k: v for k, v in later.items() if k not in ("200", "404", "503", "refused")}
+if bad:
+    failed.append(f"new requests during the stop got {bad}: not 200, 404, 503 or refused")
+for failure in failed:
+    print(f"image.sh: stop: {failure}", file=sys.stderr)
+sys.exit(1 if failed else 0)
+EOF
+)" || status=$?
+  if [ "$("${PODMAN[@]}" inspect --format '{{.State.Running}}' "$NAME")" = true ]; then
+    "${PODMAN[@]}" stop -t "$STOP_TIMEOUT_S" "$NAME" >/dev/null  # the client failed first
+  fi
   code="$("${PODMAN[@]}" inspect --format '{{.State.ExitCode}}' "$NAME")"
   "${PODMAN[@]}" logs --tail 15 "$NAME" >&2 || true
   "${PODMAN[@]}" rm "$NAME" >/dev/null
-  say "stop: exit status $code after $took s"
-  [ "$code" = 0 ] || [ "$code" = 15 ] || die "stop: exit status $code, not 0 or 15"
+  say "stop: exit status $code after ${took:-?} s"
+  [ "$status" = 0 ] || die "stop: the request in flight or a newcomer was not answered as it must"
+  [ "$code" = 0 ] || die "stop: exit status $code, not 0"
   awk "BEGIN {exit !($took < $STOP_BOUND_S)}" || die "stop: $took s, not under $STOP_BOUND_S s"
   say "check: passed"
 }

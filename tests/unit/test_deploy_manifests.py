@@ -63,7 +63,7 @@ def test_every_shipped_config_turns_on_the_fast_request_path():
                 > config["http_options"]["request_timeout_s"])
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "WORKDIR /app" in dockerfile and "COPY scripts ./scripts" in dockerfile
-    assert 'CMD ["serve", "run", "serve_config.yaml"]' in dockerfile
+    assert 'CMD ["bash", "scripts/serve.sh"]' in dockerfile
 
 
 def test_rayservice_pods_read_api_keys_from_a_secret():
@@ -95,7 +95,13 @@ def test_dockerfile_runs_the_readme_install_and_bakes_every_configured_model():
     assert "bash scripts/install.sh" in dockerfile and "bash scripts/install.sh" in readme
     assert re.search(r"blitz models --config serve_config\.yaml --json", dockerfile)
     assert re.search(r'blitz optimize "\$model" --config serve_config\.yaml', dockerfile)
-    assert 'CMD ["serve", "run", "serve_config.yaml"]' in dockerfile
+    # it serves as scripts/serve.sh does (its install.sh skipped: done in the build), and
+    # SIGTERM reaches lifecycle.py, serve.sh's exec'd main process, which drains first
+    assert 'CMD ["bash", "scripts/serve.sh"]' in dockerfile
+    assert "ENV BLITZ_SKIP_INSTALL=1" in dockerfile and "STOPSIGNAL SIGTERM" in dockerfile
+    serve_sh = (ROOT / "scripts" / "serve.sh").read_text()
+    assert 'BLITZ_SKIP_INSTALL:-0}" != "1"' in serve_sh
+    assert re.search(r"^exec \S*python scripts/lifecycle\.py run ", serve_sh, flags=re.M)
     # the image opens the proxy beyond loopback by editing this exact line
     edit = re.search(r"sed -i 's/(.+?)/(.+?)/' serve_config\.yaml", dockerfile)
     assert edit is not None
