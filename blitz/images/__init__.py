@@ -1,2 +1,3 @@
 """Images as model inputs: strangers' bytes decoded safely (``decode``), within limits
-checked before any pixel is decoded."""
+checked before any pixel is decoded; the dual encoder (CLIP, SigLIP) that embeds texts and
+images into one space (``dual_encoder``)."""

@@ -160,8 +160,8 @@ FLOORS = (  # lowest first: a module imports its own package, lower floors and L
     ("blitz.runtime",),  # the process a model runs in: threads, children, CPU, GPU memory
     ("blitz.sources",),  # the model cache, object-storage sources
     ("blitz.settings",),  # typed settings, the model registry, sizes
-    ("blitz.images",),  # images from strangers' bytes, within limits
     ("blitz.encoders",),  # the encoder contract, one backend per module, output options
+    ("blitz.images",),  # images from strangers' bytes, within limits; the dual encoder
     ("blitz.loading", "blitz.hop_messages"),  # a ModelSpec to an Encoder; the jobs and results of the hops
     ("blitz.admin",),  # the model table the admin API changes and replicas follow
     ("blitz.pool", "blitz.bulk"),  # a pool replica's Ray-free half; the bulk job's
