@@ -22,12 +22,12 @@ class DualEncoder(Encoder):
     kind = "dual-encoder"
 
     def __init__(self, model_id: str, path: str | Path, device: str = "cpu",
-                 max_seq_length: int | None = None):
+                 max_seq_length: int | None = None, dtype: Any = None):
         import torch
         from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
         self._torch = torch
-        self.model = AutoModel.from_pretrained(str(path)).to(device).eval()
+        self.model = AutoModel.from_pretrained(str(path), torch_dtype=dtype).to(device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.processor = AutoImageProcessor.from_pretrained(str(path))
         text = self.model.config.text_config
@@ -63,7 +63,8 @@ class DualEncoder(Encoder):
 
     def embed_pixels(self, pixels: Any, *, normalize: bool) -> Encoded:
         with self._torch.inference_mode():
-            values = self.model.get_image_features(pixel_values=pixels.to(self.device))
+            values = self.model.get_image_features(
+                pixel_values=pixels.to(self.device, self.model.dtype))
         return Encoded(_rows(values, normalize), np.zeros(len(values), dtype=np.int64))
 
     def embed_images(self, images: list[Any], *, normalize: bool) -> Encoded:

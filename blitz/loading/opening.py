@@ -11,7 +11,8 @@ has measured what it needs to size its micro-batches (``calibrate``):
     onnx, onnx-int8           built once in a child (export, quantization, accuracy
                               guard; ``blitz.loading.onnx_export``, cached), then opened
                               (not for an llm-reranker: its spec refuses them)
-    (sparse and hybrid models: torch and fake alone; their specs refuse the others)
+    (sparse, hybrid and dual-encoder models: torch and fake alone; their specs refuse the
+    others)
 
 Nothing here fetches, trust-checks or chooses: the loader (``blitz.loading.load``) hands
 this a folder it resolved and checked and a backend it named or ``auto`` chose. ``auto``'s
@@ -178,6 +179,13 @@ def _onnx(spec: ModelSpec, path: Path, load: Load) -> Encoder:
     return wrap(spec, load_onnx(spec, path, load.cache_dir), load.device)
 
 
+def _torch_dual_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    from blitz.images.dual_encoder import DualEncoder
+
+    return DualEncoder(spec.id, path, load.device, spec.max_seq_length,
+                       dtype=_torch_dtype(spec, load.device))
+
+
 OPENERS: dict[tuple[str, str], Opener] = {
     ("embedding", "fake"): _fake,
     ("embedding", "torch"): _torch_bi_encoder,
@@ -201,6 +209,8 @@ OPENERS: dict[tuple[str, str], Opener] = {
     ("llm-reranker", "fake"): _fake,
     ("llm-reranker", "torch"): _torch_llm_reranker,
     ("llm-reranker", "torch-bf16"): _bf16_llm_reranker,
+    ("dual-encoder", "fake"): _fake,
+    ("dual-encoder", "torch"): _torch_dual_encoder,
 }
 
 

@@ -30,13 +30,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from blitz.errors import InvalidValue, UnknownModel, echo
 
-Kind = Literal["embedding", "cross-encoder", "classifier", "sparse", "llm-reranker", "hybrid"]
+Kind = Literal["embedding", "cross-encoder", "classifier", "sparse", "llm-reranker", "hybrid",
+               "dual-encoder"]
 HEADED_KINDS = ("cross-encoder", "classifier")
 """Kinds whose models are a sequence-classification head (``AutoModelForSequenceClassification``):
 loaded, exported to ONNX and checked alike."""
 RERANK_KINDS = ("cross-encoder", "llm-reranker")
 """Kinds that only rerank (a score per (query, document) pair): routed, described and
 checked alike."""
+TORCH_ONLY_KINDS = ("sparse", "hybrid", "dual-encoder")  # no ONNX build of these is made
 RerankerStyle = Literal["qwen3", "bge-gemma"]
 _RERANKER_FIELDS = ("reranker_style", "rerank_instruction", "yes_token", "no_token")
 CpuBackend = Literal["torch", "torch-bf16", "onnx", "onnx-int8", "auto"]
@@ -90,8 +92,9 @@ class ModelSpec(BaseModel):
                        "(a sequence classifier: /predict, /classify), sparse (a SPLADE "
                        "masked-language model: /embed_sparse; torch), llm-reranker (a "
                        "causal LM scored by its yes/no logits: /rerank; torch or torch-bf16) "
-                       "or hybrid (bge-m3: dense, sparse and ColBERT vectors from one "
-                       "forward pass; torch)")
+                       "hybrid (bge-m3: dense, sparse and ColBERT vectors from one "
+                       "forward pass; torch) or dual-encoder (CLIP, SigLIP: texts and "
+                       "images into one space; torch)")
     cpu_backend: CpuBackend = Field(
         "torch", description="how CPU pools run it; auto (bi-encoders): at load, the fastest "
         "backend that passes the accuracy guard on this CPU, one per model (never per "
@@ -185,7 +188,7 @@ class ModelSpec(BaseModel):
 
     @model_validator(mode="after")
     def _sparse_runs_on_torch(self) -> ModelSpec:
-        if self.kind in ("sparse", "hybrid") and self.cpu_backend != "torch" and (
+        if self.kind in TORCH_ONLY_KINDS and self.cpu_backend != "torch" and (
                 not self.is_fake):
             raise ValueError(f"model {self.id!r}: {self.kind} models run on torch; set "
                              "cpu_backend to torch")

@@ -85,3 +85,20 @@ def test_unnormalized_vectors_and_token_counts(tiny):
     norms = np.linalg.norm(raw.values, axis=1, keepdims=True)
     np.testing.assert_allclose(raw.values / norms, unit, atol=1e-6)
     assert list(raw.token_counts) == [len(encoder.tokenizer(t)["input_ids"]) for t in TEXTS[:2]]
+
+
+def test_a_dual_encoder_entry_loads_through_the_loader(tiny):
+    from blitz.loading.load import load_encoder
+    from blitz.settings.registry import ModelSpec
+
+    family, path = tiny
+    spec = ModelSpec(id=family, source=str(path), kind="dual-encoder")
+    encoder = load_encoder(spec)
+    assert encoder.kind == "dual-encoder" and encoder.backend == "torch"
+    want_text, want_image = reference(path, family, TEXTS[:1], images()[:1])
+    np.testing.assert_allclose(encoder.embed(TEXTS[:1], normalize=True).values, want_text,
+                               atol=1e-5)
+    np.testing.assert_allclose(encoder.embed_images(images()[:1], normalize=True).values,
+                               want_image, atol=1e-5)
+    with pytest.raises(ValueError, match="torch"):
+        ModelSpec(id="x", source=str(path), kind="dual-encoder", cpu_backend="onnx")
