@@ -95,6 +95,19 @@ class EmbedJob(_Job):
 
 
 @dataclass(frozen=True)
+class ImageEmbedJob(_Job):
+    """Encoded images (their bytes, as a client sent them; the ingress checked their
+    headers against the image limits) for one pool call of a dual encoder."""
+
+    images: list[bytes]
+    normalize: bool = True
+    trace: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+
+@dataclass(frozen=True)
 class RerankJob(_Job):
     query: str
     documents: list[str]

@@ -76,6 +76,11 @@ class Encoder(ABC):
             f"model {self.model_id!r} ({self.kind}, {self.backend}) does not give per-token "
             "embeddings; use an embedding model", param="model")
 
+    def embed_image_bytes(self, images: list[bytes], *, normalize: bool) -> Encoded:
+        """Encoded images' vectors (a dual encoder's); other kinds refuse."""
+        raise InvalidValue(f"model {self.model_id!r} is a {self.kind} model; images need a "
+                           "dual-encoder (CLIP, SigLIP)", param="model")
+
     def embed_sparse(self, texts: list[str], *, truncate: bool = True) -> Encoded:
         """A sparse (SPLADE) model's non-zero vocabulary weights per text (``indices``,
         ``rows`` set)."""

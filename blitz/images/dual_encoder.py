@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from blitz.encoders.base import Encoded, Encoder
+from blitz.images.decode import ImageLimits, decode
 
 
 class DualEncoder(Encoder):
@@ -35,6 +36,7 @@ class DualEncoder(Encoder):
                                         int(self.tokenizer.model_max_length))
         super().__init__(model_id, longest)
         self.device = device
+        self.limits = ImageLimits()  # the pool's image limits, set by the loader
         self._dimension = int(getattr(self.model.config, "projection_dim", 0)
                               or text.hidden_size)
         # SigLIP's text tower pools the last position: its texts are padded to a fixed
@@ -69,6 +71,13 @@ class DualEncoder(Encoder):
 
     def embed_images(self, images: list[Any], *, normalize: bool) -> Encoded:
         return self.embed_pixels(self.pixels(images), normalize=normalize)
+
+    def embed_image_bytes(self, images: list[bytes], *, normalize: bool) -> Encoded:
+        """Encoded images decoded within ``limits`` (a bad one: its 4xx, naming its index
+        in the job), then embedded."""
+        decoded = [decode(data, self.limits, param=f"images[{i}]")
+                   for i, data in enumerate(images)]
+        return self.embed_images(decoded, normalize=normalize)
 
 
 def _rows(values: Any, normalize: bool) -> np.ndarray:

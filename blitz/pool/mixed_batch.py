@@ -19,12 +19,14 @@ from blitz.hop_messages import (
     ClassifyJob,
     EmbedJob,
     HybridEmbedJob,
+    ImageEmbedJob,
     RerankJob,
     SparseEmbedJob,
     TokenEmbedJob,
 )
 
-Job = EmbedJob | RerankJob | TokenEmbedJob | ClassifyJob | SparseEmbedJob | HybridEmbedJob
+Job = (EmbedJob | RerankJob | TokenEmbedJob | ClassifyJob | SparseEmbedJob | HybridEmbedJob
+       | ImageEmbedJob)
 
 
 def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
@@ -60,6 +62,8 @@ def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
                                                   **_long(encoder, job.long_inputs))
             elif isinstance(job, HybridEmbedJob):
                 results[k] = encoder.embed_hybrid(job.texts, job.outputs, truncate=job.truncate)
+            elif isinstance(job, ImageEmbedJob):
+                results[k] = encoder.embed_image_bytes(job.images, normalize=job.normalize)
             else:
                 assert job.token_ids is not None
                 results[k] = encoder.embed_tokens(job.token_ids, normalize=job.normalize,

@@ -102,3 +102,36 @@ def test_a_dual_encoder_entry_loads_through_the_loader(tiny):
                                want_image, atol=1e-5)
     with pytest.raises(ValueError, match="torch"):
         ModelSpec(id="x", source=str(path), kind="dual-encoder", cpu_backend="onnx")
+
+
+def test_image_jobs_run_in_a_pool_batch_beside_text_jobs(tiny):
+    import io
+
+    from blitz.errors import InvalidValue
+    from blitz.hop_messages import EmbedJob, ImageEmbedJob
+    from blitz.pool.mixed_batch import run_jobs
+
+    family, path = tiny
+    encoder = DualEncoder(family, path)
+    pictures = images()
+    files = []
+    for picture in pictures:
+        out = io.BytesIO()
+        picture.save(out, format="PNG")
+        files.append(out.getvalue())
+    want_text, want_image = reference(path, family, TEXTS[:2], pictures)
+    results = run_jobs(encoder, [EmbedJob(texts=TEXTS[:2]), ImageEmbedJob(images=files),
+                                 ImageEmbedJob(images=[files[0], b"not an image"])])
+    np.testing.assert_allclose(results[0].values, want_text, atol=1e-5)
+    np.testing.assert_allclose(results[1].values, want_image, atol=1e-5)
+    assert isinstance(results[2], InvalidValue) and results[2].param == "images[1]"
+
+
+def test_other_kinds_refuse_images():
+    from blitz.encoders.fake import FakeEncoder
+    from blitz.errors import InvalidValue
+    from blitz.hop_messages import ImageEmbedJob
+    from blitz.pool.mixed_batch import run_jobs
+
+    result = run_jobs(FakeEncoder("text-only", 8, 16), [ImageEmbedJob(images=[b"x"])])[0]
+    assert isinstance(result, InvalidValue) and "dual-encoder" in result.message
