@@ -53,6 +53,13 @@ class _Calls:
         return cls._post("/embed", {"texts": texts, **options}, model)
 
     @classmethod
+    def embed_images(cls, images: list[bytes | str], model: str | None,
+                     **options: Any) -> dict[str, Any]:
+        """Each image its file's bytes (sent as msgpack bytes) or a URL the server may
+        fetch; ``options``: normalize, dimensions, dtype, priority."""
+        return cls._post("/embed", {"images": images, **options}, model)
+
+    @classmethod
     def rerank(cls, query: str, documents: list[str], model: str | None, *,
                top_n: int | None, return_documents: bool | None,
                truncate: bool | None, priority: PriorityName | None) -> dict[str, Any]:
@@ -120,6 +127,15 @@ class Client:
                                priority=priority or self.priority)
         return _Calls.embeddings(self._http.request(**request))
 
+    def embed_images(self, images: list[bytes | str], model: str | None = None, *,
+                     normalize: bool | None = None, dimensions: int | None = None,
+                     dtype: OutputDtype | None = None,
+                     priority: PriorityName | None = None) -> np.ndarray:
+        """A dual encoder's (CLIP, SigLIP) vectors of image files, in its texts' space."""
+        request = _Calls.embed_images(images, model, normalize=normalize, dimensions=dimensions,
+                                      dtype=dtype, priority=priority or self.priority)
+        return _Calls.embeddings(self._http.request(**request))
+
     def embed_chunks(self, texts: str | list[str], model: str | None = None, *,
                      normalize: bool | None = None, dimensions: int | None = None,
                      dtype: OutputDtype | None = None, prompt_name: str | None = None,
@@ -174,6 +190,15 @@ class AsyncClient:
                                dimensions=dimensions, dtype=dtype, prompt_name=prompt_name,
                                instruction=instruction, long_inputs=long_inputs,
                                priority=priority or self.priority)
+        return _Calls.embeddings(await self._http.request(**request))
+
+    async def embed_images(self, images: list[bytes | str], model: str | None = None, *,
+                           normalize: bool | None = None, dimensions: int | None = None,
+                           dtype: OutputDtype | None = None,
+                           priority: PriorityName | None = None) -> np.ndarray:
+        """A dual encoder's (CLIP, SigLIP) vectors of image files, in its texts' space."""
+        request = _Calls.embed_images(images, model, normalize=normalize, dimensions=dimensions,
+                                      dtype=dtype, priority=priority or self.priority)
         return _Calls.embeddings(await self._http.request(**request))
 
     async def embed_chunks(self, texts: str | list[str], model: str | None = None, *,

@@ -1,11 +1,11 @@
 """The ingress's handle API, generated: ``await handle.embed.remote(texts, model=...)`` and
-its nine siblings call the service method of the same name, with its own signature,
+its siblings call the service method of the same name, with its own signature,
 options and docstring, so the handle cannot drift from ``POST /embed`` and the rest. In
 place of the service's internal ``record`` a method takes ``priority=`` (high | normal |
 low; docs/operations.md, "Priorities"): the queues' order for the model work it sends.
 
 Each entry of ``HANDLE_METHODS`` names the service the ingress holds (``service``,
-``outputs`` or ``tokens``) and the function called; ``info`` is a function of the service
+``outputs``, ``tokens`` or ``images``) and the function called; ``info`` is a function of the service
 (``blitz.ingress.status.info``), the others its methods. As ``deployments/grpc_methods.py``
 does for gRPC, each becomes a method of ``HandleMethods``, mixed into both ingresses.
 """
@@ -18,6 +18,7 @@ from typing import Any
 
 from blitz.hop_messages import priority_level
 from blitz.ingress import status
+from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.tokenizing import TokenService
@@ -35,6 +36,9 @@ HANDLE_METHODS: dict[str, tuple[str, Callable[..., Any]]] = {
     "tokenize": ("tokens", TokenService.tokenize),
     "decode": ("tokens", TokenService.decode),
     "info": ("service", status.info),
+    "embed_images": ("images", ImageService.embed_images),
+    "rerank_images": ("images", ImageService.rerank_images),
+    "similarity_images": ("images", ImageService.similarity_images),
 }
 
 
@@ -70,6 +74,7 @@ class HandleMethods:
     service: EmbeddingService
     outputs: OutputService
     tokens: TokenService
+    images: ImageService
 
 
 for _name, (_holder, _function) in HANDLE_METHODS.items():

@@ -26,6 +26,7 @@ from blitz.grpc_api.servicer import TeiServicer
 from blitz.hop_messages import priority_of, with_priority
 from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
+from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizing import TokenService
@@ -243,6 +244,7 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
     service: EmbeddingService
     tokens: TokenService
     outputs: OutputService
+    images: ImageService
     api: HttpApi
 
     def _serve(self, dispatcher: ServeDispatcher) -> None:
@@ -256,7 +258,8 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
         self.admin = model_admin(self.settings)
         self.model_table = IngressFollower(self.admin, self.service.registry, self.outputs.forget,
                                       self.settings.admin.poll_s)
-        self.api = HttpApi(self.service, self.tokens, self.outputs, self.admin)
+        self.images = ImageService(self.service)
+        self.api = HttpApi(self.service, self.tokens, self.outputs, self.admin, self.images)
         try:  # the async constructor runs on the replica's loop; else check_health starts it
             self.model_table.start()
         except RuntimeError:

@@ -105,6 +105,12 @@ class BlitzMetrics:
                        tag_keys=_tag_keys("route", "model", "pool"))
 
     @cached_property
+    def images(self) -> Counter:
+        return Counter("blitz_images", description="images embedded (a dual encoder's): "
+                       "its texts count in blitz_texts", tag_keys=_tag_keys("route", "model",
+                                                                          "pool"))
+
+    @cached_property
     def vector_cache_texts(self) -> Counter:
         return Counter("blitz_vector_cache_texts",
                        description="texts looked up in the ingress's vector cache, by "
@@ -191,6 +197,8 @@ class BlitzMetrics:
         self.buffer.observe(self.request_seconds, seconds, tags)
         if record.texts:
             self.buffer.inc(self.texts, record.texts, tags)
+        if record.images:
+            self.buffer.inc(self.images, record.images, tags)
         if record.tokens:
             self.buffer.inc(self.tokens, record.tokens, tags)
         if record.cache_hits or record.cache_misses:

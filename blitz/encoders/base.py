@@ -78,8 +78,20 @@ class Encoder(ABC):
 
     def embed_image_bytes(self, images: list[bytes], *, normalize: bool) -> Encoded:
         """Encoded images' vectors (a dual encoder's); other kinds refuse."""
-        raise InvalidValue(f"model {self.model_id!r} is a {self.kind} model; images need a "
-                           "dual-encoder (CLIP, SigLIP)", param="model")
+        raise self._no_images()
+
+    def prepare_images(self, images: list[Any]) -> Any:
+        """Decoded images (``PIL.Image``) as this model's input, resized and normalized:
+        run off the model call's thread (``blitz.pool.image_prep``); other kinds refuse."""
+        raise self._no_images()
+
+    def embed_prepared(self, prepared: Any, *, normalize: bool) -> Encoded:
+        """The vectors of ``prepare_images``' output (its rows, in order)."""
+        raise self._no_images()
+
+    def _no_images(self) -> InvalidValue:
+        return InvalidValue(f"model {self.model_id!r} is a {self.kind} model; images need a "
+                            "dual-encoder (CLIP, SigLIP)", param="model")
 
     def embed_sparse(self, texts: list[str], *, truncate: bool = True) -> Encoded:
         """A sparse (SPLADE) model's non-zero vocabulary weights per text (``indices``,

@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,17 @@ class FakeEncoder(Encoder):
         if normalize and len(texts):
             values = l2_normalize(values)
         return Encoded(values.astype(np.float32), counts, int(counts.sum()))
+
+    def prepare_images(self, images: list[Any]) -> Any:
+        """A fake dual encoder's "pixels": each image's size and pixels, hashed."""
+        if self.kind != "dual-encoder":
+            raise self._no_images()
+        return [f"image:{i.size}:{hashlib.sha256(i.tobytes()).hexdigest()}" for i in images]
+
+    def embed_prepared(self, prepared: Any, *, normalize: bool) -> Encoded:
+        values = np.stack([self._vector(key) for key in prepared])
+        counts = np.zeros(len(prepared), dtype=np.int64)
+        return Encoded(l2_normalize(values) if normalize else values, counts)
 
     def embed_many(self, jobs: list[tuple[list[str], bool, bool]]) -> list[Encoded | Exception]:
         if self._device is None:

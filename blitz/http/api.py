@@ -44,6 +44,7 @@ from blitz.http.bodies import (
     SimilarityRequest,
     TokenizeRequest,
 )
+from blitz.http.images import ImageRoutes, asks_images
 from blitz.http.middleware import (
     RequestMiddleware,
     record_of,
@@ -54,6 +55,7 @@ from blitz.http.middleware import (
 from blitz.http.peers import PeerRoutes
 from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
 from blitz.ingress import status
+from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.tokenizing import TokenService
@@ -65,8 +67,11 @@ MODEL_HEADERS = ("serve_multiplexed_model_id", "serve-multiplexed-model-id")
 
 class HttpApi:
     def __init__(self, service: EmbeddingService, tokens: TokenService | None = None,
-                 outputs: OutputService | None = None, admin: ModelAdmin | None = None):
+                 outputs: OutputService | None = None, admin: ModelAdmin | None = None,
+                 images: ImageService | None = None):
         self.service = service
+        self.service_images = images or ImageService(service)
+        self._images = ImageRoutes(self)
         self.tokens = tokens or TokenService(service)
         self.outputs = outputs or OutputService(service, self.tokens)
         self.settings = service.settings
@@ -91,13 +96,16 @@ class HttpApi:
             Route("/v2/rerank", self._read(peers.cohere_v2_rerank), methods=["POST"]),
             Route("/embed_all", self._read(self.embed_all, tei=True), methods=["POST"]),
             Route("/embed_sparse", self._read(self.embed_sparse, tei=True), methods=["POST"]),
-            Route("/embed_hybrid", self._read(self.embed_hybrid), methods=["POST"]),
+            Route("/embed_hybrid", self._read(hybrid.HybridRoute(self).embed_hybrid),
+                  methods=["POST"]),
             Route("/similarity", self._read(self.similarity, tei=True), methods=["POST"]),
             Route("/predict", self._read(self.predict, tei=True), methods=["POST"]),
             Route("/classify", self._read(self.classify), methods=["POST"]),
             Route("/tokenize", self._read(self.tokenize, tei=True), methods=["POST"]),
             Route("/decode", self._read(self.decode, tei=True), methods=["POST"]),
             Route("/invocations", self._read(peers.tei_root), methods=["POST"]),  # SageMaker's
+            Route("/embeddings_image", self._read(self._images.openai_embeddings),  # Infinity's
+                  methods=["POST"]),
             Route("/models", self.models, methods=["GET"]),
             Route("/info", self.info, methods=["GET"]),
             Route("/v1/models", self.openai_models, methods=["GET"]),
@@ -187,6 +195,8 @@ class HttpApi:
                 _speaks(request, "tei")
             payload = await self._body(request)
             take_priority(request.scope, payload)
+            if asks_images(route.__name__, payload):  # the same route, with images
+                return await self._images.serve(route.__name__, request, payload)
             return await route(request, payload)
         endpoint.__name__, endpoint.__doc__ = route.__name__, route.__doc__
         return endpoint
@@ -270,17 +280,6 @@ class HttpApi:
     async def embed_sparse(self, request: Request, payload: Payload) -> Response:
         return await self._arrays(request, payload, EmbedSparseRequest,
                                   self.outputs.embed_sparse, reply_bodies.embed_sparse_reply)
-
-    async def embed_hybrid(self, request: Request, payload: Payload) -> Response:
-        fmt, accept_layout = self._reply(request)
-        req = hybrid.EmbedHybridRequest.parse(payload, self.settings.limits)
-        result = await self.outputs.embed_hybrid(
-            req.texts, model=self.model_id(request, req.model), outputs=tuple(req.outputs),
-            truncate=req.truncate, prompt_name=req.prompt_name, record=_record(request))
-        layout = (req.layout or accept_layout or "numpy") if fmt == "msgpack" else None
-        return await responses.built(
-            lambda: (MsgpackResponse if layout else JSONBytesResponse)(
-                hybrid.embed_hybrid_reply(result, layout)), hybrid.numbers(result))
 
     async def _arrays(self, request: Request, payload: Payload, body: type[EmbedAllRequest],
                       run: Any, reply: Any) -> Response:

@@ -15,12 +15,17 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, field_validator
+from starlette.requests import Request
+from starlette.responses import Response
 
 from blitz import codecs
 from blitz.codecs import ArrayLayout
 from blitz.hop_messages import HybridResult, SparseResult, SparseVector
+from blitz.http import responses
 from blitz.http.bodies import EmbedSparseRequest
+from blitz.http.middleware import record_of
 from blitz.http.reply_bodies import embed_sparse_reply, usage_body
+from blitz.http.responses import JSONBytesResponse, MsgpackResponse
 
 HybridOutput = Literal["dense", "sparse", "colbert"]
 
@@ -73,3 +78,23 @@ def numbers(result: HybridResult) -> int:
 def _as_sparse(result: HybridResult) -> SparseResult:
     return SparseResult(result.sparse or [], result.dimension, result.model, result.usage,
                         result.pool)
+
+
+class HybridRoute:
+    """``POST /embed_hybrid`` over the ``HttpApi`` that serves it (typed ``Any``: it
+    imports this module)."""
+
+    def __init__(self, api: Any):
+        self.api = api
+
+    async def embed_hybrid(self, request: Request, payload: Any) -> Response:
+        api = self.api
+        fmt, accept_layout = api._reply(request)
+        req = EmbedHybridRequest.parse(payload, api.settings.limits)
+        result = await api.outputs.embed_hybrid(
+            req.texts, model=api.model_id(request, req.model), outputs=tuple(req.outputs),
+            truncate=req.truncate, prompt_name=req.prompt_name, record=record_of(request.scope))
+        layout = (req.layout or accept_layout or "numpy") if fmt == "msgpack" else None
+        return await responses.built(
+            lambda: (MsgpackResponse if layout else JSONBytesResponse)(
+                embed_hybrid_reply(result, layout)), numbers(result))

@@ -1,6 +1,6 @@
 """The API's own description: an OpenAPI 3.1 document (``GET /openapi.json``) and a page
 that shows it (``GET /docs``), both built once from the routes, the request models
-(``blitz.http.bodies``, ``peer_bodies``) and the error bodies (``blitz.errors``). The page
+(``blitz.http.bodies``, ``peers``) and the error bodies (``blitz.errors``). The page
 is self-contained HTML (nothing fetched): a server without internet access shows it whole.
 
 ``OPERATIONS`` is the one table written by hand: per (method, path) a summary, the request
@@ -19,7 +19,7 @@ from pydantic import AliasChoices, BaseModel
 from pydantic.json_schema import models_json_schema
 
 from blitz import codecs
-from blitz.http import bodies, peer_bodies
+from blitz.http import bodies, images, peers
 from blitz.http.hybrid import EmbedHybridRequest
 
 JSON, MSGPACK, RAW = "application/json", "application/msgpack", codecs.RAW_TYPE
@@ -42,20 +42,23 @@ _ROOT = ("The route of the default model's kind, as Hugging Face TEI serves it: 
 _HEALTH = "{status: \"ok\", unix: seconds since the epoch}."
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("POST", "/embed"): Operation(
-        "Embed texts or token ids (Blitz's texts, or Hugging Face TEI's inputs)",
+        "Embed texts or token ids (Blitz's texts, or Hugging Face TEI's inputs); images "
+        "(`images`, a dual encoder's: blitz.http.images.EmbedImagesRequest)",
         bodies.EmbedRequest, "texts: {model, embeddings, shape, dtype, usage} (msgpack: the "
         "array in the numpy or portable layout; application/octet-stream: the little-endian "
         "array, its shape and dtype in x-blitz-shape and x-blitz-dtype). TEI's inputs on "
         "JSON: a bare [[float]].", (JSON, MSGPACK, RAW)),
     ("POST", "/v1/embeddings"): Operation(
-        "Embed texts (OpenAI's embeddings API)", bodies.OpenAIEmbeddingRequest,
+        "Embed texts (OpenAI's embeddings API), or images with modality image (Infinity's)",
+        bodies.OpenAIEmbeddingRequest,
         "OpenAI's {object: \"list\", data: [{object: \"embedding\", index, embedding}], "
         "model, usage}; embedding is floats, or base64 of little-endian float32."),
     ("POST", "/embeddings"): Operation(
         "Embed texts (Infinity's and TEI's OpenAI-style route)",
         bodies.OpenAIEmbeddingRequest, "As POST /v1/embeddings."),
     ("POST", "/rerank"): Operation(
-        "Rerank documents against a query (Infinity's documents, or TEI's texts)",
+        "Rerank documents against a query (Infinity's documents, or TEI's texts; `images` "
+        "in their place: a dual encoder's images scored against the query)",
         bodies.RerankRequest, "TEI's texts: [{index, text?, score}] best first. Infinity's "
         "documents: {object: \"rerank\", results: [{relevance_score, index, document?}], "
         "model, usage, id, created}. msgpack: Cohere's v1 shape.", _ANY),
@@ -63,13 +66,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Rerank documents against a query (Cohere's v1 and Jina's)", bodies.RerankRequest,
         "{model, results: [{index, relevance_score, document?}], usage, id, meta}.", _ANY),
     ("POST", "/v2/rerank"): Operation(
-        "Rerank documents against a query (Cohere's v2)", peer_bodies.CohereRerankRequest,
+        "Rerank documents against a query (Cohere's v2)", peers.CohereRerankRequest,
         "Cohere's {id, results: [{index, relevance_score}], meta}."),
     ("POST", "/v1/embed"): Operation(
-        "Embed texts (Cohere's v1)", peer_bodies.CohereEmbedRequest, "Cohere's {id, texts, "
+        "Embed texts (Cohere's v1)", peers.CohereEmbedRequest, "Cohere's {id, texts, "
         "embeddings, meta}: by type, or bare floats without embedding_types."),
     ("POST", "/v2/embed"): Operation(
-        "Embed texts (Cohere's v2)", peer_bodies.CohereEmbedRequest,
+        "Embed texts (Cohere's v2)", peers.CohereEmbedRequest,
         "Cohere's {id, texts, embeddings: {float?, int8?, ..., base64?}, meta}."),
     ("POST", "/"): Operation("Hugging Face TEI's model-kind route", bodies.EmbedRequest,
                              _ROOT, _ANY),
@@ -87,6 +90,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "A hybrid (bge-m3) model's dense, sparse and ColBERT outputs", EmbedHybridRequest,
         "{model, dense?, dimension?, sparse?, colbert?, usage}: the outputs asked for; "
         "msgpack: arrays in the numpy or portable layout.", _ANY),
+    ("POST", "/embeddings_image"): Operation(
+        "Embed images (Infinity's)", images.OpenAIImagesRequest, "As POST /v1/embeddings."),
     ("POST", "/similarity"): Operation(
         "Cosine similarity of sentences to a source sentence (Hugging Face TEI's)",
         bodies.SimilarityRequest, "One cosine per sentence: [float].", _ANY),

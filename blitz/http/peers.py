@@ -1,25 +1,93 @@
 """The peers' own routes on Blitz's HTTP API: Cohere's embed and rerank (``/v1/embed``,
 ``/v2/embed``, ``/v2/rerank``) and Hugging Face TEI's ``POST /`` (the route of the model's
-kind). The routes the peers share with Blitz (``/embed``, ``/rerank``, ...) live in
-``blitz.http.api``, which decides there which shape a request gets."""
+kind), with Cohere's request bodies, defined once here as ``blitz.http.bodies`` defines
+Blitz's, TEI's, Infinity's and OpenAI's. The routes the peers share with Blitz
+(``/embed``, ``/rerank``, ...) live in ``blitz.http.api``, which decides there which shape
+a request gets."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import Field, StrictInt, field_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
 from blitz import codecs
 from blitz.encoders.postprocess import quantize
 from blitz.http import reply_bodies
-from blitz.http.bodies import PredictRequest
+from blitz.http.bodies import PredictRequest, RerankRequest, _Request, _Texts
 from blitz.http.middleware import record_of, request_id_of, speaks
-from blitz.http.peer_bodies import CohereEmbedRequest, CohereRerankRequest
 from blitz.http.responses import JSONBytesResponse
 from blitz.settings.registry import RERANK_KINDS
 
 Payload = Any  # a decoded request body (blitz.codecs.decode_body)
+
+CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+COHERE_INPUT_TYPES = ("search_document", "search_query", "classification", "clustering")
+# the model prompts (``prompts`` in the config) tried for each Cohere input_type, in order
+_COHERE_PROMPTS = {"search_query": ("search_query", "query"),
+                   "search_document": ("search_document", "document", "passage"),
+                   "classification": ("classification",), "clustering": ("clustering",)}
+
+
+class CohereEmbedRequest(_Request):
+    """``POST /v1/embed`` and ``/v2/embed`` (Cohere's shape). ``input_type`` picks the
+    model's prompt of that name (``search_query`` falls back to ``query``,
+    ``search_document`` to ``document`` or ``passage``); none defined, none is applied."""
+
+    _list_keys = ("texts",)
+
+    texts: _Texts = Field(min_length=1)
+    model: str | None = None
+    input_type: Literal["search_document", "search_query", "classification",
+                        "clustering"] | None = None
+    embedding_types: Annotated[list[CohereEmbeddingType], Field(min_length=1,
+                                                               max_length=6)] | None = None
+    truncate: Literal["NONE", "END"] = Field(
+        "END", description="END cuts an over-long text's end; NONE refuses it (413); START "
+        "(cut the beginning) is not served")
+    output_dimension: StrictInt | None = Field(None, gt=0)
+    max_tokens: StrictInt | None = Field(None, gt=0)
+
+    @field_validator("truncate", mode="before")
+    @classmethod
+    def _no_start(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.upper() == "START":
+            raise ValueError("START (cut the beginning of an over-long text) is not served; "
+                             "send END or NONE")
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens_unserved(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError("max_tokens is not served: texts are cut at the model's "
+                             "max_seq_length (truncate END) or refused (NONE)")
+        return value
+
+    def prompt_for(self, prompts: dict[str, str]) -> str | None:
+        """The model prompt ``input_type`` names, if the model defines one."""
+        for name in _COHERE_PROMPTS.get(self.input_type or "", ()):
+            if name in prompts:
+                return name
+        return None
+
+
+class CohereRerankRequest(RerankRequest):
+    """``POST /v2/rerank`` (Cohere's v2): ``RerankRequest``'s fields; v2 has no
+    ``return_documents`` and ``max_tokens_per_doc`` is refused rather than ignored."""
+
+    max_tokens_per_doc: StrictInt | None = None
+
+    @field_validator("max_tokens_per_doc")
+    @classmethod
+    def _unserved(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError("max_tokens_per_doc is not served: documents are cut at the "
+                             "model's max_seq_length")
+        return value
+
 
 
 class PeerRoutes:

@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import io
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 from blitz.errors import BadRequest, InvalidValue, PayloadTooLarge
+from blitz.settings.images import ImageSettings
 
 MAGIC = (  # (prefix, offset, format); WEBP also needs "WEBP" at byte 8
     (b"\xff\xd8\xff", 0, "JPEG"),
@@ -35,14 +35,7 @@ MAGIC = (  # (prefix, offset, format); WEBP also needs "WEBP" at byte 8
 )
 
 
-@dataclass(frozen=True)
-class ImageLimits:
-    max_bytes: int = 10 * 2**20
-    max_pixels: int = 40_000_000  # about 6,300 x 6,300
-    max_side: int = 16_384
-    max_frames: int = 1
-    decode_timeout_s: float = 10.0
-    formats: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP")
+ImageLimits = ImageSettings  # the limits decode applies: the ``images:`` settings
 
 
 class UnsupportedImage(InvalidValue):

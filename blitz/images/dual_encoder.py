@@ -59,9 +59,22 @@ class DualEncoder(Encoder):
         return Encoded(_rows(values, normalize), counts,
                        padded_tokens=int(batch["input_ids"].numel()))
 
+    def warmup(self) -> None:
+        """Both towers once: the first text and the first image pay no lazy setup."""
+        from PIL import Image
+
+        self.embed(["warm up"], normalize=True)
+        self.embed_images([Image.new("RGB", (64, 64))], normalize=True)
+
     def pixels(self, images: list[Any]) -> Any:
         """Decoded images as the model's input tensor (resized, normalized)."""
         return self.processor(images=images, return_tensors="pt")["pixel_values"]
+
+    def prepare_images(self, images: list[Any]) -> Any:
+        return self.pixels(images)
+
+    def embed_prepared(self, prepared: Any, *, normalize: bool) -> Encoded:
+        return self.embed_pixels(prepared, normalize=normalize)
 
     def embed_pixels(self, pixels: Any, *, normalize: bool) -> Encoded:
         with self._torch.inference_mode():

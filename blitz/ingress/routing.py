@@ -23,8 +23,9 @@ class Route:
 
 
 def choose_pool(kind: str, n_items: int, pools: Collection[str], running: Collection[str],
-                policy: RoutingSettings) -> Route:
-    """The pool for a request of ``n_items`` texts (or rerank pairs) on a model of ``kind``.
+                policy: RoutingSettings, images: bool = False) -> Route:
+    """The pool for a request of ``n_items`` texts (or rerank pairs, or ``images``) on a
+    model of ``kind``.
 
     ``pools`` are the pools that exist; ``running`` those with at least one running
     replica now (a pool scaled to zero is in ``pools`` but not in ``running``).
@@ -32,7 +33,8 @@ def choose_pool(kind: str, n_items: int, pools: Collection[str], running: Collec
     - no GPU pool -> cpu (``no_gpu``);
     - cross-encoders and LLM rerankers -> ``policy.cross_encoder_pool`` (gpu by default), whatever the size
       (``kind``); embedding, sparse and classifier models go by size, as below;
-    - fewer than ``policy.gpu_min_batch`` texts -> cpu (``small``);
+    - fewer than ``policy.gpu_min_batch`` texts (``gpu_min_images`` images) -> cpu
+      (``small``);
     - everything else -> gpu (``size``);
     - but a request bound for a GPU pool with no running replica goes to the CPU pool
       when ``policy.cold_gpu`` is ``"cpu"`` (``cold_gpu``): it does not wait for a cold
@@ -42,7 +44,7 @@ def choose_pool(kind: str, n_items: int, pools: Collection[str], running: Collec
         return Route("cpu", "no_gpu")
     if kind in RERANK_KINDS:
         route = Route(policy.cross_encoder_pool, "kind")
-    elif n_items < policy.gpu_min_batch:
+    elif n_items < (policy.gpu_min_images if images else policy.gpu_min_batch):
         return Route("cpu", "small")
     else:
         route = Route("gpu", "size")

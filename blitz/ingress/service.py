@@ -52,8 +52,7 @@ from blitz.settings.registry import ModelSpec, apply_prompt
 logger = logging.getLogger("blitz.service")
 
 RouteObserver = Callable[[str, str], None]
-"""Receives (pool, reason) once per routing decision; reasons are
-``blitz.ingress.routing.REASONS``."""
+"""Receives (pool, reason) once per routing decision (``blitz.ingress.routing.REASONS``)."""
 
 
 @dataclass(slots=True)
@@ -67,6 +66,7 @@ class RequestRecord:
     model: str = ""
     pool: str = ""
     texts: int = 0
+    images: int = 0  # images embedded (a dual encoder's; ``texts`` counts its texts)
     tokens: int = 0
     error: str = ""
     api_key: int = -1  # the index of the API key it came with (-1: none, or keys are off)
@@ -99,12 +99,9 @@ class Dispatcher(Protocol):
     pools: frozenset[str]
 
     def max_batch(self, pool: str) -> int: ...
-
     # the pools with a running replica now (cheap enough for every request)
     def running_pools(self) -> frozenset[str]: ...
-
     def wake(self, pool: str) -> None: ...  # make ``pool`` start a replica (returns at once)
-
     # pools with a replica the cluster cannot place, and why (blitz.ingress.placement)
     def unplaced_pools(self) -> Mapping[str, str]: ...
 
@@ -117,6 +114,7 @@ class Dispatcher(Protocol):
 Send = Callable[[list[Any]], Awaitable[list[Encoded]]]
 """Sends some of a request's items to its pool, in jobs of the pool's batch limit; their
 parts, one per job."""
+Split = Callable[[list[Any], int], list[list[Any]]]  # items in jobs, given the batch limit
 Through = Callable[[ModelSpec, str, list[Any], Send], Awaitable[list[Encoded]]]
 """Stands between a request's items and its pool (the vector cache): given the spec, the
 pool, the items and ``Send``, parts that answer all of the items."""
@@ -208,12 +206,13 @@ class EmbeddingService:
                   inputs: Callable[[ModelSpec], list[Any]],
                   make_job: Callable[[ModelSpec, list[Any]], Job], *,
                   kind: str | tuple[str, ...] | None = None, other_kind: str = "",
-                  through: Through | None = None) -> Ran:
+                  through: Through | None = None, split: Split | None = None) -> Ran:
         """The ingress request pipeline, one for every route that runs a model: resolve
         ``model`` (the default when None) into ``record``; refuse a model not of ``kind``
         (None: any kind; a tuple: any of those), the error saying ``other_kind`` after the model's kind; take
         ``inputs(spec)``, the request's items, checked; route them; send them in
-        ``make_job(spec, chunk)`` jobs of the pool's batch limit, in parallel (through
+        ``make_job(spec, chunk)`` jobs of the pool's batch limit (images: ``split``'s
+        jobs, routed as images), in parallel (through
         ``through`` when given), with the record's trace context; gather the parts; fill
         the record's pool, tokens and timings. The caller sets ``record.texts``."""
         record.model = model or ""  # observed as "other" if it is unknown
@@ -223,27 +222,27 @@ class EmbeddingService:
             raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; {other_kind}",
                                param="model")
         items = inputs(spec)
-        pool = self.route(spec.kind, len(items)).pool
+        pool = self.route(spec.kind, len(items), images=split is not None).pool
         size = self.dispatcher.max_batch(pool)
         if record.trace is not None:  # traced: its jobs carry its span's context to the pool
             make_job = record.trace.stamping(make_job)
 
         async def send(some: list[Any]) -> list[Encoded]:
             return await self.gather([self.dispatcher.submit(pool, spec.id, with_priority(
-                make_job(spec, some[i:i + size]), record.priority))
-                for i in range(0, len(some), size)], size)
+                make_job(spec, part), record.priority)) for part in (split(some, size) if split else [
+                    some[i:i + size] for i in range(0, len(some), size)])], size)
 
         parts = await (send(items) if through is None else through(spec, pool, items, send))
         record.pool, record.timings = pool, timing.slowest(parts)
         record.tokens = int(sum(int(p.token_counts.sum()) for p in parts))
         return Ran(spec, pool, parts)
 
-    def route(self, kind: str, n_items: int) -> Route:
+    def route(self, kind: str, n_items: int, images: bool = False) -> Route:
         """The pool for this request (``blitz.ingress.routing.choose_pool``), observed. A request
         sent away from a cold GPU pool wakes it: Serve scales a pool from zero only when it
         sees demand, and this request is not going to be that demand."""
         route = choose_pool(kind, n_items, self.dispatcher.pools,
-                            self.dispatcher.running_pools(), self.settings.routing)
+                            self.dispatcher.running_pools(), self.settings.routing, images)
         if route.reason == "cold_gpu":
             self.dispatcher.wake("gpu")
         if self.route_observer is not None:
@@ -392,7 +391,7 @@ class EmbeddingService:
             return RerankResult(hits, spec.id, Usage.of(record.tokens), pool)
 
 
-DENSE_KINDS = ("embedding", "hybrid")  # what /embed and /embed_all take (bge-m3: its dense)
+DENSE_KINDS = ("embedding", "hybrid", "dual-encoder")  # /embed takes (bge-m3: its dense)
 
 
 def _normalized(spec: ModelSpec, normalize: bool | None) -> bool:

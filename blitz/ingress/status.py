@@ -119,6 +119,8 @@ def info(service: EmbeddingService, model: str | None = None) -> dict[str, objec
         id2label: dict[str, str] = found if isinstance(found, dict) else {}
         kind = {"classifier": {"id2label": id2label,
                                "label2id": {v: int(k) for k, v in id2label.items()}}}
+    elif spec.kind == "dual-encoder":  # each tower's own pooling, then its projection
+        kind = {"embedding": {"pooling": "projection"}}
     elif spec.kind in ("sparse", "hybrid"):  # bge-m3's dense vector is its CLS row
         kind = {"embedding": {"pooling": "splade" if spec.kind == "sparse" else "cls"}}
     else:

@@ -112,8 +112,16 @@ def read_dimension(spec: ModelSpec) -> int | None:
         return spec.dimension
     if spec.is_fake:
         return spec.fake_params()[0]
-    if spec.kind not in ("embedding", "sparse") or not spec.location().is_local:
+    if spec.kind not in ("embedding", "sparse", "dual-encoder") or not spec.location().is_local:
         return None
+    if spec.kind == "dual-encoder":  # CLIP's projection_dim; SigLIP's text projection
+        try:
+            config = json.loads((resolve_source(spec) / "config.json").read_text())
+            text = config.get("text_config") or {}
+            return int(config.get("projection_dim") or text.get("projection_size")
+                       or text["hidden_size"])
+        except Exception:
+            return None
     if spec.kind == "sparse":  # one weight per vocabulary token
         try:
             return int(json.loads((resolve_source(spec) / "config.json").read_text())

@@ -16,6 +16,7 @@ import contextlib
 import gc
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from blitz.encoders.base import Encoder
 from blitz.runtime import malloc
@@ -60,6 +61,11 @@ class ModelHolder:
             yield encoder
         finally:
             self.release()
+
+    def call(self, fn: Callable[[Encoder], Any]) -> Any:
+        """``fn(encoder)`` under a lease."""
+        with self.lease() as encoder:
+            return fn(encoder)
 
     def __del__(self) -> None:
         with self._lock:

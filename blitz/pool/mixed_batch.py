@@ -24,9 +24,10 @@ from blitz.hop_messages import (
     SparseEmbedJob,
     TokenEmbedJob,
 )
+from blitz.pool.image_prep import PreparedImages
 
 Job = (EmbedJob | RerankJob | TokenEmbedJob | ClassifyJob | SparseEmbedJob | HybridEmbedJob
-       | ImageEmbedJob)
+       | ImageEmbedJob | PreparedImages)
 
 
 def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
@@ -62,6 +63,8 @@ def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:
                                                   **_long(encoder, job.long_inputs))
             elif isinstance(job, HybridEmbedJob):
                 results[k] = encoder.embed_hybrid(job.texts, job.outputs, truncate=job.truncate)
+            elif isinstance(job, PreparedImages):  # decoded before the queue (image_prep)
+                results[k] = encoder.embed_prepared(job.prepared, normalize=job.normalize)
             elif isinstance(job, ImageEmbedJob):
                 results[k] = encoder.embed_image_bytes(job.images, normalize=job.normalize)
             else:

@@ -20,6 +20,7 @@ while traces are on, each traced job's spans here are made too (``blitz.runtime.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -33,12 +34,13 @@ from blitz import timing
 from blitz.encoders.base import Encoded, Encoder
 from blitz.encoders.sparse import cap_token_budget
 from blitz.errors import ModelLoadFailed, Overloaded, Unavailable
-from blitz.hop_messages import priority_of
+from blitz.hop_messages import ImageEmbedJob, priority_of
 from blitz.loading.failures import LoadFailures, as_load_failure
 from blitz.loading.fetch import preflight_source
 from blitz.loading.load import load_encoder, resolve_device
 from blitz.pool.batching import Batcher
 from blitz.pool.holder import ModelFreed, ModelHolder
+from blitz.pool.image_prep import with_prepared
 from blitz.pool.load_queue import LoadQueue
 from blitz.pool.memory_budget import (
     Footprint,
@@ -163,6 +165,8 @@ class PoolReplica:
         except BaseException:
             ModelHolder(encoder).__del__()
             raise
+        if hasattr(encoder, "limits"):  # a dual encoder: the pool's image limits
+            encoder.limits = self.settings.images
         if hasattr(encoder, "token_budget"):
             encoder.token_budget = footprint.max_batch_tokens
         cap_token_budget(encoder, self.pool_settings.sparse_token_budget)
@@ -263,10 +267,21 @@ class PoolReplica:
             await self.refresh()  # added a moment ago: the ingress may know it first
         self.registry.get(model_id)  # an unknown id: UnknownModel (404), and no queue made
         self.workers.refuse_if_stuck(f"model {model_id!r}")  # queued, it could never run
+        queued = functools.partial(self._queued, model_id)
+        if any(isinstance(job, ImageEmbedJob) for job in jobs):  # decoded before the queue
+            return await with_prepared(jobs, self.settings.images, functools.partial(
+                self._leased, model_id), functools.partial(self.run_jobs, model_id))
         if tracing.TRACER is not None:  # traces on: a span per traced job, around the rest
-            return await tracing.in_pool(functools.partial(self._queued, model_id), jobs,
-                                         self.pool, model_id)
-        return await self._queued(model_id, jobs)
+            return await tracing.in_pool(queued, jobs, self.pool, model_id)
+        return await queued(jobs)
+
+    async def _leased(self, model_id: str, fn: Callable[[Encoder], Any]) -> Any:
+        """``fn(encoder)`` in a thread of its own (not a worker's), under a lease."""
+        for _ in range(LEASE_TRIES):
+            holder = await self.holder(model_id)
+            with contextlib.suppress(ModelFreed):
+                return await asyncio.to_thread(holder.call, fn)
+        raise Unavailable(f"model {model_id!r} was evicted {LEASE_TRIES} times in a row")
 
     async def _queued(self, model_id: str, jobs: list[Job]) -> list[Encoded | BaseException]:
         """``run_jobs``' jobs through the model's queue, timed (``pool``, ``pool-queue``)."""

@@ -28,6 +28,7 @@ from blitz.settings.deployment_options import (
     merge_options,
     size_replicas,
 )
+from blitz.settings.images import ImageSettings
 from blitz.settings.pool_settings import MAX_MODELS_PER_REPLICA, PoolSettings, _Settings
 from blitz.settings.registry import ModelSpec, Registry
 from blitz.settings.sizing import AUTO, NodeShape, Sizing, size_for
@@ -51,6 +52,8 @@ class RoutingSettings(_Settings):
     """Inputs of ``blitz.ingress.routing.choose_pool``."""
 
     gpu_min_batch: int = Field(10, ge=1, description="fewer texts than this go to the CPU pool")
+    gpu_min_images: int = Field(4, ge=1, description="fewer images than this go to the CPU "
+                                "pool (an image costs a model call what many texts do)")
     cross_encoder_pool: Literal["cpu", "gpu"] = Field(
         "gpu", description="where cross-encoder reranks go when a GPU pool exists"
     )
@@ -212,6 +215,8 @@ class BlitzSettings(_Settings):
     ingress: IngressSettings = Field(default_factory=IngressSettings,
                                      description="the HTTP and handle front")
     limits: Limits = Field(default_factory=Limits, description="request limits")
+    images: ImageSettings = Field(default_factory=ImageSettings,
+                                  description="image limits and URL fetching (dual encoders)")
     auth: AuthSettings = Field(default_factory=AuthSettings, description="API keys")
     tracing: TracingSettings = Field(default_factory=TracingSettings,
                                      description="OpenTelemetry traces, off by default")

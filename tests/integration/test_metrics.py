@@ -37,13 +37,16 @@ NEED_THE_CACHE = {"blitz_vector_cache_texts", "blitz_vector_cache_bytes"}
 ROUTES = {"/embed", "/v1/embeddings", "/rerank", "/v1/rerank", "/embed_all", "/embed_sparse",
           "/predict", "/classify", "/similarity", "/tokenize", "/decode", "/models", "/info", "/v1/models",
           "/health", "/ready", "other", "handle.embed", "handle.rerank", "handle.embed_all",
-          "handle.embed_sparse", "handle.classify", "handle.similarity", "handle.tokenize", "handle.decode"} | {
+          "handle.embed_sparse", "handle.classify", "handle.similarity", "handle.tokenize", "handle.decode",
+          "/embeddings_image", "handle.embed_images", "handle.rerank_images",
+          "handle.similarity_images"} | {
           rpc.path for rpc in RPCS}  # gRPC: each method's full name
 MODELS = {"minilm", "minilm-int8", "tiny-a", "tiny-b", "tiny-c", "tiny-ce", "broken", "slow",
-          "busy"}  # every id the integration registry holds (tests/integration/conftest.py)
+          "busy", "tiny-clip"}  # every id the integration registry holds (tests/integration/conftest.py)
 BOUNDED = {"route": ROUTES, "model": MODELS | {"other", "-"}, "pool": {"cpu", "gpu", "-"},
            "hop": {"ingress", "cpu", "gpu", "cpu-serve-queue", "gpu-serve-queue", "pool"},
-           "status": {str(s) for s in (200, 400, 401, 404, 405, 413, 422, 424, 500, 503)},
+           "status": {str(s) for s in (200, 400, 401, 404, 405, 408, 413, 415, 422, 424, 500,
+                                                   503)},
            "result": {"loaded", "failed"},
            "outcome": {"retried", "unavailable", "hit", "miss"},
            "reason": {"overloaded", "unavailable", "timeout", "not_ready", "other"}

@@ -27,7 +27,7 @@ from blitz.http.bodies import (
     TokenizeRequest,
 )
 from blitz.http.hybrid import EmbedHybridRequest
-from blitz.http.peer_bodies import CohereEmbedRequest, CohereRerankRequest
+from blitz.http.peers import CohereEmbedRequest, CohereRerankRequest
 from blitz.settings.config import Limits
 from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
 

@@ -1,0 +1,147 @@
+"""Images on the HTTP API, on the routes texts use, with the reply texts get.
+
+- ``POST /embed`` with ``images`` (Blitz's): the vectors, in Blitz's reply, JSON, msgpack
+  or raw as for texts. In msgpack each image is its file's bytes; in JSON, base64 or a
+  data URL.
+- ``POST /v1/embeddings`` and ``/embeddings`` with ``modality: "image"`` (Infinity's), and
+  Infinity's ``POST /embeddings_image``: OpenAI's reply.
+- ``POST /rerank`` with ``images`` in place of ``documents``: the images scored against
+  the query, in the reply a text rerank gets (Infinity's JSON, or Blitz's msgpack).
+- ``POST /similarity`` with ``inputs: {source_sentence, images}``: TEI's list of scores.
+
+``HttpApi`` hands a body here when it asks for images (``asks_images``); an ``http(s)``
+URL is fetched only under ``images.url_allow``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import Field, StrictBool, StrictInt
+from starlette.requests import Request
+from starlette.responses import Response
+
+from blitz.codecs import ArrayLayout
+from blitz.encoders.postprocess import OutputDtype
+from blitz.http import reply_bodies
+from blitz.http.bodies import _Request
+from blitz.http.middleware import record_of, request_id_of
+from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
+
+Payload = Any
+_IMAGES = "each an image file: its bytes (msgpack), base64, a data URL, or an http(s) URL " \
+          "under images.url_allow"
+
+
+class EmbedImagesRequest(_Request):
+    """``POST /embed`` with ``images``."""
+
+    images: list[Any] = Field(min_length=1, description=_IMAGES)
+    model: str | None = Field(None, description="a dual-encoder model id; header or default")
+    normalize: StrictBool | None = Field(None, description="unit-length rows; default per model")
+    dimensions: StrictInt | None = Field(None, gt=0, description="Matryoshka: keep the first N")
+    dtype: OutputDtype = Field("float32", description="float32|float16|int8|uint8|binary|ubinary")
+    layout: ArrayLayout | None = Field(None, description="msgpack reply's array layout")
+
+
+class OpenAIImagesRequest(_Request):
+    """``POST /v1/embeddings`` with ``modality: "image"`` (Infinity's), ``/embeddings_image``."""
+
+    input: str | list[Any] = Field(description=_IMAGES)
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = Field(None, ge=0, description="0: the model's own")
+    user: str | None = None
+    modality: Literal["image"] = "image"
+
+
+class RerankImagesRequest(_Request):
+    """``POST /rerank`` with ``images`` in place of ``documents``."""
+
+    query: str
+    images: list[Any] = Field(min_length=1, description=_IMAGES)
+    model: str | None = None
+    top_n: StrictInt | None = Field(None, gt=0)
+
+
+class SimilarityImagesInputs(_Request):
+    source_sentence: str
+    images: list[Any] = Field(min_length=1, description=_IMAGES)
+
+
+class SimilarityImagesRequest(_Request):
+    """``POST /similarity`` with ``inputs: {source_sentence, images}``."""
+
+    inputs: SimilarityImagesInputs
+    model: str | None = None
+
+
+def asks_images(route: str, payload: Payload) -> bool:
+    """Whether a body sent to ``route`` (an ``HttpApi`` method's name) asks for images."""
+    if not isinstance(payload, dict):
+        return False
+    if route in ("embed", "rerank"):
+        return "images" in payload
+    if route == "openai_embeddings":
+        return payload.get("modality") == "image"
+    if route == "similarity":
+        inputs = payload.get("inputs")
+        return isinstance(inputs, dict) and "images" in inputs
+    return route == "embeddings_image"
+
+
+class ImageRoutes:
+    """The image half of the routes of ``HttpApi`` (typed ``Any``: it imports this)."""
+
+    def __init__(self, api: Any):
+        self.api = api
+        self.images = api.service_images
+
+    async def serve(self, route: str, request: Request, payload: Payload) -> Response:
+        return await getattr(self, route)(request, payload)
+
+    async def embed(self, request: Request, payload: Payload) -> Response:
+        fmt, accept_layout = self.api._reply(request)  # before work
+        req = EmbedImagesRequest.parse(payload)
+        result = await self.images.embed_images(
+            req.images, model=self.api.model_id(request, req.model), normalize=req.normalize,
+            dimensions=req.dimensions, dtype=req.dtype, record=record_of(request.scope))
+        if fmt == "raw":
+            return RawArrayResponse(result.embeddings)
+        if fmt == "json":
+            return JSONBytesResponse(reply_bodies.embed_reply(result, None))
+        return MsgpackResponse(reply_bodies.embed_reply(
+            result, req.layout or accept_layout or "numpy"))
+
+    async def openai_embeddings(self, request: Request, payload: Payload) -> Response:
+        req = OpenAIImagesRequest.parse(payload)
+        result = await self.images.embed_images(
+            [req.input] if isinstance(req.input, str) else req.input,
+            model=self.api.model_id(request, req.model), dimensions=req.dimensions or None,
+            record=record_of(request.scope))
+        return JSONBytesResponse(reply_bodies.openai_embeddings_reply(result,
+                                                                      req.encoding_format))
+
+    embeddings_image = openai_embeddings  # Infinity's client's ``embeddings_image``
+
+    async def rerank(self, request: Request, payload: Payload) -> Response:
+        fmt = self.api._reply(request)[0]  # before work
+        req = RerankImagesRequest.parse(payload)
+        result = await self.images.rerank_images(
+            req.query, req.images, model=self.api.model_id(request, req.model),
+            top_n=req.top_n, record=record_of(request.scope))
+        request_id = request_id_of(request.scope)
+        if fmt == "msgpack":
+            return MsgpackResponse(reply_bodies.rerank_reply(result, request_id))
+        return JSONBytesResponse(reply_bodies.infinity_rerank_reply(result, request_id,
+                                                                    int(time.time())))
+
+    async def similarity(self, request: Request, payload: Payload) -> Response:
+        fmt = self.api._reply(request)[0]  # before work
+        req = SimilarityImagesRequest.parse(payload)
+        result = await self.images.similarity_images(
+            req.inputs.source_sentence, req.inputs.images,
+            model=self.api.model_id(request, req.model), record=record_of(request.scope))
+        body = reply_bodies.similarity_reply(result)
+        return MsgpackResponse(body) if fmt == "msgpack" else JSONBytesResponse(body)

@@ -1,0 +1,154 @@
+"""A request's images as the bytes of encoded files, whatever way the client sent them.
+
+- ``bytes`` (a msgpack body, the handle): the file itself.
+- ``data:image/...;base64,...`` (JSON, Infinity's and OpenAI's way): its payload.
+- plain base64 (JSON): the file, base64-encoded.
+- ``http(s)://...``: fetched only when a prefix of ``images.url_allow`` matches (off by
+  default), redirects not followed, at most ``max_bytes`` read, within ``fetch_timeout_s``.
+
+Each is sized before it is decoded (a base64 string's length says its bytes), then its
+header is checked (``blitz.images.decode.check_header``: format, declared pixels, frames)
+before anything leaves the ingress: a bad image is refused naming ``images[i]``, and only
+encoded bytes cross the hop. Costs stay linear in what the client sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from typing import Any
+from urllib.parse import urlsplit
+
+from blitz.errors import BadRequest, InvalidValue, PayloadTooLarge, echo
+from blitz.images.decode import check_header
+from blitz.settings.images import ImageSettings
+
+DATA_URL = "data:"
+
+
+class FetchTimedOut(BadRequest):
+    status, code = 408, "image_fetch_timeout"
+
+
+def _unbase64(text: str, limits: ImageSettings, param: str) -> bytes:
+    if len(text) // 4 * 3 > limits.max_bytes + 3:  # sized before it is decoded
+        raise PayloadTooLarge(f"an image of about {len(text) // 4 * 3:,} bytes is over "
+                              f"images.max_bytes ({limits.max_bytes:,})", param=param)
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidValue("an image given as a string must be base64, a data URL "
+                           "(data:image/png;base64,...) or an allowed http(s) URL",
+                           param=param) from None
+
+
+def from_data_url(text: str, limits: ImageSettings, param: str) -> bytes:
+    head, comma, payload = text.partition(",")
+    if not comma or not head.endswith(";base64"):
+        raise InvalidValue(f"a data URL must be data:<type>;base64,<data>, not "
+                           f"{echo(head[:40])!r}", param=param)
+    return _unbase64(payload, limits, param)
+
+
+def allowed(url: str, limits: ImageSettings) -> bool:
+    """Whether ``url`` is under one of ``images.url_allow``: the same scheme, host and port,
+    and a path under the prefix's (no user part, no tricks with the host's spelling)."""
+    try:
+        got = urlsplit(url)
+        port = got.port
+    except ValueError:
+        return False
+    if "@" in got.netloc or got.scheme not in ("http", "https") or not got.hostname:
+        return False
+    for prefix in limits.url_allow:
+        want = urlsplit(prefix)
+        if (got.scheme, got.hostname, port) == (want.scheme, want.hostname, want.port) and (
+                got.path.startswith(want.path or "/")):
+            return True
+    return False
+
+
+async def fetch(url: str, limits: ImageSettings, param: str) -> bytes:
+    """``url``'s body, at most ``max_bytes``, within ``fetch_timeout_s`` (connect to last
+    byte: the server cannot lift it), redirects not followed."""
+    import httpx
+
+    if not allowed(url, limits):
+        raise InvalidValue("this server does not fetch this URL: "
+                           + ("set images.url_allow to fetch images by URL, or send the "
+                              "image's bytes (base64 or a data URL)" if not limits.url_allow
+                              else "it is not under images.url_allow"), param=param)
+    chunks: list[bytes] = []
+    held = 0
+    try:
+        async with asyncio.timeout(limits.fetch_timeout_s), httpx.AsyncClient(
+                follow_redirects=False, trust_env=False) as client, client.stream(
+                "GET", url) as reply:
+            if reply.status_code != 200:
+                raise InvalidValue(f"fetching the image's URL answered "
+                                   f"{reply.status_code}, not 200", param=param)
+            async for chunk in reply.aiter_bytes():
+                held += len(chunk)
+                if held > limits.max_bytes:
+                    raise PayloadTooLarge(f"the image at the URL is over images.max_bytes "
+                                          f"({limits.max_bytes:,})", param=param)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise FetchTimedOut(f"the image's URL did not answer whole within "
+                             f"images.fetch_timeout_s ({limits.fetch_timeout_s:g} s)",
+                             param=param) from None
+    except httpx.HTTPError as exc:
+        raise InvalidValue(f"the image's URL could not be fetched: {type(exc).__name__}",
+                           param=param) from None
+    return b"".join(chunks)
+
+
+async def image_bytes(items: list[Any], limits: ImageSettings, field: str = "images"
+                      ) -> list[bytes]:
+    """Each item's encoded bytes, each header checked; a bad one is refused naming
+    ``field[i]``."""
+    if not isinstance(items, list) or not items:
+        raise InvalidValue(f"{field} must be a non-empty list of images", param=field)
+    if len(items) > limits.max_per_request:
+        raise PayloadTooLarge(f"{len(items)} images; the limit images.max_per_request is "
+                              f"{limits.max_per_request}", param=field)
+    out: list[bytes] = []
+    urls: dict[int, str] = {}
+    for i, item in enumerate(items):
+        param = f"{field}[{i}]"
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            out.append(bytes(item))
+        elif isinstance(item, str) and item.startswith(DATA_URL):
+            out.append(from_data_url(item, limits, param))
+        elif isinstance(item, str) and item.startswith(("http://", "https://")):
+            out.append(b"")
+            urls[i] = item
+        elif isinstance(item, str):
+            out.append(_unbase64(item, limits, param))
+        else:
+            raise InvalidValue(f"{param} must be an image's bytes, base64, a data URL or a "
+                               f"URL, not {type(item).__name__}", param=param)
+    if urls:
+        fetched = await asyncio.gather(*(fetch(url, limits, f"{field}[{i}]")
+                                         for i, url in urls.items()))
+        for i, data in zip(urls, fetched, strict=True):
+            out[i] = data
+    for i, data in enumerate(out):
+        check_header(data, limits, f"{field}[{i}]").close()
+    return out
+
+
+def jobs_of(images: list[bytes], max_count: int, max_bytes: int) -> list[list[bytes]]:
+    """``images`` in consecutive jobs of at most ``max_count`` images and ``max_bytes``
+    bytes (an image larger alone is a job of its own)."""
+    jobs: list[list[bytes]] = []
+    size = 0
+    for data in images:
+        if not jobs or len(jobs[-1]) >= max_count or (size + len(data) > max_bytes
+                                                      and jobs[-1]):
+            jobs.append([])
+            size = 0
+        jobs[-1].append(data)
+        size += len(data)
+    return jobs
