@@ -27,6 +27,9 @@ from blitz.http.bodies import (
     TokenizeRequest,
 )
 from blitz.http.hybrid import EmbedHybridRequest
+from blitz.http.images import EmbedImagesRequest, OpenAIImagesRequest, RerankImagesRequest
+from blitz.images.inputs import image_bytes
+from blitz.settings.images import ImageSettings
 from blitz.http.peers import CohereEmbedRequest, CohereRerankRequest
 from blitz.settings.config import Limits
 from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
@@ -50,7 +53,8 @@ FIELDS = ["texts", "inputs", "input", "model", "normalize", "truncate", "dimensi
           "return_documents", "ids", "add_special_tokens", "skip_special_tokens",
           "return_offsets", "offsets", "raw_scores", "top_k", "input_type", "embedding_types",
           "output_dimension", "truncation_direction", "return_text", "modality", "outputs",
-          "instruction", "truncation_side", "long_inputs", "return_chunks", "priority"]
+          "instruction", "truncation_side", "long_inputs", "return_chunks", "priority",
+          "images"]
 # the values each field takes, and values it refuses, in lists of every shape
 FIELD_VALUES = (VALUES | st.lists(st.text(max_size=4), max_size=12)
                 | st.lists(st.integers(-3, 2**40) | st.booleans(), max_size=25)
@@ -92,6 +96,28 @@ def test_any_body_is_an_openai_request_or_refused(body, limits):
             assert token_ids is None and all(type(t) is str for t in texts)
         else:
             assert all(type(t) is int for row in token_ids for t in row)
+
+
+@given(BODIES | st.fixed_dictionaries({"images": FIELD_VALUES | st.lists(
+    st.binary(max_size=40) | st.sampled_from(["data:image/png;base64,iVBORw0KGgo=",
+                                              "data:x", "http://x/y.png", "R0lGODlh"]),
+    max_size=6)}), st.sampled_from([LIMITS, SERVER_LIMITS, None]))
+def test_any_body_is_an_image_request_or_refused_and_its_images_bytes_or_a_4xx(body, limits):
+    import asyncio
+
+    for parse in (EmbedImagesRequest.parse, OpenAIImagesRequest.parse,
+                  RerankImagesRequest.parse):
+        request = parsed_or_refused(parse, body, limits)
+        if request is None:
+            continue
+        items = getattr(request, "images", None) or getattr(request, "input", None)
+        try:
+            got = asyncio.run(image_bytes(items if isinstance(items, list) else [items],
+                                          ImageSettings(max_bytes=64)))
+        except BlitzError as exc:
+            assert 400 <= exc.status < 500 and len(exc.message) < 400
+        else:
+            assert all(type(data) is bytes for data in got)
 
 
 @given(BODIES, st.sampled_from([LIMITS, SERVER_LIMITS, None]))
