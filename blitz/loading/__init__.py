@@ -2,11 +2,12 @@
 
 One way: the source as a local folder (``fetch``), checked for code of its own
 (``model_trust``), built and opened (``opening.open_backend``), one encoder. The ONNX builds
-(``onnx_export``) and their accuracy guard (``accuracy``), ``cpu_backend: auto``'s choice
-(``auto``, recorded in the model cache), the child processes that build and measure
-(``child_work``, the parent's side; ``child_main``, the child's), failed loads remembered (``failures``), and in-process
-throughput (``throughput``, for ``blitz optimize``).
+(``onnx_export``; a dual encoder's two towers: ``dual_export``) and their accuracy guard
+(``accuracy``), ``cpu_backend: auto``'s choice (``auto``, recorded in the model cache), the
+child processes that build and measure (``child_work``, the parent's side; ``child_main``,
+the child's), failed loads remembered (``failures``), and in-process throughput
+(``throughput``, for ``blitz optimize``).
 
-May import ``blitz.encoders``, ``blitz.settings``, ``blitz.sources``, ``blitz.runtime`` and
-the top-level leaf modules; never the pool, the bulk job, the ingress or HTTP.
+May import ``blitz.images``, ``blitz.encoders``, ``blitz.settings``, ``blitz.sources``,
+``blitz.runtime`` and the top-level leaf modules; never the pool, the bulk job, the ingress or HTTP.
 """

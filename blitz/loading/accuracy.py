@@ -3,14 +3,15 @@
 Every optimized build (ONNX fp32, ONNX int8, torch bf16) is compared with the
 full-precision torch model on a fixed probe set (``blitz.encoders.probes``). Embeddings are
 compared by cosine per probe sentence; cross-encoder scores by Pearson correlation per
-probe query. A build whose minimum falls below ``spec.accuracy_threshold`` is refused
-with ``AccuracyRefused``.
+probe query; a dual encoder's (CLIP, SigLIP) by cosine per probe sentence and per probe
+image, each tower on its own (``compare_dual``). A build whose minimum falls below
+``spec.accuracy_threshold`` is refused with ``AccuracyRefused``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from blitz.settings.registry import RERANK_KINDS, ModelSpec
 
 if TYPE_CHECKING:
     from blitz.encoders.base import Encoder
+    from blitz.images.dual_encoder import DualEncoderBase
 
 
 class AccuracyRefused(LoadProblem):
@@ -36,6 +38,7 @@ class AccuracyReport:
     minimum: float
     mean: float
     probes: int
+    subject: str = ""  # what the probes were, when not the probe sentences or queries
 
     def passes(self, threshold: float) -> bool:
         """Whether the minimum meets ``threshold``; a threshold of 0 turns the check off."""
@@ -43,9 +46,10 @@ class AccuracyReport:
 
     def describe(self) -> str:
         """The numbers, cut (not rounded) to 4 decimals: 0.99997 must not read as 1.0000."""
-        unit = "sentences" if self.metric == "cosine" else "queries"
+        unit = self.subject or ("probe sentences" if self.metric == "cosine"
+                                else "probe queries")
         return (f"min {self.metric} {cut(self.minimum)}, mean {cut(self.mean)} "
-                f"over {self.probes} probe {unit} vs torch fp32")
+                f"over {self.probes} {unit} vs torch fp32")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,7 +57,7 @@ class AccuracyReport:
     @classmethod
     def from_dict(cls, value: dict[str, Any]) -> AccuracyReport:
         return cls(str(value["metric"]), float(value["minimum"]), float(value["mean"]),
-                   int(value["probes"]))
+                   int(value["probes"]), str(value.get("subject", "")))
 
 
 def cut(value: float) -> str:
@@ -72,6 +76,25 @@ def probe(encoder: Encoder) -> np.ndarray:
         logits = encoder.classify([[t] for t in PROBE_TEXTS]).values
         return np.ascontiguousarray(logits.T)
     return encoder.embed(list(PROBE_TEXTS), normalize=True).values
+
+
+def probe_dual(encoder: DualEncoderBase) -> tuple[np.ndarray, np.ndarray]:
+    """A dual encoder's normalized vectors of the probe sentences and of the probe images
+    (``blitz.images.onnx_dual.probe_images``)."""
+    from blitz.images.onnx_dual import probe_images
+
+    return (encoder.embed(list(PROBE_TEXTS), normalize=True).values,
+            encoder.embed_images(probe_images(), normalize=True).values)
+
+
+def compare_dual(reference: tuple[np.ndarray, np.ndarray],
+                 candidate: tuple[np.ndarray, np.ndarray]) -> AccuracyReport:
+    """How closely a dual encoder's towers follow the reference's (both from
+    ``probe_dual``): the report of the tower that strays further."""
+    reports = [replace(compare_embeddings(want, got), subject=f"probe {subject}")
+               for want, got, subject in zip(reference, candidate, ("texts", "images"),
+                                             strict=True)]
+    return min(reports, key=lambda report: report.minimum)
 
 
 def compare(kind: str, reference: np.ndarray, candidate: np.ndarray) -> AccuracyReport:

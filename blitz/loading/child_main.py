@@ -1,5 +1,5 @@
-"""The child process of ``blitz.loading.child_work``: one ONNX build, or one ``cpu_backend:
-auto`` choice printed on stdout.
+"""The child process of ``blitz.loading.child_work``: one ONNX build (a dual encoder's:
+``blitz.loading.dual_export``), or one ``cpu_backend: auto`` choice printed on stdout.
 
     python -m blitz.loading.child_main build SPEC_JSON PATH CACHE_DIR
     python -m blitz.loading.child_main choose SPEC_JSON PATH CACHE_DIR THREADS TIMEOUT_S
@@ -25,9 +25,14 @@ def main(argv: list[str]) -> int:
     kind, spec, path = argv[0], ModelSpec.model_validate_json(argv[1]), Path(argv[2])
     cache_dir = argv[3] or None
     if kind == "build":
-        from blitz.loading.onnx_export import prepare_onnx
+        if spec.kind == "dual-encoder":
+            from blitz.loading.dual_export import prepare_dual_onnx
 
-        prepare_onnx(spec, path, cache_dir)
+            prepare_dual_onnx(spec, path, cache_dir)
+        else:
+            from blitz.loading.onnx_export import prepare_onnx
+
+            prepare_onnx(spec, path, cache_dir)
         return 0
     from blitz.loading.auto import measure_choice
     from blitz.loading.opening import Load, open_backend

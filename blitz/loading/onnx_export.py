@@ -125,7 +125,7 @@ def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = Non
         # contents lists the build's files, each checked to lie inside the entry
         if file_name not in entry.meta["contents"]:
             raise ValueError(f"its graph {file_name!r} is not one of the files it was built with")
-        report = _recorded_accuracy(entry.meta)
+        report = recorded_accuracy(entry.meta)
         check_model_folder(spec, entry.path)
         if validate is not None and report.passes(spec.accuracy_threshold):
             # a build that will be refused is not opened
@@ -225,7 +225,7 @@ def _accuracy(spec: ModelSpec, reference: np.ndarray, directory: Path,
     return compare(spec.kind, reference, _probe(spec, open_onnx_file(spec, directory, file_name)))
 
 
-def _recorded_accuracy(meta: dict[str, Any]) -> AccuracyReport:
+def recorded_accuracy(meta: dict[str, Any]) -> AccuracyReport:
     """The accuracy report a cache record holds; ``ValueError`` unless it is well formed."""
     value = meta["accuracy"]
 

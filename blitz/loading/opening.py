@@ -9,10 +9,11 @@ has measured what it needs to size its micro-batches (``calibrate``):
     torch-bf16                fp32 first, the accuracy guard's reference, then bf16
                               (``blitz.loading.accuracy``: refused when it strays)
     onnx, onnx-int8           built once in a child (export, quantization, accuracy
-                              guard; ``blitz.loading.onnx_export``, cached), then opened
+                              guard; ``blitz.loading.onnx_export``, a dual encoder's two
+                              towers ``blitz.loading.dual_export``; cached), then opened
                               (not for an llm-reranker: its spec refuses them)
-    (sparse, hybrid and dual-encoder models: torch and fake alone; their specs refuse the
-    others)
+    (sparse and hybrid models: torch and fake alone; dual-encoder models: no torch-bf16
+    nor auto; their specs refuse the others)
 
 Nothing here fetches, trust-checks or chooses: the loader (``blitz.loading.load``) hands
 this a folder it resolved and checked and a backend it named or ``auto`` chose. ``auto``'s
@@ -186,6 +187,14 @@ def _torch_dual_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
                        dtype=_torch_dtype(spec, load.device))
 
 
+def _onnx_dual_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    from blitz.loading.dual_export import load_dual_onnx
+
+    if BUILD_IN_CHILD:
+        build_in_child(spec, path, load.cache_dir, timeout_s=load.time_left())
+    return load_dual_onnx(spec, path, load.cache_dir)
+
+
 OPENERS: dict[tuple[str, str], Opener] = {
     ("embedding", "fake"): _fake,
     ("embedding", "torch"): _torch_bi_encoder,
@@ -211,6 +220,8 @@ OPENERS: dict[tuple[str, str], Opener] = {
     ("llm-reranker", "torch-bf16"): _bf16_llm_reranker,
     ("dual-encoder", "fake"): _fake,
     ("dual-encoder", "torch"): _torch_dual_encoder,
+    ("dual-encoder", "onnx"): _onnx_dual_encoder,
+    ("dual-encoder", "onnx-int8"): _onnx_dual_encoder,
 }
 
 

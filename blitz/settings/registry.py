@@ -38,7 +38,8 @@ loaded, exported to ONNX and checked alike."""
 RERANK_KINDS = ("cross-encoder", "llm-reranker")
 """Kinds that only rerank (a score per (query, document) pair): routed, described and
 checked alike."""
-TORCH_ONLY_KINDS = ("sparse", "hybrid", "dual-encoder")  # no ONNX build of these is made
+TORCH_ONLY_KINDS = ("sparse", "hybrid")  # no ONNX build of these is made
+DUAL_ENCODER_BACKENDS = ("torch", "onnx", "onnx-int8")  # both towers exported; no bf16 yet
 RerankerStyle = Literal["qwen3", "bge-gemma"]
 _RERANKER_FIELDS = ("reranker_style", "rerank_instruction", "yes_token", "no_token")
 CpuBackend = Literal["torch", "torch-bf16", "onnx", "onnx-int8", "auto"]
@@ -94,7 +95,7 @@ class ModelSpec(BaseModel):
                        "causal LM scored by its yes/no logits: /rerank; torch or torch-bf16) "
                        "hybrid (bge-m3: dense, sparse and ColBERT vectors from one "
                        "forward pass; torch) or dual-encoder (CLIP, SigLIP: texts and "
-                       "images into one space; torch)")
+                       "images into one space; torch, onnx or onnx-int8)")
     cpu_backend: CpuBackend = Field(
         "torch", description="how CPU pools run it; auto (bi-encoders): at load, the fastest "
         "backend that passes the accuracy guard on this CPU, one per model (never per "
@@ -192,6 +193,11 @@ class ModelSpec(BaseModel):
                 not self.is_fake):
             raise ValueError(f"model {self.id!r}: {self.kind} models run on torch; set "
                              "cpu_backend to torch")
+        if self.kind == "dual-encoder" and self.cpu_backend not in DUAL_ENCODER_BACKENDS and (
+                not self.is_fake):
+            raise ValueError(f"model {self.id!r}: dual-encoder models run on torch, onnx or "
+                             f"onnx-int8 (no {self.cpu_backend} yet); set cpu_backend to one "
+                             "of them")
         return self
 
     @field_validator("instruction_template")
@@ -205,7 +211,8 @@ class ModelSpec(BaseModel):
     def _auto_is_for_bi_encoders(self) -> ModelSpec:
         if self.cpu_backend == "auto" and self.kind != "embedding":
             raise ValueError("cpu_backend auto is for embedding models; name a cross-encoder's or "
-                             "classifier's backend (torch, torch-bf16, onnx or onnx-int8)")
+                             "classifier's backend (torch, torch-bf16, onnx or onnx-int8), "
+                             "or a dual-encoder's (torch, onnx or onnx-int8)")
         return self
 
     @model_validator(mode="after")

@@ -100,8 +100,8 @@ def test_a_dual_encoder_entry_loads_through_the_loader(tiny):
                                atol=1e-5)
     np.testing.assert_allclose(encoder.embed_images(images()[:1], normalize=True).values,
                                want_image, atol=1e-5)
-    with pytest.raises(ValueError, match="torch"):
-        ModelSpec(id="x", source=str(path), kind="dual-encoder", cpu_backend="onnx")
+    with pytest.raises(ValueError, match="torch, onnx or onnx-int8"):
+        ModelSpec(id="x", source=str(path), kind="dual-encoder", cpu_backend="torch-bf16")
 
 
 def test_image_jobs_run_in_a_pool_batch_beside_text_jobs(tiny):
