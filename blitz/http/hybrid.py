@@ -94,7 +94,8 @@ class HybridRoute:
         result = await api.outputs.embed_hybrid(
             req.texts, model=api.model_id(request, req.model), outputs=tuple(req.outputs),
             truncate=req.truncate, prompt_name=req.prompt_name, record=record_of(request.scope))
-        layout = (req.layout or accept_layout or "numpy") if fmt == "msgpack" else None
+        layout: ArrayLayout | None = ((req.layout or accept_layout or "numpy")
+                                      if fmt == "msgpack" else None)
         return await responses.built(
             lambda: (MsgpackResponse if layout else JSONBytesResponse)(
                 embed_hybrid_reply(result, layout)), numbers(result))

@@ -13,24 +13,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from blitz.encoders.base import Encoded, Encoder
-from blitz.hop_messages import NORMAL, ImageEmbedJob
+from blitz.hop_messages import ImageEmbedJob, _Job
 from blitz.images.decode import decode_async
 from blitz.settings.images import ImageSettings
 
 
 @dataclass(frozen=True)
-class PreparedImages:
-    """An image job's pixels, ready for ``Encoder.embed_prepared`` (never crosses a hop)."""
+class PreparedImages(_Job):
+    """An image job's pixels, ready for ``Encoder.embed_prepared`` (never crosses a hop);
+    its priority is its job's."""
 
     prepared: Any
     count: int
     normalize: bool = True
-    priority: int = field(default=NORMAL, kw_only=True)
-    trace: str | None = field(default=None, kw_only=True)
+    trace: str | None = None
 
     def __len__(self) -> int:
         return self.count
@@ -46,8 +46,8 @@ async def prepare(job: ImageEmbedJob, limits: ImageSettings, leased: Leased
     decoded = await asyncio.gather(*(decode_async(data, limits, f"images[{i}]")
                                      for i, data in enumerate(job.images)))
     prepared = await leased(lambda encoder: encoder.prepare_images(decoded))
-    return PreparedImages(prepared, len(decoded), job.normalize, priority=job.priority,
-                          trace=job.trace)
+    return PreparedImages(prepared, len(decoded), job.normalize, job.trace,
+                          priority=job.priority)
 
 
 async def with_prepared(jobs: list[Any], limits: ImageSettings, leased: Leased,

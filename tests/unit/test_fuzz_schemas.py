@@ -28,10 +28,10 @@ from blitz.http.bodies import (
 )
 from blitz.http.hybrid import EmbedHybridRequest
 from blitz.http.images import EmbedImagesRequest, OpenAIImagesRequest, RerankImagesRequest
-from blitz.images.inputs import image_bytes
-from blitz.settings.images import ImageSettings
 from blitz.http.peers import CohereEmbedRequest, CohereRerankRequest
+from blitz.images.inputs import image_bytes
 from blitz.settings.config import Limits
+from blitz.settings.images import ImageSettings
 from tests.unit.test_fuzz_codecs import MAX_RATIO, cost_ratio
 
 LIMITS = Limits(max_texts_per_request=8, max_token_ids_per_request=20)
