@@ -181,7 +181,8 @@ class OpenAIEmbeddingRequest(_Request, LongInputs):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, gt=0)
     user: str | None = None
-    modality: str = Field("text", description="Infinity's: only text is embedded here")
+    modality: str = Field("text", description="Infinity's: text, or image (a dual "
+                          "encoder's images: blitz.http.images)")
     prompt_name: str | None = Field(None, description="Blitz's: a prompt from the model's spec")
     instruction: str | None = Field(None, description="Blitz's: " + _INSTRUCTION)
     return_chunks: Any = None
@@ -205,8 +206,8 @@ class OpenAIEmbeddingRequest(_Request, LongInputs):
     @classmethod
     def _text_only(cls, value: str) -> str:
         if value != "text":
-            raise ValueError(f"modality {echo(value)!r} is not served: this server embeds "
-                             "text (send text, or leave modality out)")
+            raise ValueError(f"modality {echo(value)!r} is not served: send text or "
+                             "image, or leave modality out")
         return value
 
     @classmethod
