@@ -12,6 +12,10 @@ actors start and load the model once:
                                                     published as soon as the stream
                                                     moves past it
 
+With a dual-encoder model the pipeline is the same for images (``blitz.bulk.images``):
+a unit is a chunk of image files or a list or table of image paths, read_file reads the
+images' bytes and each actor decodes and embeds them.
+
 Which units run, and what OUTPUT may hold, is ``blitz.bulk.units``' decision, made
 before anything is read or deleted. Nothing secret is in a task: workers open storage
 from the URI with their own credentials (``blitz.sources.storage.filesystem_for``); the driver
@@ -30,13 +34,14 @@ from typing import Any, TextIO
 
 import ray
 
+from blitz.bulk import images as bulk_images
 from blitz.bulk import units as bulk_units
 from blitz.bulk import write as bulk_write
 from blitz.bulk.job import (
     BatchEncoder,
     backend_label,
+    build_units,
     check_options,
-    format_of,
     list_inputs,
     output_metadata,
 )
@@ -45,6 +50,7 @@ from blitz.errors import InvalidValue
 from blitz.runtime import model_threads
 from blitz.settings.bulk import BulkSettings
 from blitz.settings.config import BlitzSettings
+from blitz.settings.images import ImageSettings
 from blitz.settings.registry import ModelSpec
 from blitz.sources.storage import filesystem_for, location_env
 from deployments.bulk_requirements import require_ray_data
@@ -54,25 +60,40 @@ class EmbedBatches:
     """The callable class ``map_batches`` runs on each actor: one encoder per actor."""
 
     def __init__(self, spec: ModelSpec, options: BulkSettings, device: str,
-                 cache_dir: str | None):
+                 cache_dir: str | None, images: ImageSettings | None = None):
         if device == "cpu":
             model_threads.configure(options.torch_threads)
-        self.encoder = BatchEncoder(spec, options, device, cache_dir)
+        self.encoder = BatchEncoder(spec, options, device, cache_dir, images)
 
     def __call__(self, rows: Any) -> Any:
         return self.encoder.encode(rows)
 
 
 def read_file(files: Any, *, text_column: str, id_column: str, batch_rows: int,
-              max_row_bytes: int) -> Any:
+              max_row_bytes: int, images: dict[str, Any] | None = None) -> Any:
     """``map_batches`` function: the rows of each file named in ``files`` (unit, url,
-    kind), opened here with this worker's credentials."""
-    for unit, url, kind in zip(files["unit"].to_pylist(), files["url"].to_pylist(),
-                               files["kind"].to_pylist(), strict=True):
+    kind), opened here with this worker's credentials. An image job (``images``: the
+    image column and the bytes limit) reads each chunk's image files, or each list's or
+    table's images (``blitz.bulk.images``)."""
+    members = (files["members"].to_pylist() if "members" in files.column_names
+               else [None] * files.num_rows)
+    for unit, url, kind, chunk in zip(files["unit"].to_pylist(), files["url"].to_pylist(),
+                                      files["kind"].to_pylist(), members, strict=True):
+        if kind == "images":
+            yield from bulk_images.read_image_files(
+                [tuple(m) for m in chunk], unit, batch_rows=batch_rows,
+                max_image_bytes=images["max_image_bytes"] if images else 0)
+            continue
         fs, path = filesystem_for(url)
         with fs.open(path, "rb", compression="infer") as f:
-            yield from read_rows(f, kind, unit, text_column=text_column, id_column=id_column,
-                                 batch_rows=batch_rows, max_row_bytes=max_row_bytes)
+            if images is not None:
+                yield from bulk_images.read_image_table(
+                    f, kind, unit, url, id_column=id_column, batch_rows=batch_rows,
+                    max_row_bytes=max_row_bytes, **images)
+            else:
+                yield from read_rows(f, kind, unit, text_column=text_column,
+                                     id_column=id_column, batch_rows=batch_rows,
+                                     max_row_bytes=max_row_bytes)
 
 
 @dataclass
@@ -106,7 +127,11 @@ def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = N
     in_fs, in_path = filesystem_for(input)
     out_fs, out_path = filesystem_for(output)
     out_path = out_path.rstrip("/")
-    base, files = list_inputs(in_fs, in_path)
+    dual = spec.kind == "dual-encoder"
+    base, files = list_inputs(in_fs, in_path, image_files=dual and not options.image_column,
+                              lists=dual)
+    images = bulk_images.image_job(spec.kind, options.image_column, options.prompt_name,
+                                   files)
     root = in_path if files == [in_path] else base  # one file, or what a run may search
     bulk_units.check_no_overlap(in_fs, root, files, out_fs, out_path)
     errors_fs, errors_path = (filesystem_for(options.errors) if options.errors
@@ -122,17 +147,17 @@ def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = N
            "dtype": options.dtype, "dimensions": options.dimensions,
            "prompt_name": options.prompt_name, "normalize": options.normalize,
            "text_column": options.text_column, "id_column": options.id_column}
-    protocol = in_fs.protocol[0] if isinstance(in_fs.protocol, tuple) else in_fs.protocol
-    units = [bulk_units.Unit(
-        index=i, file=file, url=file if protocol in ("file", "local") else f"{protocol}://{file}",
-        kind=format_of(file) or "", directory=f"{out_path}/{bulk_units.unit_name(base, file)}",
-        fingerprint=bulk_units.input_fingerprint(in_fs, file)) for i, file in enumerate(files)]
+    if images:  # (text jobs' records stay as they were: their units stay done)
+        del job["text_column"]
+        job.update(images=True, image_column=options.image_column,
+                   images_per_unit=options.images_per_unit)
+    units = build_units(in_fs, base, files, out_path, options.images_per_unit)
     report = BulkReport(files=len(files), errors_path=errors_path)
     started = time.perf_counter()
     bulk_units.claim_output(out_fs, out_path)  # refused, untouched, when it is not ours
     with bulk_units.output_lock(out_fs, out_path):
         plan = bulk_units.plan_units(out_fs, out_path, units, job, options.force)
-        _check_columns(in_fs, plan.pending, options)
+        _check_columns(in_fs, plan.pending, options, images)
         for unit in plan.units:
             if unit.done is not None:
                 report.skipped.append(unit.file)
@@ -140,7 +165,7 @@ def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = N
         if plan.pending:
             attempt = bulk_units.new_attempt(out_fs, out_path)
             _embed_units(plan.pending, spec, options, device, str(settings.resolved_cache_dir()),
-                 out_fs, attempt, job, report, log, progress, started)
+                 out_fs, attempt, job, report, log, progress, started, settings.images)
             bulk_units.end_attempt(out_fs, out_path)
         report.refused = bulk_write.merge_errors(errors_fs, [u.directory for u in units],
                                                  errors_path)
@@ -148,11 +173,15 @@ def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = N
     return report
 
 
-def _check_columns(in_fs: Any, pending: list[bulk_units.Unit], options: BulkSettings) -> None:
-    """Refuse, before the job starts, a CSV or Parquet file without the text column."""
+def _check_columns(in_fs: Any, pending: list[bulk_units.Unit], options: BulkSettings,
+                   images: bool = False) -> None:
+    """Refuse, before the job starts, a CSV or Parquet file without the text column (the
+    image column in an image job)."""
     problems = []
+    column, flag = ((options.image_column or "", "--image-column") if images
+                    else (options.text_column, "--text-column"))
     for unit in pending:
-        if unit.kind == "json":
+        if unit.kind in ("json", "list", "images"):
             continue
         try:
             with in_fs.open(unit.file, "rb", compression="infer") as f:
@@ -160,25 +189,26 @@ def _check_columns(in_fs: Any, pending: list[bulk_units.Unit], options: BulkSett
         except ValueError as exc:
             problems.append(f"{unit.file} cannot be read as {unit.kind} ({exc})")
             continue
-        if columns is not None and options.text_column not in columns:
-            problems.append(f"{unit.file} has no column {options.text_column!r} (columns: "
+        if columns is not None and column not in columns:
+            problems.append(f"{unit.file} has no column {column!r} (columns: "
                             f"{', '.join(columns)})")
     if problems:
-        raise InvalidValue("; ".join(problems) + " (--text-column names the column)",
-                           param="text_column")
+        raise InvalidValue("; ".join(problems) + f" ({flag} names the column)",
+                           param=flag[2:].replace("-", "_"))
 
 
 def _embed_units(pending: list[bulk_units.Unit], spec: ModelSpec, options: BulkSettings,
                  device: str, cache_dir: str, out_fs: Any, attempt: str, job: dict[str, Any],
                  report: BulkReport, log: TextIO | None, progress: bool | None,
-                 started: float) -> None:
+                 started: float, limits: ImageSettings | None = None) -> None:
     """The pipeline over ``pending``; each unit published as soon as it is complete."""
     from tqdm import tqdm
 
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # units complete in order
     context.enable_progress_bars = False  # ours below counts rows across the whole job
-    payloads = job_payloads(pending, spec, options, device, cache_dir)
+    payloads = job_payloads(pending, spec, options, device, cache_dir,
+                            images=bool(job.get("images")), limits=limits)
     ds: Any = ray.data.from_items(payloads["files"], override_num_blocks=len(pending))
     ds = ds.map_batches(read_file, batch_size=1, batch_format="pyarrow",
                         fn_kwargs=payloads["read_kwargs"], **payloads["read_remote_args"])
@@ -240,17 +270,27 @@ def _embed_units(pending: list[bulk_units.Unit], spec: ModelSpec, options: BulkS
 
 
 def job_payloads(pending: list[bulk_units.Unit], spec: ModelSpec, options: BulkSettings,
-                 device: str, cache_dir: str) -> dict[str, Any]:
+                 device: str, cache_dir: str, images: bool = False,
+                 limits: ImageSettings | None = None) -> dict[str, Any]:
     """Everything the job hands to Ray, which pickles it into task specs and the object
-    store: file URIs, options, the model's spec, where the store is; never a credential."""
+    store: file URIs, options, the model's spec, where the store is; never a credential.
+    An image job's files carry their chunks' image URIs and ids (``members``)."""
+    limits = limits or ImageSettings()
     where = location_env()
+    files = [{"unit": u.index, "url": u.url, "kind": u.kind} for u in pending]
+    if images:
+        for entry, unit in zip(files, pending, strict=True):
+            entry["members"] = [list(m) for m in unit.members or []]
     return {
-        "files": [{"unit": u.index, "url": u.url, "kind": u.kind} for u in pending],
+        "files": files,
         "read_kwargs": {"text_column": options.text_column, "id_column": options.id_column,
                         "batch_rows": options.batch_size,
-                        "max_row_bytes": options.max_row_bytes},
+                        "max_row_bytes": options.max_row_bytes,
+                        **({"images": {"image_column": options.image_column,
+                                       "max_image_bytes": limits.max_bytes}}
+                           if images else {})},
         "read_remote_args": {"runtime_env": {"env_vars": where}} if where else {},
-        "encoder_args": (spec, options, device, cache_dir)}
+        "encoder_args": (spec, options, device, cache_dir, limits)}
 
 
 def _writer(out_fs: Any, attempt: str, unit: bulk_units.Unit, options: BulkSettings,

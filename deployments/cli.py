@@ -26,9 +26,11 @@ def add_embed_command(commands: Any) -> None:
     """Add ``embed`` to the ``blitz`` command's subcommands."""
     fields = BulkSettings.model_fields
     embed = commands.add_parser(
-        "embed", help="embed a corpus (Parquet, JSONL or CSV; local or s3://) into Parquet "
-        "files with Ray Data", epilog=EXIT_CODES)
-    embed.add_argument("input", help="a file, a directory or a glob")
+        "embed", help="embed a corpus (Parquet, JSONL or CSV; with a dual-encoder model also "
+        "images; local or s3://) into Parquet files with Ray Data", epilog=EXIT_CODES)
+    embed.add_argument("input", help="a file, a directory or a glob; with a dual-encoder "
+                       "model also image files (jpg, png, webp, gif, bmp), a .txt list of "
+                       "image paths, or tables whose --image-column names images")
     embed.add_argument("output", help="a directory (local or s3://)")
     embed.add_argument("--model", help=fields["model"].description)
     embed.add_argument("--config", metavar="FILE", help="serve config YAML whose application "
@@ -39,12 +41,14 @@ def add_embed_command(commands: Any) -> None:
     embed.add_argument("--force", action="store_true", help=fields["force"].description)
     embed.add_argument("--no-progress", action="store_true",
                        help="no progress bar (shown on a terminal: rows/s and ETA)")
-    for name in ("text_column", "id_column", "errors", "dtype", "dimensions", "prompt_name",
-                 "batch_size", "actors", "device", "torch_threads", "max_row_bytes"):
+    for name in ("text_column", "image_column", "id_column", "errors", "dtype", "dimensions",
+                 "prompt_name", "batch_size", "actors", "device", "torch_threads",
+                 "max_row_bytes", "images_per_unit"):
         info = fields[name]
         flag = "--" + name.replace("_", "-")
         kind = {"dimensions": int, "batch_size": int, "actors": int,
-                "torch_threads": int, "max_row_bytes": int}.get(name, str)
+                "torch_threads": int, "max_row_bytes": int,
+                "images_per_unit": int}.get(name, str)
         embed.add_argument(flag, type=kind, default=info.default,
                            help=f"{info.description} (default: {info.default})")
     embed.set_defaults(run=run_embed)
@@ -70,6 +74,7 @@ def run_embed(args: argparse.Namespace, out: TextIO) -> int:
     try:
         options = BulkSettings.model_validate({
             "model": args.model, "text_column": args.text_column,
+            "image_column": args.image_column, "images_per_unit": args.images_per_unit,
             "id_column": args.id_column, "errors": args.errors, "dtype": args.dtype,
             "dimensions": args.dimensions, "prompt_name": args.prompt_name,
             "batch_size": args.batch_size, "actors": args.actors, "device": args.device,

@@ -14,6 +14,9 @@ a glob, local or object storage) into OUTPUT, one *unit* per input file. The pie
 - ``blitz.bulk.write.UnitWriter``: each unit's rows into Parquet and its refusals into
   ``_errors.jsonl``, published whole with its record.
 
+With a dual-encoder model a job may embed images instead (``blitz.bulk.images``): image
+files in chunks (``build_units``), or the images a list or a table names.
+
 The job that runs them is ``deployments.bulk.embed_dataset`` (Ray Data): ``blitz/`` never
 imports the Ray glue.
 """
@@ -29,12 +32,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from blitz.bulk.units import is_local
+from blitz.bulk.images import (
+    chunk_fingerprint,
+    chunk_images,
+    chunk_name,
+    embed_image_rows,
+    is_image,
+    is_list,
+    relative,
+)
+from blitz.bulk.units import Unit, input_fingerprint, is_local, unit_name
 from blitz.encoders.postprocess import quantize, truncate_dimensions
 from blitz.errors import InvalidValue
 from blitz.loading.fetch import read_dimension
 from blitz.loading.load import backend_for, load_encoder
 from blitz.settings.bulk import BulkSettings
+from blitz.settings.images import ImageSettings
 from blitz.settings.registry import ModelSpec, apply_prompt
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
@@ -52,27 +65,69 @@ def format_of(path: str) -> str | None:
     return FORMATS.get(posixpath.splitext(name)[1])
 
 
-def list_inputs(fs: Any, path: str) -> tuple[str, list[str]]:
+def list_inputs(fs: Any, path: str, *, image_files: bool = False,
+                lists: bool = False) -> tuple[str, list[str]]:
     """(base, input files) for a file, a directory or a glob on the fsspec ``fs``.
 
     A directory is searched recursively, through links to folders too; files of unknown
-    formats and names starting with ``_`` or ``.`` are left out. ``base`` is what unit
+    formats and names starting with ``_`` or ``.`` are left out. ``image_files`` adds
+    image files, ``lists`` lists of image paths (``.txt``: named as the file or by the
+    glob, never found by a folder search; see ``blitz.bulk.images``). ``base`` is what unit
     names are relative to.
     """
     path = path.rstrip("/")
+    searched = False
     if any(c in path for c in GLOB_CHARS):
         base = path[: min(path.find(c) for c in GLOB_CHARS if c in path)].rpartition("/")[0]
         found = fs.glob(path)
     elif fs.isdir(path):
         base, found = path, (local_tree(path) if is_local(fs) else fs.find(path))
+        searched = True
     elif fs.exists(path):
         base, found = posixpath.dirname(path), [path]
     else:
         raise InvalidValue(f"input {path} does not exist", param="input")
-    files = sorted(f for f in found if format_of(f) and not _hidden(f, base))
+
+    def wanted(file: str) -> bool:
+        return bool(format_of(file) or image_files and is_image(file)
+                    or lists and not searched and is_list(file))
+
+    files = sorted(f for f in found if wanted(f) and not _hidden(f, base))
     if not files:
-        raise InvalidValue(f"no Parquet, JSONL or CSV files under {path}", param="input")
+        kinds = "Parquet, JSONL or CSV files" + (
+            ", image files" if image_files else "") + (" or image lists" if lists else "")
+        hint = "" if image_files or not any(map(is_image, found)) else (
+            " (it holds image files: they need a dual-encoder model)")
+        raise InvalidValue(f"no {kinds} under {path}{hint}", param="input")
     return base, files
+
+
+def build_units(fs: Any, base: str, files: list[str], out_path: str, images_per_unit: int,
+                ) -> list[Unit]:
+    """One unit per table or list; image files in chunks (``blitz.bulk.images``)."""
+    protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
+
+    def url(file: str) -> str:
+        return file if protocol in ("file", "local") else f"{protocol}://{file}"
+
+    units: list[Unit] = []
+    for file in files:
+        if not is_image(file):
+            units.append(Unit(index=len(units), file=file, url=url(file),
+                              kind=format_of(file) or "list",
+                              directory=f"{out_path}/{unit_name(base, file)}",
+                              fingerprint=input_fingerprint(fs, file)))
+    for start, members in chunk_images(base, [f for f in files if is_image(f)],
+                                       images_per_unit):
+        found = [(relative(base, f), input_fingerprint(fs, f)) for f in members]
+        described = f"{members[0]}" + (f" .. {members[-1]} ({len(members)} images)"
+                                       if len(members) > 1 else "")
+        units.append(Unit(index=len(units), file=described, url=described, kind="images",
+                          directory=f"{out_path}/{chunk_name(start)}",
+                          fingerprint=chunk_fingerprint(found),
+                          members=[(url(f), path) for f, (path, _) in zip(
+                              members, found, strict=True)]))
+    return units
 
 
 def local_tree(root: str) -> list[str]:
@@ -105,9 +160,12 @@ def _hidden(file: str, base: str) -> bool:
 
 def check_options(spec: ModelSpec, options: BulkSettings) -> None:
     """Refuse a job whose options the model cannot honour, before any data is read."""
-    if spec.kind != "embedding":
-        raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; only embedding models "
-                           "can embed a corpus", param="model")
+    if spec.kind not in ("embedding", "dual-encoder"):
+        raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; only embedding and "
+                           "dual-encoder models can embed a corpus", param="model")
+    if options.image_column and spec.kind != "dual-encoder":
+        raise InvalidValue(f"--image-column needs a dual-encoder model (CLIP, SigLIP); "
+                           f"{spec.id!r} is a {spec.kind}", param="image_column")
     apply_prompt(spec, [], options.prompt_name)  # raises for an unknown prompt name
     known = read_dimension(spec)
     if options.dimensions is not None and known is not None and options.dimensions > known:
@@ -135,12 +193,14 @@ class BatchEncoder:
     refused row) and ``tokens`` in place of the text."""
 
     def __init__(self, spec: ModelSpec, options: BulkSettings, device: str = "cpu",
-                 cache_dir: str | Path | None = None):
+                 cache_dir: str | Path | None = None, images: ImageSettings | None = None):
         check_options(spec, options)
         self.spec = spec
         self.options = options
         self.normalize = spec.normalize if options.normalize is None else options.normalize
         self.encoder = load_encoder(spec, device, cache_dir)
+        if images is not None and hasattr(self.encoder, "limits"):  # the config's images.*
+            self.encoder.limits = images
         self.metadata = output_metadata(spec, options, self.encoder.device)
         dimension = self.encoder.dimension or self.encoder.embed(
             ["dimension"], normalize=False).values.shape[1]
@@ -151,6 +211,8 @@ class BatchEncoder:
                         self.options.dtype)
 
     def encode(self, rows: pa.Table) -> pa.Table:
+        if "_image" in rows.column_names:
+            return self.encode_images(rows)
         good = np.flatnonzero(np.asarray(pc.equal(rows.column("_refused"), "")))
         texts = rows.column("_text").take(pa.array(good, pa.int64())).to_pylist()
         values = np.zeros((rows.num_rows, self.empty.shape[1]), self.empty.dtype)
@@ -164,6 +226,22 @@ class BatchEncoder:
         embedding = pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
         return rows.select(list(PASSED)).append_column("embedding", embedding).append_column(
             "tokens", pa.array(counts, pa.int32()))
+
+    def encode_images(self, rows: pa.Table) -> pa.Table:
+        """Rows of ``blitz.bulk.images.IMAGE_ROWS`` in: each image's vector, or its row
+        refused with the reason its decoding gave; ``tokens`` are 0."""
+        good, embedded, refused = embed_image_rows(self.encoder, rows, self.normalize,
+                                                   self._finish)
+        values = np.zeros((rows.num_rows, self.empty.shape[1]), self.empty.dtype)
+        if good:
+            values[good] = embedded
+        flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+        embedding = pa.FixedSizeListArray.from_arrays(flat, values.shape[1])
+        out = rows.select([*PASSED, "_source"])
+        out = out.set_column(out.schema.get_field_index("_refused"), "_refused",
+                             pa.array(refused, pa.string()))
+        return out.append_column("embedding", embedding).append_column(
+            "tokens", pa.array(np.zeros(rows.num_rows, np.int32), pa.int32()))
 
     def close(self) -> None:
         self.encoder.close()

@@ -3,7 +3,8 @@
     OUTPUT/
       _BLITZ                  marks OUTPUT as written by ``blitz embed`` (written first)
       _attempts/<id>/<unit>/  a running attempt's files, until each unit is published
-      <unit>/                 one per input file (``unit_name``)
+      <unit>/                 one per input file (``unit_name``), or per chunk of image
+                              files (``blitz.bulk.images.chunk_name``)
         part-00000.parquet    id, embedding (fixed-size list), tokens; model in the metadata
         _errors.jsonl         the file's refused rows
         _SUCCESS              the unit's record (JSON), written last
@@ -191,6 +192,7 @@ class Unit:
     fingerprint: dict[str, Any]
     done: dict[str, Any] | None = None  # the record of a finished unit this run keeps
     stale: dict[str, Any] | None = None  # a record (or publish marker) to remove first
+    members: list[tuple[str, str]] | None = None  # a chunk of image files: (url, id) each
 
 
 @dataclass

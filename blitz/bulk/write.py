@@ -94,13 +94,19 @@ class UnitWriter:
         ids = [s if k == 2 else i for s, i, k in zip(
             bad.column("_id_str").to_pylist(), bad.column("_id_int").to_pylist(),
             bad.column("_id_kind").to_pylist(), strict=True)]
-        for ident, row, line, reason in zip(ids, bad.column("_row").to_pylist(),
-                                            bad.column("_line").to_pylist(),
-                                            bad.column("_refused").to_pylist(), strict=True):
+        sources = (bad.column("_source").to_pylist() if "_source" in bad.column_names
+                   else [""] * bad.num_rows)  # an image row: its image's path or URI
+        for ident, row, line, reason, source in zip(
+                ids, bad.column("_row").to_pylist(), bad.column("_line").to_pylist(),
+                bad.column("_refused").to_pylist(), sources, strict=True):
             entry = {"id": ident, "reason": reason, "file": self.unit.url,
                      "row": row if row >= 0 else None}
             if line >= 0:
                 entry["line"] = line
+            if source:  # a chunk's row is its image file; a table's row names one
+                entry["file" if self.unit.members is not None else "image"] = source
+                if self.unit.members is not None:
+                    entry["row"] = None  # its place in a chunk means nothing to a reader
             self.errors.write(json.dumps(entry).encode() + b"\n")
         self.refused += bad.num_rows
 

@@ -14,6 +14,14 @@ class BulkSettings(BaseModel):
 
     model: str | None = Field(None, description="model id; default: the registry's default")
     text_column: str = Field("text", description="column holding the texts")
+    image_column: str | None = Field(
+        None, description="with a dual-encoder model: the column of CSV, Parquet or JSONL "
+        "inputs holding image paths or URIs (relative ones resolve against the table's "
+        "folder); the images are embedded instead of texts")
+    images_per_unit: int = Field(
+        1000, ge=1, description="image files per unit, on average, when INPUT is a folder or "
+        "glob of images: a unit ends before each file whose path hashes to a boundary, so "
+        "an added or changed image changes one unit")
     id_column: str = Field("id", description="column copied to the output as the row's id; "
                            "when the input has no such column, the row's position in its file")
     dtype: Literal["float32", "float16", "int8", "uint8", "binary", "ubinary"] = Field(

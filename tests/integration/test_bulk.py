@@ -319,3 +319,68 @@ def test_a_long_csv_cell_costs_no_other_row_and_linked_folders_are_read(
     assert read_unit(out, "link__linked.csv").column("id").to_pylist() == [1, 2]
     [refused] = errors(out)
     assert (refused["reason"], refused["line"]) == (f"row longer than {4 << 20} bytes", 9)
+
+
+def test_blitz_embed_images_a_folder_and_a_table_refusing_bad_images_and_resuming(
+        serve_instance, tmp_path, capsys, monkeypatch):
+    """A tiny CLIP through the real command: a folder of images (nested, some broken) in
+    units of about two images, vectors equal to ``DualEncoder.embed_image_bytes``, each bad
+    image one refused row; a rerun skips every unit; a CSV of image paths
+    (``--image-column``) names its images relative to itself."""
+    from PIL import Image
+
+    from blitz.images.dual_encoder import DualEncoder
+    from tests.tiny_vision import build_tiny_dual_encoder
+
+    clip = build_tiny_dual_encoder(tmp_path / "clip", "clip", seed=3)
+    write_config(tmp_path / "serve_config.yaml", BlitzSettings(
+        models=[{"id": "tiny-clip", "source": str(clip), "kind": "dual-encoder"}],
+        cache_dir=str(tmp_path / "cache")))
+    monkeypatch.chdir(tmp_path)
+    photos = tmp_path / "photos"
+    (photos / "cats").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    good: dict[str, bytes] = {}
+    for i, name in enumerate(["a.png", "b.jpg", "cats/c.png", "cats/d.webp", "e.bmp"]):
+        out = io.BytesIO()
+        Image.fromarray(rng.integers(0, 255, (32 + i, 32, 3), dtype=np.uint8)).save(
+            out, format={"png": "PNG", "jpg": "JPEG", "webp": "WEBP", "bmp": "BMP"}[
+                name.rsplit(".", 1)[1]])
+        good[name] = out.getvalue()
+        (photos / name).write_bytes(good[name])
+    (photos / "cats" / "truncated.png").write_bytes(good["a.png"][:70])
+    (photos / "text.jpg").write_bytes(b"not an image at all")
+    (photos / "cats" / "caption.txt").write_text("a caption beside the images\n")
+    argv = ["embed", str(photos), str(tmp_path / "out"), "--model", "tiny-clip",
+            "--images-per-unit", "2", "--actors", "1", "--device", "cpu", "--no-progress"]
+    assert blitz_main(argv) == 3  # done, with refused rows
+    assert "wrote 5 rows, refused 2 rows" in capsys.readouterr().out
+    out = tmp_path / "out"
+    units = sorted(p for p in out.glob("images-*") if (p / "part-00000.parquet").exists())
+    table = pa.concat_tables([pq.read_table(u / "part-00000.parquet") for u in units])
+    assert sorted(table.column("id").to_pylist()) == sorted(good)
+    assert table.schema.metadata[b"blitz.model"] == b"tiny-clip"
+    names = table.column("id").to_pylist()
+    want = DualEncoder("tiny-clip", clip).embed_image_bytes([good[n] for n in names],
+                                                           normalize=True).values
+    np.testing.assert_allclose(vectors(table), want, atol=1e-5)
+    assert sorted((e["id"], e["file"]) for e in errors(out)) == [
+        ("cats/truncated.png", str(photos / "cats" / "truncated.png")),
+        ("text.jpg", str(photos / "text.jpg"))]
+
+    assert blitz_main(argv) == 3  # a rerun: every unit done, nothing embedded again
+    printed = capsys.readouterr().out
+    assert "wrote 0 rows, refused 0 rows" in printed and "5 rows in" in printed
+
+    (tmp_path / "meta.csv").write_text("id,file\n1,photos/a.png\n2,photos/missing.png\n"
+                                       "3,photos/cats/c.png\n")
+    assert blitz_main(["embed", str(tmp_path / "meta.csv"), str(tmp_path / "out2"),
+                       "--model", "tiny-clip", "--image-column", "file", "--actors", "1",
+                       "--device", "cpu", "--no-progress"]) == 3
+    table = read_unit(tmp_path / "out2", "meta.csv")
+    assert table.column("id").to_pylist() == [1, 3]
+    np.testing.assert_allclose(vectors(table), want[[names.index("a.png"),
+                                                      names.index("cats/c.png")]], atol=1e-5)
+    [missing] = errors(tmp_path / "out2")
+    assert (missing["id"], missing["reason"]) == (2, "no such image file")
+    assert missing["image"] == str(photos / "missing.png")
