@@ -62,13 +62,13 @@ def test_openai_and_infinity_clients_send_images(blitz_app, expected):
 
     image_rows = expected[1]
     urls = [data_url(f) for f in files()]
-    openai = OpenAI(base_url=blitz_app + "/v1", api_key="-", max_retries=0)
-    got = openai.embeddings.create(input=urls, model="tiny-clip",
-                                   extra_body={"modality": "image"})
+    with OpenAI(base_url=blitz_app + "/v1", api_key="-", max_retries=0) as openai:
+        got = openai.embeddings.create(input=urls, model="tiny-clip",
+                                       extra_body={"modality": "image"})
     np.testing.assert_allclose([d.embedding for d in got.data], image_rows, atol=1e-5)
-    client = Client(base_url=blitz_app, timeout=120)
-    reply = embeddings_image.sync(client=client,
-                                  body=ImageEmbeddingInput(input_=urls, model="tiny-clip"))
+    with Client(base_url=blitz_app, timeout=120) as client:
+        reply = embeddings_image.sync(client=client,
+                                      body=ImageEmbeddingInput(input_=urls, model="tiny-clip"))
     np.testing.assert_allclose([d.embedding for d in reply.data], image_rows, atol=1e-5)
 
 

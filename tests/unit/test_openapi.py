@@ -16,10 +16,13 @@ from blitz.settings.config import BlitzSettings
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_hybrid import build_tiny_hybrid
 from tests.tiny_models import build_tiny_classifier, build_tiny_splade, minilm_dir
+from tests.tiny_vision import build_tiny_dual_encoder
 
 MSGPACK = "application/msgpack"
 TEXTS = ["a small text", "another, longer text"]
 RERANK = {"query": "a question", "documents": TEXTS, "model": "ce"}
+PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGP"
+       "kEpFjYGBgYmBgYGBgAAAC5gBAXKUgWwAAAABJRU5ErkJggg==")  # 2 x 2 RGB
 # one real body per POST route, as a client sends it
 EXAMPLES: dict[str, dict] = {
     "/embed": {"texts": TEXTS, "normalize": True},
@@ -41,6 +44,7 @@ EXAMPLES: dict[str, dict] = {
     "/tokenize": {"inputs": TEXTS, "model": "minilm"},
     "/decode": {"ids": [[101, 7592, 102]], "model": "minilm"},
 }
+EXAMPLES["/embeddings_image"] = {"input": [PNG], "model": "clip"}
 TEI_EXAMPLES = {"/embed": {"inputs": TEXTS}, "/rerank": {**RERANK, "texts": TEXTS},
                 "/tokenize": {"texts": TEXTS[0], "model": "minilm"}}
 
@@ -56,7 +60,9 @@ def models(tmp_path_factory) -> list[dict]:
              "kind": "sparse"},
             {"id": "m3", "source": str(build_tiny_hybrid(root / "m3", seed=4)),
              "kind": "hybrid"},
-            {"id": "minilm", "source": str(minilm_dir()), "cpu_backend": "torch"}]
+            {"id": "minilm", "source": str(minilm_dir()), "cpu_backend": "torch"},
+            {"id": "clip", "source": str(build_tiny_dual_encoder(root / "clip", "clip")),
+             "kind": "dual-encoder"}]
 
 
 def make_api(models: list[dict], keys: list[str] | None = None) -> HttpApi:
