@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from blitz import codecs
+from tests.error_body import error_body
 from tests.unit.test_dual_encoder import reference
 from tests.unit.test_image_decode import png_declaring
 
@@ -97,7 +98,7 @@ def test_hostile_images_are_refused_and_the_app_goes_on(http, expected):
                                                          "model": "tiny-clip"}),
                           headers={"content-type": "application/msgpack"})
         assert reply.status_code == status, reply.content
-        assert codecs.unpack(reply.content)["error"]["param"] == "images[1]"
+        assert error_body(reply)["param"] == "images[1]"  # errors answer in JSON
     reply = http.post("/embed", json={"images": [data_url(files()[0])], "model": "minilm"})
     assert reply.status_code == 422
     reply = http.post("/embed", json={"images": [data_url(files()[0])], "model": "tiny-clip"})
