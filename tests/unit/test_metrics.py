@@ -34,7 +34,8 @@ class FakeMetric:
 def fake_metrics() -> tuple[BlitzMetrics, list]:
     calls: list = []
     metrics = BlitzMetrics()
-    for name in ("requests", "request_seconds", "texts", "tokens", "unavailable_replies",
+    for name in ("requests", "request_seconds", "texts", "images", "tokens",
+                 "unavailable_replies",
                  "route_decisions", "waiting_texts", "gpu_memory", "batch_texts",
                  "padding_efficiency"):
         setattr(metrics, name, FakeMetric(calls, name))  # shadows the cached_property
@@ -57,6 +58,19 @@ def test_a_served_request_is_counted_timed_and_its_tokens_added():
     assert recorded(metrics, calls) == [
         ("requests", 1, {**tags, "status": "200"}), ("texts", 12, tags), ("tokens", 96, tags),
         ("request_seconds", 0.25, tags)]  # routing decisions: observe_route
+
+
+def test_images_are_counted_apart_from_texts():
+    from blitz.ingress.service import RequestRecord
+
+    metrics, calls = fake_metrics()
+    metrics.observe_request(RequestRecord("/embed", "clip", "gpu", images=5), 200, 0.5)
+    metrics.observe_request(RequestRecord("/rerank", "clip", "cpu", texts=1, images=2,
+                                          tokens=4), 200, 0.1)
+    tags = {"route": "/embed", "model": "clip", "pool": "gpu"}
+    other = {"route": "/rerank", "model": "clip", "pool": "cpu"}
+    got = [c for c in recorded(metrics, calls) if c[0] in ("texts", "images")]
+    assert got == [("images", 5, tags), ("texts", 1, other), ("images", 2, other)]
 
 
 def test_requests_are_summed_per_label_set_and_every_latency_kept():
