@@ -57,3 +57,13 @@ def _end_each_text(target: Path) -> None:
         single="<bos> $A <|endoftext|>", pair="<bos> $A <|endoftext|> $B <|endoftext|>",
         special_tokens=[("<bos>", VOCAB["<bos>"]), ("<|endoftext|>", VOCAB["<|endoftext|>"])])
     tokenizer.save(str(target / "tokenizer.json"))
+
+
+def random_images(seed: int, sizes: list[tuple[int, int]]) -> list:
+    """Noise images of the given (width, height) sizes, the same for the same seed."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
+            for w, h in sizes]

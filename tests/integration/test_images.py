@@ -14,6 +14,7 @@ from PIL import Image
 
 from blitz import codecs
 from tests.error_body import error_body
+from tests.tiny_vision import random_images
 from tests.unit.test_dual_encoder import reference
 from tests.unit.test_image_decode import png_declaring
 
@@ -21,11 +22,10 @@ TEXTS = ["a photo of a cat", "blue sea"]
 
 
 def files() -> list[bytes]:
-    rng = np.random.default_rng(21)
     out = []
-    for w, h in [(32, 32), (48, 30), (20, 60), (40, 40), (33, 17)]:
+    for image in random_images(21, [(32, 32), (48, 30), (20, 60), (40, 40), (33, 17)]):
         buffer = io.BytesIO()
-        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(buffer, "PNG")
+        image.save(buffer, "PNG")
         out.append(buffer.getvalue())
     return out
 

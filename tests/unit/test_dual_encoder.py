@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from blitz.images.dual_encoder import DualEncoder
-from tests.tiny_vision import build_tiny_dual_encoder
+from tests.tiny_vision import build_tiny_dual_encoder, random_images
 
 TEXTS = ["a red cat", "the quick brown fox jumps over the lazy dog", "blue sea",
          "one two three four five six seven eight nine ten"]
@@ -18,10 +18,7 @@ FAMILIES = ["clip", "siglip"]
 
 
 def images() -> list[Image.Image]:
-    rng = np.random.default_rng(3)
-    sizes = [(32, 32), (64, 40), (17, 90), (200, 120)]
-    return [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
-            for w, h in sizes]
+    return random_images(3, [(32, 32), (64, 40), (17, 90), (200, 120)])
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -19,7 +19,7 @@ from blitz.loading import dual_export, opening
 from blitz.loading.accuracy import AccuracyRefused
 from blitz.loading.load import load_encoder
 from blitz.settings.registry import ModelSpec
-from tests.tiny_vision import IMAGE_SIZE, build_tiny_dual_encoder
+from tests.tiny_vision import IMAGE_SIZE, build_tiny_dual_encoder, random_images
 
 pytestmark = pytest.mark.usefixtures("no_home_cache")
 TEXTS = ["a red cat", "the quick brown fox jumps over the lazy dog", "blue sea",
@@ -28,10 +28,7 @@ FAMILIES = ["clip", "siglip"]
 
 
 def images() -> list[Image.Image]:
-    rng = np.random.default_rng(11)
-    sizes = [(IMAGE_SIZE, IMAGE_SIZE), (64, 40), (17, 90), (200, 120)]
-    return [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
-            for w, h in sizes]
+    return random_images(11, [(IMAGE_SIZE, IMAGE_SIZE), (64, 40), (17, 90), (200, 120)])
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

@@ -29,7 +29,7 @@ from blitz.settings.config import BlitzSettings, RoutingSettings
 from blitz.settings.images import ImageSettings
 from tests.error_body import error_body
 from tests.local_dispatcher import LocalDispatcher
-from tests.tiny_vision import build_tiny_dual_encoder
+from tests.tiny_vision import build_tiny_dual_encoder, random_images
 from tests.unit.test_dual_encoder import reference
 from tests.unit.test_image_decode import png_declaring
 
@@ -37,9 +37,7 @@ TEXTS = ["a red cat", "blue sea"]
 
 
 def pictures() -> list[Image.Image]:
-    rng = np.random.default_rng(11)
-    return [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8))
-            for w, h in [(32, 32), (64, 40), (90, 17)]]
+    return random_images(11, [(32, 32), (64, 40), (90, 17)])
 
 
 def encoded(image: Image.Image, fmt: str = "PNG") -> bytes:
