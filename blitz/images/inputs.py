@@ -88,6 +88,11 @@ async def fetch(url: str, limits: ImageSettings, param: str) -> bytes:
             if reply.status_code != 200:
                 raise InvalidValue(f"fetching the image's URL answered "
                                    f"{reply.status_code}, not 200", param=param)
+            declared = reply.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > limits.max_bytes:  # before reading
+                raise PayloadTooLarge(f"the image at the URL declares {int(declared):,} "
+                                      f"bytes; images.max_bytes is {limits.max_bytes:,}",
+                                      param=param)
             async for chunk in reply.aiter_bytes():
                 held += len(chunk)
                 if held > limits.max_bytes:
