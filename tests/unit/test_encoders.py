@@ -335,10 +335,11 @@ def test_every_kind_and_cpu_backend_has_one_opener():
 
     from blitz.settings.registry import CpuBackend, Kind
 
-    # auto opens the others (blitz.loading.auto); sparse, hybrid and dual-encoder models run
-    # on torch alone, LLM rerankers on torch and torch-bf16
+    # auto opens the others (blitz.loading.auto); sparse and hybrid models run on torch
+    # alone, dual encoders on torch and ONNX (both towers), LLM rerankers on torch and bf16
     only = {"sparse": ("torch", "fake"), "hybrid": ("torch", "fake"),
-            "dual-encoder": ("torch", "fake"), "llm-reranker": ("torch", "torch-bf16", "fake")}
+            "dual-encoder": ("torch", "onnx", "onnx-int8", "fake"),
+            "llm-reranker": ("torch", "torch-bf16", "fake")}
     assert set(OPENERS) == {(kind, backend) for kind in get_args(Kind)
                             for backend in (*get_args(CpuBackend), "fake") if backend != "auto"
                             if backend in only.get(kind, (backend,))}

@@ -126,8 +126,11 @@ async def test_infinity_embeddings_and_models(client):
     r = await client.post("/embeddings", json={"input": TEXTS, "model": "fake"})
     data = r.json()["data"]
     assert np.allclose([d["embedding"] for d in data], await native(client, TEXTS), atol=1e-6)
-    r = await client.post("/embeddings", json={"input": TEXTS, "modality": "image"})
+    r = await client.post("/embeddings", json={"input": TEXTS, "modality": "audio"})
     assert r.status_code == 422 and "modality" in r.json()["error"]["message"]
+    r = await client.post("/embeddings", json={"input": TEXTS, "modality": "image"})
+    assert r.status_code == 422 and "dual-encoder" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "model"  # images need a CLIP-like model
     models = (await client.get("/models")).json()["data"]
     assert models[0]["id"] == "fake" and models[0]["object"] == "model"
     assert models[0]["capabilities"] == ["embed"] and models[0]["stats"] == {}
