@@ -89,7 +89,7 @@ class ImageService:
         spec = service.spec(model)
         record.model = spec.id
         if spec.kind not in IMAGE_KINDS:
-            raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; images need a model of "
+            raise InvalidValue(f"model {spec.id!r} is of kind {spec.kind}; images need a model of "
                                "kind dual-encoder (CLIP, SigLIP)", param="model")
         service._check_dimensions(spec, dimensions)
         data = await image_bytes(images, self.limits)
