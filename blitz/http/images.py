@@ -88,7 +88,7 @@ def asks_images(route: str, payload: Payload) -> bool:
     if route == "similarity":
         inputs = payload.get("inputs")
         return isinstance(inputs, dict) and "images" in inputs
-    return route == "embeddings_image"
+    return False  # /embeddings_image is served here whatever its body says
 
 
 class ImageRoutes:
@@ -122,8 +122,6 @@ class ImageRoutes:
             record=record_of(request.scope))
         return JSONBytesResponse(reply_bodies.openai_embeddings_reply(result,
                                                                       req.encoding_format))
-
-    embeddings_image = openai_embeddings  # Infinity's client's ``embeddings_image``
 
     async def rerank(self, request: Request, payload: Payload) -> Response:
         fmt = self.api._reply(request)[0]  # before work

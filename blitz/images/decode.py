@@ -108,6 +108,8 @@ def decode(data: bytes, limits: ImageLimits, param: str = "images") -> Any:
 async def decode_async(data: bytes, limits: ImageLimits, param: str = "images") -> Any:
     """``decode`` in a thread, within ``decode_timeout_s``."""
     work = asyncio.ensure_future(asyncio.to_thread(decode, data, limits, param))
+    # past the deadline the thread finishes alone: its refusal, if any, is read and dropped
+    work.add_done_callback(lambda done: done.cancelled() or done.exception())
     try:
         return await asyncio.wait_for(asyncio.shield(work), limits.decode_timeout_s)
     except TimeoutError:
