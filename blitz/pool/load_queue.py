@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
@@ -49,6 +49,19 @@ def in_own_thread(fn: Callable[[], R], name: str) -> asyncio.Future[R]:
         return asyncio.get_running_loop().run_in_executor(executor, fn)
     finally:
         executor.shutdown(wait=False)  # the thread exits once ``fn`` returns
+
+
+def one_at_a_time(fn: Callable[[str], Awaitable[R]]) -> Callable[[str], Awaitable[R]]:
+    """``fn`` with its calls one after another, as Serve's multiplexed LRU holds its lock
+    across a load: the shared load above hands one result to every caller waiting on it,
+    so concurrent callers of a loader that wraps it would share what each thinks its own."""
+    lock = asyncio.Lock()
+
+    async def call(key: str) -> R:
+        async with lock:
+            return await fn(key)
+
+    return call
 
 
 class _Load:

@@ -41,7 +41,7 @@ from blitz.loading.load import load_encoder, resolve_device
 from blitz.pool.batching import Batcher
 from blitz.pool.holder import ModelFreed, ModelHolder
 from blitz.pool.image_prep import with_prepared
-from blitz.pool.load_queue import LoadQueue
+from blitz.pool.load_queue import LoadQueue, one_at_a_time
 from blitz.pool.memory_budget import (
     Footprint,
     ModelShape,
@@ -119,8 +119,9 @@ class PoolReplica:
         # torch itself is imported only if a model needs it (blitz.runtime.model_threads)
         model_threads.configure(self.pool_settings.torch_threads)
         self.failures = LoadFailures(self.pool_settings.load_failure_ttl_s)
-        # the loader work goes through: Serve's multiplexed LRU in a replica, else no cache
-        self.cached_load: Callable[[str], Awaitable[ModelHolder]] = self.load
+        # the loader: Serve's multiplexed LRU in a replica (its lock serializes loads), else
+        # no cache: each caller its own load, one at a time (never two holders of one encoder)
+        self.cached_load: Callable[[str], Awaitable[ModelHolder]] = one_at_a_time(self.load)
         # reads the model table now (blitz.admin), when a job names an id not served here
         self.refresh: Callable[[], Awaitable[None]] | None = None
         self.batchers: dict[str, Batcher] = {}  # one queue per model
@@ -140,7 +141,8 @@ class PoolReplica:
         ``evict`` evicts the least recently used of the ``cached()`` ids in front (Serve's
         LRU). A caller that gives up leaves the load running for the next caller of the
         id; a failure comes through ``_load_failed`` (the queue's ``on_failure``), so it
-        is remembered and counted once per load."""
+        is remembered and counted once per load. Calls are serialized in front (the cache's
+        lock): callers sharing one load would each wrap its encoder in a holder."""
         spec = self.registry.get(model_id)  # only registered ids ever load
         started = time.perf_counter()
         timeout = self.pool_settings.load_timeout_s

@@ -5,6 +5,8 @@ it names its problem while its workers are all stuck."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import threading
 
 import numpy as np
@@ -52,6 +54,19 @@ async def test_jobs_for_a_known_model_run_and_are_counted_and_reported(pool, hea
     stats = pool.stats()
     assert stats["texts_run"] == {"known": 4} and stats["batches_run"]["known"] >= 1
     assert stats["waiting_texts"] == {"known": 0} and stats["stuck_workers"] == 0
+
+
+async def test_callers_loading_at_once_without_a_cache_never_share_an_encoder(pool):
+    """Outside Serve (no LRU, no lock in front), two callers of one load would each wrap
+    its encoder: the first holder dropped would free the model under the second's batch."""
+    first, second = await asyncio.gather(pool.holder("known"), pool.holder("known"))
+    assert first is not second
+    with first.lease() as a, second.lease() as b:
+        assert a is not b
+    del first
+    gc.collect()
+    with second.lease() as encoder:  # still whole
+        assert encoder.embed(["x"], normalize=True).values.shape == (1, 8)
 
 
 async def test_a_problem_is_named_while_every_worker_is_stuck(pool):
