@@ -198,6 +198,10 @@ class Unit:
 @dataclass
 class Plan:
     units: list[Unit] = field(default_factory=list)
+    # chunks of images that a rerun over the image folder no longer makes (the image a
+    # chunk started at was removed: its other images joined the chunk before it), with
+    # their records; --force removes them (``remove_orphans``), else the run is refused
+    orphans: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     @property
     def pending(self) -> list[Unit]:
@@ -254,12 +258,45 @@ def plan_units(fs: Any, out_path: str, units: list[Unit], job: dict[str, Any],
         elif fs.exists(f"{unit.directory}/{DONE}") or fs.ls(unit.directory, detail=False):
             refusals.append(f"{unit.directory} holds files blitz embed did not record; "
                             "remove them or choose another OUTPUT")
+    orphans = orphan_chunks(fs, out_path, units)
+    if orphans and not force:
+        refusals.append(", ".join(d for d, _ in orphans) + " hold images that no chunk of "
+                        "this run holds (the image each started at was removed, or all of "
+                        "its images), so their ids would be in OUTPUT twice or stale; "
+                        "--force removes them")
     if refusals:
         hint = ("" if force else "; rerun with --force to redo these units with this "
                 "run's options, or choose another OUTPUT")
         raise InvalidValue("refusing to mix outputs: " + " | ".join(refusals) + hint,
                            param="output")
-    return Plan(units)
+    return Plan(units, orphans)
+
+
+def orphan_chunks(fs: Any, out_path: str, units: list[Unit]) -> list[tuple[str, dict[str, Any]]]:
+    """When this run embeds a folder of images: the chunks of images in OUTPUT (ours, by
+    their record) that it does not make. An OUTPUT holds one folder's images: chunks are
+    named by the path below the folder (``blitz.bulk.images.chunk_name``)."""
+    if not any(u.kind == "images" for u in units):
+        return []
+    planned = {posixpath.basename(u.directory) for u in units}
+    found = []
+    for directory in sorted(fs.ls(out_path, detail=False)):
+        name = posixpath.basename(directory.rstrip("/"))
+        if not name.startswith("images-") or name in planned:
+            continue
+        record = (read_record(fs, f"{out_path}/{name}/{PUBLISHING}")
+                  or read_record(fs, f"{out_path}/{name}/{DONE}"))
+        if record is not None and "images" in record.get("input", {}):
+            found.append((f"{out_path}/{name}", record))
+    return found
+
+
+def remove_orphans(fs: Any, plan: Plan) -> None:
+    """Empty each orphaned chunk by its record (``remove_recorded``), then its folder."""
+    for directory, record in plan.orphans:
+        remove_recorded(fs, directory, record)
+        if is_local(fs) and not fs.ls(directory, detail=False):
+            fs.rmdir(directory)  # an object store's prefix is gone with its last file
 
 
 def remove_recorded(fs: Any, directory: str, record: dict[str, Any]) -> None:

@@ -264,6 +264,7 @@ def run_job(fs, root: Path, out: Path, encoder: BatchEncoder, per_unit: int,
     job = {"model": "clip", "images": True, "images_per_unit": per_unit}
     bulk_units.claim_output(fs, str(out))
     plan = bulk_units.plan_units(fs, str(out), units, job, force)
+    bulk_units.remove_orphans(fs, plan)
     attempt = bulk_units.new_attempt(fs, str(out))
     for unit in plan.pending:
         writer = UnitWriter(fs, f"{attempt}/{Path(unit.directory).name}", unit, "id",
@@ -308,3 +309,29 @@ def test_units_are_published_whole_skipped_on_a_rerun_and_a_changed_image_is_see
     assert len(redone) == 1 and len(kept) == len(written) - 1
     redone_ids = pq.read_table(Path(redone[0]) / bulk_units.PART).column("id").to_pylist()
     assert "p4.png" in redone_ids
+
+
+def test_a_removed_image_a_chunk_started_at_leaves_no_id_twice(tmp_path, fs, encoder):
+    """Its other images join the chunk before it: that chunk changed, and the old one is
+    an orphan that --force removes (its ids would be in OUTPUT twice)."""
+    root, out = tmp_path / "photos", tmp_path / "out"
+    root.mkdir()
+    for i in range(16):
+        (root / f"p{i:02d}.png").write_bytes(picture(i))
+    written, _ = run_job(fs, root, out, encoder, per_unit=3)
+    base, files = list_inputs(fs, str(root), image_files=True)
+    chunks = [members for start, members in chunk_images(base, files, 3) if start]
+    assert len(written) >= 3 and chunks  # chunks past the first start at a boundary
+    removed = max(chunks, key=len)[0]  # one with other images in it, where there is one
+    orphan = next(d for d in written if Path(removed).name in Path(d).name)
+    os.remove(removed)
+    with pytest.raises(InvalidValue, match=f"{orphan} hold images that no chunk"):
+        run_job(fs, root, out, encoder, per_unit=3)
+    assert (Path(orphan) / bulk_units.PART).exists()  # refused: nothing touched
+    redone, _ = run_job(fs, root, out, encoder, per_unit=3, force=True)
+    assert len(redone) == (max(map(len, chunks)) > 1) and not Path(orphan).exists()
+    table = pq.read_table([str(p) for p in sorted(out.glob(f"*/{bulk_units.PART}"))])
+    got = table.column("id").to_pylist()
+    assert sorted(got) == sorted(f"p{i:02d}.png" for i in range(16)
+                                 if f"p{i:02d}.png" != Path(removed).name)
+    assert run_job(fs, root, out, encoder, per_unit=3)[0] == []  # and then all done
