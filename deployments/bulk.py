@@ -157,8 +157,8 @@ def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = N
     bulk_units.claim_output(out_fs, out_path)  # refused, untouched, when it is not ours
     with bulk_units.output_lock(out_fs, out_path):
         plan = bulk_units.plan_units(out_fs, out_path, units, job, options.force)
-        bulk_units.remove_orphans(out_fs, plan)  # --force: chunks no image starts now
         _check_columns(in_fs, plan.pending, options, images)
+        bulk_units.remove_orphans(out_fs, plan)  # --force: chunks no image starts now
         for unit in plan.units:
             if unit.done is not None:
                 report.skipped.append(unit.file)
