@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -57,10 +57,13 @@ def priority_level(value: object, param: str = "priority") -> int:
 
 @dataclass(frozen=True)
 class _Job:
-    """What every job carries besides its inputs: its request's priority level. A job
-    pickled by a version without it reads the class's default, normal."""
+    """What every job carries besides its inputs: its request's priority level, and its
+    cost in queue units where that is not its length (a chunked job's windows, counted on
+    the ingress: ``blitz.ingress.limits``). A job pickled by a version without them reads
+    the class's defaults: normal, its length."""
 
     priority: int = dataclasses.field(default=NORMAL, kw_only=True)
+    units: int = dataclasses.field(default=0, kw_only=True)  # 0: len(job)
 
 
 J = TypeVar("J", bound=_Job)
@@ -69,6 +72,12 @@ J = TypeVar("J", bound=_Job)
 def with_priority(job: J, level: int) -> J:
     """``job`` at priority ``level`` (the ingress's queue hands the pool a job it aged)."""
     return job if job.priority == level else dataclasses.replace(job, priority=level)
+
+
+def units_of(job: Any) -> int:
+    """A job's cost in queue and batch units (``Batcher``'s ``size``): a chunked job's
+    windows, else its texts (images, documents, inputs)."""
+    return getattr(job, "units", 0) or len(job)
 
 
 def priority_of(job: object) -> int:

@@ -23,7 +23,7 @@ from blitz import timing
 from blitz.encoders.base import Encoded
 from blitz.errors import Overloaded, Unavailable
 from blitz.grpc_api.servicer import TeiServicer
-from blitz.hop_messages import priority_of, with_priority
+from blitz.hop_messages import priority_of, units_of, with_priority
 from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
 from blitz.ingress.images import ImageService
@@ -186,6 +186,7 @@ class ServeDispatcher:
                 timeout_s=self.settings.ingress.pool_timeout_s,
                 name=f"{pool} pool queue for {model_id!r}",
                 priority=priority_of, promote=with_priority, aging_s=settings.priority_aging_s,
+                size=units_of,
                 on_reject=lambda: metrics.rejected.inc(tags={"hop": "ingress"}),
                 on_waiting=metrics.waiting("ingress", pool, model_id),
                 on_waited=metrics.waited("ingress", pool))

@@ -114,7 +114,10 @@ class BiEncoder(Encoder):
         ``offsets`` each window's [start, end) characters in its text."""
         before, after = self._affix_lengths()
         room = self.max_seq_length - before - after
-        step = max(room - self.chunk_overlap, 1)
+        if self.chunk_overlap >= room:  # one window per token: the spec's to fix
+            raise InvalidValue(f"model {self.model_id!r}: chunk_overlap {self.chunk_overlap} "
+                               f"is not less than a window's {room} tokens", param="model")
+        step = room - self.chunk_overlap
         windows: list[list[int]] = []
         spans: list[int] = []
         bounds: list[tuple[int, int]] = []

@@ -30,8 +30,8 @@ from blitz.hop_messages import (
     TokenEmbedJob,
     Usage,
 )
-from blitz.ingress.limits import check_count, check_texts
-from blitz.ingress.long_inputs import check_long_inputs
+from blitz.ingress.limits import check_count, check_texts, over
+from blitz.ingress.long_inputs import check_long_inputs, chunked
 from blitz.ingress.tokenizing import TokenService, count_tokens, off_loop
 from blitz.loading.fetch import read_facts
 from blitz.settings.registry import ModelSpec, apply_prompt
@@ -102,7 +102,8 @@ class OutputService:
         ingress, stopping past the limit. A model whose files are not on this machine (or
         a fake one) is counted from the pool's reply instead."""
         limit = self.service.settings.limits.max_token_vectors_per_request
-        if spec.kind != "embedding" or spec.is_fake or not spec.location().is_local:
+        if spec.kind not in ("embedding", "hybrid") or spec.is_fake or (
+                not spec.location().is_local):
             return
         if spec.id not in self._longest:
             longest = read_facts(spec).get("max_input_length")
@@ -127,10 +128,16 @@ class OutputService:
             check_long_inputs(long_inputs)
             items = self._texts(texts, model, prompt_name)
             record.texts = len(items)
+            limits = self.service.settings.limits
+
+            async def cost(spec: ModelSpec, items: list[str]) -> list[int] | None:
+                return (await self.service.windows.units(spec, items, limits)
+                        if chunked(spec, long_inputs, False) else None)
+
             spec, pool, parts = await self.service.run(
                 record, model, lambda _: items,
                 lambda _, chunk: SparseEmbedJob(chunk, truncate, long_inputs),
-                kind=("sparse", "hybrid"),
+                kind=("sparse", "hybrid"), cost=cost,
                 other_kind="/embed_sparse takes a model of kind sparse or hybrid")
             vectors: list[SparseVector] = []
             for part in parts:
@@ -149,6 +156,8 @@ class OutputService:
         with self.service.recorded(record, "handle.embed_hybrid") as record:
             record.model = model or ""
             items = self._texts(texts, model, prompt_name)
+            if "colbert" in outputs:  # one vector per token: counted before any model work
+                await self._check_vectors(self.service.spec(model), items)
             record.texts = len(items)
             spec, pool, parts = await self.service.run(
                 record, model, lambda _: items,
@@ -168,6 +177,9 @@ class OutputService:
                         found[name] += [SparseVector(i, v) for i, v in zip(
                             np.split(out.indices, ends), np.split(out.values, ends),
                             strict=True)]
+            limit = self.service.settings.limits.max_token_vectors_per_request
+            if "colbert" in outputs and record.tokens > limit:  # not countable before
+                raise too_many_vectors(record.tokens, limit)
             return HybridResult(found.get("dense"), found.get("sparse"), found.get("colbert"),
                                 None, spec.id, Usage.of(record.tokens), pool)
 
@@ -218,9 +230,8 @@ class OutputService:
 
 
 def too_many_vectors(count: int, limit: int, counted_all: bool = True) -> PayloadTooLarge:
-    return PayloadTooLarge(f"the texts give {'' if counted_all else 'at least '}{count} token "
-                           f"vectors; the limit max_token_vectors_per_request is {limit}",
-                           param="texts")
+    return over("max_token_vectors_per_request", f"the texts give "
+                f"{'' if counted_all else 'at least '}{count} token vectors", limit, "texts")
 
 
 def probabilities(logits: np.ndarray) -> np.ndarray:

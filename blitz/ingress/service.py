@@ -39,10 +39,17 @@ from blitz.hop_messages import (
     Usage,
     with_priority,
 )
-from blitz.ingress.limits import check_rerank, check_texts, check_token_ids
-from blitz.ingress.long_inputs import check_long_inputs, text_chunks
+from blitz.ingress.limits import (
+    check_prompted,
+    check_rerank,
+    check_texts,
+    check_token_ids,
+    weighed,
+)
+from blitz.ingress.long_inputs import WindowCounter, check_long_inputs, chunked, text_chunks
 from blitz.ingress.routing import Route, choose_pool
-from blitz.ingress.vector_cache import CachedEmbedder, Computed, Key, fingerprint
+from blitz.ingress.tokenizers import Tokenizers, model_folder
+from blitz.ingress.vector_cache import CachedEmbedder, joined
 from blitz.loading.fetch import read_dimension
 from blitz.pool.mixed_batch import Job
 from blitz.runtime.tracing import RequestSpan
@@ -115,6 +122,8 @@ Send = Callable[[list[Any]], Awaitable[list[Encoded]]]
 """Sends some of a request's items to its pool, in jobs of the pool's batch limit; their
 parts, one per job."""
 Split = Callable[[list[Any], int], list[list[Any]]]  # items in jobs, given the batch limit
+Cost = Callable[[ModelSpec, list[Any]], Awaitable[list[int] | None]]
+"""Each item's units (a chunked text's windows), counted before any work; None: one each."""
 Through = Callable[[ModelSpec, str, list[Any], Send], Awaitable[list[Encoded]]]
 """Stands between a request's items and its pool (the vector cache): given the spec, the
 pool, the items and ``Send``, parts that answer all of the items."""
@@ -126,14 +135,6 @@ class Ran(NamedTuple):
     spec: ModelSpec
     pool: str
     parts: list[Encoded]  # one per job, in the items' order
-
-
-def joined(parts: list[Encoded]) -> Computed:
-    """The parts' rows and token counts as one array each, and the parts."""
-    if len(parts) == 1:
-        return parts[0].values, parts[0].token_counts, parts
-    return (np.concatenate([p.values for p in parts]),
-            np.concatenate([p.token_counts for p in parts]), parts)
 
 
 class EmbeddingService:
@@ -148,8 +149,11 @@ class EmbeddingService:
         self._dimensions: dict[str, int | None] = {}
         cache_mb = settings.ingress.vector_cache_mb
         self.vectors = CachedEmbedder(int(cache_mb * 2**20)) if cache_mb > 0 else None
-        self._fingerprints: dict[str, str] = {}  # model id -> its spec's (vector cache)
         self.default_failed_at: float | None = None  # when the default model last got a 424
+        # the models' tokenizers on the ingress: /tokenize, and what a request costs
+        self.tokenizers = Tokenizers(lambda model_id: model_folder(self.spec(model_id),
+                                                                   settings.cache_dir))
+        self.windows = WindowCounter(self.tokenizers.checked)
         self.not_ready_logged: str | None = None
 
     # ---- model id --------------------------------------------------------------------
@@ -163,7 +167,10 @@ class EmbeddingService:
     def forget(self, model_id: str) -> None:
         """Drop what is known of ``model_id`` (the admin API changed or removed it)."""
         self._dimensions.pop(model_id, None)
-        self._fingerprints.pop(model_id, None)
+        if self.vectors is not None:
+            self.vectors.forget(model_id)
+        self.tokenizers.forget(model_id)
+        self.windows.forget(model_id)
 
     # ---- metrics ---------------------------------------------------------------------
 
@@ -206,15 +213,16 @@ class EmbeddingService:
                   inputs: Callable[[ModelSpec], list[Any]],
                   make_job: Callable[[ModelSpec, list[Any]], Job], *,
                   kind: str | tuple[str, ...] | None = None, other_kind: str = "",
-                  through: Through | None = None, split: Split | None = None) -> Ran:
+                  through: Through | None = None, split: Split | None = None,
+                  cost: Cost | None = None) -> Ran:
         """The ingress request pipeline, one for every route that runs a model: resolve
-        ``model`` (the default when None) into ``record``; refuse a model not of ``kind``
-        (None: any kind; a tuple: any of those), the error saying ``other_kind`` after the model's kind; take
-        ``inputs(spec)``, the request's items, checked; route them; send them in
-        ``make_job(spec, chunk)`` jobs of the pool's batch limit (images: ``split``'s
-        jobs, routed as images), in parallel (through
-        ``through`` when given), with the record's trace context; gather the parts; fill
-        the record's pool, tokens and timings. The caller sets ``record.texts``."""
+        ``model`` (None: the default) into ``record``; refuse a model not of ``kind`` (one or
+        a tuple; None: any), the error saying ``other_kind``; take ``inputs(spec)``, the
+        request's items, checked, and their ``cost`` (units each, before any work: a chunked
+        text's windows); route them; send them in ``make_job(spec, chunk)`` jobs of the
+        pool's batch limit in units (images: ``split``'s, routed as images), in parallel
+        (through ``through`` when given), traced; fill the record's pool, tokens and timings.
+        The caller sets ``record.texts``."""
         record.model = model or ""  # observed as "other" if it is unknown
         spec = self.spec(model)
         record.model = spec.id
@@ -222,10 +230,14 @@ class EmbeddingService:
             raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; {other_kind}",
                                param="model")
         items = inputs(spec)
-        pool = self.route(spec.kind, len(items), images=split is not None).pool
+        units = await cost(spec, items) if cost is not None else None
+        pool = self.route(spec.kind, sum(units) if units else len(items),
+                          images=split is not None).pool
         size = self.dispatcher.max_batch(pool)
         if record.trace is not None:  # traced: its jobs carry its span's context to the pool
             make_job = record.trace.stamping(make_job)
+        if units is not None:  # jobs of at most ``size`` units, each carrying its units
+            split, make_job = weighed(dict(zip(items, units, strict=True)), make_job)
 
         async def send(some: list[Any]) -> list[Encoded]:
             return await self.gather([self.dispatcher.submit(pool, spec.id, with_priority(
@@ -293,21 +305,26 @@ class EmbeddingService:
                             1 if isinstance(texts, str) else len(texts or ()))
             limits = self.settings.limits
             prefix = 0  # the prompt's characters before each text
+            chunks = False  # whether the texts are cut into windows (counted: ``cost``)
 
             def inputs(spec: ModelSpec) -> list[Any]:
-                nonlocal prefix
-                items: list[Any]
+                nonlocal prefix, chunks
                 check_long_inputs(long_inputs, return_chunks, token_ids=token_ids is not None)
+                self._check_dimensions(spec, dimensions)
                 if token_ids is not None:
                     check_token_ids(token_ids, limits)
-                    items = token_ids
-                else:
-                    given = [texts] if isinstance(texts, str) else list(texts or [])
-                    check_texts(given, limits)
-                    items = apply_prompt(spec, given, prompt_name, instruction)
-                    prefix = len(items[0]) - len(given[0]) if items else 0
-                self._check_dimensions(spec, dimensions)
-                return items
+                    return token_ids
+                given = [texts] if isinstance(texts, str) else list(texts or [])
+                check_texts(given, limits)
+                chunks = chunked(spec, long_inputs, return_chunks)
+                if prompt_name is None and instruction is None:
+                    return given
+                prefix = len(apply_prompt(spec, [""], prompt_name, instruction)[0])
+                check_prompted(given, prefix, limits, instruction=instruction)
+                return apply_prompt(spec, given, prompt_name, instruction)
+
+            async def cost(spec: ModelSpec, items: list[Any]) -> list[int] | None:
+                return await self.windows.units(spec, items, limits) if chunks else None
 
             def job(spec: ModelSpec, chunk: list[Any]) -> EmbedJob:
                 if token_ids is not None:
@@ -317,40 +334,19 @@ class EmbeddingService:
                                 truncate=truncate, truncation_side=truncation_side,
                                 long_inputs=long_inputs, return_chunks=return_chunks)
 
-            cached = (self._cached(record, normalize, truncate, truncation_side or "",
-                                   long_inputs or "")
+            cached = (self.vectors.through(record, lambda spec: _normalized(spec, normalize),
+                                           truncate, truncation_side or "", long_inputs or "")
                       if self.vectors is not None and token_ids is None and not return_chunks
                       else None)
             spec, pool, parts = await self.run(record, model, inputs, job, kind=DENSE_KINDS,
-                                               other_kind="use /rerank for it", through=cached)
+                                               other_kind="use /rerank for it", through=cached,
+                                               cost=cost)
             values = joined(parts)[0]
             self._dimensions[spec.id] = int(values.shape[1])  # known now, if it was not
             normalized = _normalized(spec, normalize)
             values = quantize(truncate_dimensions(values, dimensions, normalized), dtype)
             return EmbedResult(values, spec.id, Usage.of(record.tokens), pool, text_chunks(
                 parts, prefix, dimensions, normalized, dtype) if return_chunks else None)
-
-    def _cached(self, record: RequestRecord, normalize: bool | None,
-                truncate: bool, side: str, long_inputs: str) -> Through:
-        """The vector cache between an embedding request's texts and the pool: its parts
-        are one, the texts' rows in order, timed with the pool's slowest part and the
-        cache's own ``cache``."""
-        vectors = self.vectors
-        assert vectors is not None
-
-        async def through(spec: ModelSpec, pool: str, texts: list[Any],
-                          send: Send) -> list[Encoded]:
-            async def rows(some: list[str]) -> Computed:
-                return joined(await send(some))
-
-            key = Key(self._fingerprints.get(spec.id) or self._fingerprints.setdefault(
-                spec.id, fingerprint(spec)), pool, _normalized(spec, normalize),
-                      truncate, "", record.api_key, side, long_inputs)
-            values, counts, parts, cache_s = await vectors.embed(key, texts, rows, record)
-            return [Encoded(values, counts,
-                            timings={**timing.slowest(parts), "cache": cache_s})]
-
-        return through
 
     def dimension_of(self, spec: ModelSpec) -> int | None:
         """``spec``'s vector size (a sparse model's: its vocabulary), once known: from the
@@ -397,3 +393,4 @@ DENSE_KINDS = ("embedding", "hybrid", "dual-encoder")  # /embed takes (bge-m3: i
 def _normalized(spec: ModelSpec, normalize: bool | None) -> bool:
     """Whether to normalize: as asked, or the model's default."""
     return spec.normalize if normalize is None else normalize
+

@@ -1,11 +1,9 @@
-"""``/tokenize`` and ``/decode``: each model's own tokenizer, on the ingress.
+"""``/tokenize`` and ``/decode``: each model's own tokenizer, on the ingress
+(``blitz.ingress.tokenizers``).
 
 The ingress answers these itself, with no pool call: tokenizing a sentence costs tens of
 microseconds, a hop to a pool replica a few milliseconds (docs/ray-notes.md, "Request
-path cost"). The tokenizer is the model folder's ``tokenizer.json`` on the ``tokenizers``
-library (a folder without one is converted once through transformers' fast tokenizer),
-loaded off the event loop on a model's first request, once per model id (registry ids
-only: their number bounds what is held).
+path cost").
 
 It is the tokenizer the model runs with, untruncated and unpadded: ``/tokenize`` with
 ``add_special_tokens: false`` gives the ids ``/v1/embeddings`` takes as token-id input
@@ -18,17 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from blitz.errors import InvalidValue, LoadProblem, ModelLoadFailed, PayloadTooLarge
+from blitz.errors import InvalidValue, PayloadTooLarge
 from blitz.hop_messages import DecodeResult, Token, TokenizeResult
 from blitz.ingress.limits import check_texts, check_token_ids
-from blitz.loading.fetch import resolve_source
+from blitz.ingress.tokenizers import Tokenizers
 from blitz.settings.registry import ModelSpec, apply_prompt
 
 if TYPE_CHECKING:
@@ -43,67 +39,6 @@ INLINE_VALUES = 32_768
 # texts are tokenized in groups of about this many characters; the token count is checked
 # after each group, so a request over its token limit stops within one group of it
 GROUP_CHARS = 65_536
-
-
-class NoTokenizer(LoadProblem):
-    """The model has no tokenizer to show (a fake model), or its files have none."""
-
-
-def open_tokenizer(folder: Path) -> Any:
-    """``folder``'s fast tokenizer (a ``tokenizers.Tokenizer``), untruncated and unpadded."""
-    from tokenizers import Tokenizer
-
-    path = folder / "tokenizer.json"
-    if path.is_file():
-        tokenizer = Tokenizer.from_file(str(path))
-    else:  # a slow tokenizer's files: transformers converts them once
-        try:
-            from transformers import AutoTokenizer
-
-            converted = AutoTokenizer.from_pretrained(str(folder), use_fast=True)
-        except Exception as exc:
-            raise NoTokenizer(f"no tokenizer in the model's files ({type(exc).__name__})") \
-                from exc
-        if not getattr(converted, "is_fast", False):
-            raise NoTokenizer("the model's tokenizer has no fast version")
-        tokenizer = converted.backend_tokenizer
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return tokenizer
-
-
-class Tokenizers:
-    """One tokenizer per model id, opened on first use (``open_folder(model_id)`` gives its
-    folder). A failed open is not remembered: the next request tries again."""
-
-    def __init__(self, open_folder: Callable[[str], Path]):
-        self._open_folder = open_folder
-        self._held: dict[str, Any] = {}
-        self._opening: dict[str, asyncio.Future] = {}
-        self._lock = threading.Lock()
-
-    async def get(self, model_id: str) -> Any:
-        held = self._held.get(model_id)
-        if held is not None:
-            return held
-        opening = self._opening.get(model_id)
-        if opening is None:  # the first caller opens it; later ones wait on the same open
-            opening = asyncio.ensure_future(asyncio.to_thread(self._open, model_id))
-            self._opening[model_id] = opening
-            opening.add_done_callback(lambda _: self._opening.pop(model_id, None))
-        # shielded: a caller that leaves does not cancel the open the others wait for
-        return await asyncio.shield(opening)
-
-    def forget(self, model_id: str) -> None:
-        """Open ``model_id``'s tokenizer again on its next use (its spec changed)."""
-        with self._lock:
-            self._held.pop(model_id, None)
-
-    def _open(self, model_id: str) -> Any:
-        with self._lock:
-            if model_id not in self._held:
-                self._held[model_id] = open_tokenizer(self._open_folder(model_id))
-            return self._held[model_id]
 
 
 async def off_loop(work: Callable[[], Any], size: int, inline: int = INLINE_WORK) -> Any:
@@ -218,29 +153,16 @@ def decode(tokenizer: Any, rows: list[list[int]], skip_special_tokens: bool) -> 
 
 class TokenService:
     """``tokenize`` and ``decode`` for HTTP and handle calls: the model id, limits and
-    metrics as ``EmbeddingService`` does them, then the model's tokenizer here."""
+    metrics as ``EmbeddingService`` does them, then the model's tokenizer (the service's:
+    one per model on the ingress) here."""
 
     def __init__(self, service: EmbeddingService, tokenizers: Tokenizers | None = None):
         self.service = service
-        self.tokenizers = tokenizers or Tokenizers(self._folder)
-
-    def _folder(self, model_id: str) -> Path:
-        spec = self.service.spec(model_id)
-        if spec.is_fake:  # the request's to change: a 422, not a load failure
-            raise InvalidValue(f"model {spec.id!r} is a test stand-in and has no tokenizer",
-                               param="model")
-        return resolve_source(spec, self.service.settings.cache_dir)
+        self.tokenizers = tokenizers or service.tokenizers
 
     async def tokenizer(self, spec: ModelSpec) -> Any:
         """``spec``'s tokenizer, opened on first use (a 424 when it cannot be)."""
-        return await self._tokenizer(spec)
-
-    async def _tokenizer(self, spec: ModelSpec) -> Any:
-        try:
-            return await self.tokenizers.get(spec.id)
-        except LoadProblem as exc:
-            raise ModelLoadFailed(f"model {spec.id!r}: its tokenizer could not be opened: "
-                                  f"{exc}", param="model", model=spec.id) from exc
+        return await self.tokenizers.checked(spec)
 
     async def tokenize(self, texts: str | list[str], model: str | None = None, *,
                        add_special_tokens: bool = True, prompt_name: str | None = None,
@@ -256,7 +178,7 @@ class TokenService:
             record.model = spec.id
             check_texts(items, self.service.settings.limits)
             items = apply_prompt(spec, items, prompt_name)
-            tokenizer = await self._tokenizer(spec)
+            tokenizer = await self.tokenizer(spec)
             limit = self.service.settings.limits.max_tokens_per_request
             rows = await off_loop(lambda: tokenize(tokenizer, items, add_special_tokens,
                                                    offsets if return_offsets else None,
@@ -276,7 +198,7 @@ class TokenService:
             spec = self.service.spec(model)
             record.model = spec.id
             check_token_ids(rows, self.service.settings.limits, "ids")
-            tokenizer = await self._tokenizer(spec)
+            tokenizer = await self.tokenizer(spec)
             texts = await off_loop(lambda: decode(tokenizer, rows, skip_special_tokens),
                                    sum(map(len, rows)))
             record.tokens = sum(map(len, rows))

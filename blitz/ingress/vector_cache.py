@@ -32,6 +32,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from blitz import timing
+from blitz.encoders.base import Encoded
 from blitz.errors import InputTooLong
 from blitz.settings.registry import ModelSpec
 
@@ -101,12 +103,49 @@ Computed = tuple[np.ndarray, np.ndarray, list[Any]]
 Compute = Callable[[list[str]], Awaitable[Computed]]
 
 
+def joined(parts: list[Encoded]) -> Computed:
+    """The parts' rows and token counts as one array each, and the parts."""
+    if len(parts) == 1:
+        return parts[0].values, parts[0].token_counts, parts
+    return (np.concatenate([p.values for p in parts]),
+            np.concatenate([p.token_counts for p in parts]), parts)
+
+
 class CachedEmbedder:
     """The service's way through the cache: hits from memory, misses (each distinct text
     once) from ``compute``, the rows put back in request order."""
 
     def __init__(self, max_bytes: int):
         self.cache = VectorCache(max_bytes)
+        self._fingerprints: dict[str, str] = {}  # model id -> its spec's
+
+    def forget(self, model_id: str) -> None:
+        """Key ``model_id``'s texts by its spec anew (the admin API changed it)."""
+        self._fingerprints.pop(model_id, None)
+
+    def through(self, record: Any, normalized: Callable[[ModelSpec], bool], truncate: bool,
+                side: str, long_inputs: str) -> Callable[
+            [ModelSpec, str, list[str], Callable[[list[str]], Awaitable[list[Encoded]]]],
+            Awaitable[list[Encoded]]]:
+        """The cache between an embedding request's texts and its pool
+        (``blitz.ingress.service.Through``), keyed by the model's spec, the pool and the
+        request's options: its parts are one, the texts' rows in order, timed with the
+        pool's slowest part and the cache's own ``cache``."""
+        async def through(spec: ModelSpec, pool: str, texts: list[str],
+                          send: Callable[[list[str]], Awaitable[list[Encoded]]]
+                          ) -> list[Encoded]:
+            async def rows(some: list[str]) -> Computed:
+                return joined(await send(some))
+
+            print_ = (self._fingerprints.get(spec.id)
+                      or self._fingerprints.setdefault(spec.id, fingerprint(spec)))
+            key = Key(print_, pool, normalized(spec), truncate, "", record.api_key, side,
+                      long_inputs)
+            values, counts, parts, cache_s = await self.embed(key, texts, rows, record)
+            return [Encoded(values, counts,
+                            timings={**timing.slowest(parts), "cache": cache_s})]
+
+        return through
 
     async def embed(self, base: Key, texts: list[str], compute: Compute,
                     record: Any) -> tuple[np.ndarray, np.ndarray, list[Any], float]:

@@ -157,7 +157,9 @@ def read_facts(spec: ModelSpec) -> dict[str, object]:
         sbert = _read_json(path / "sentence_bert_config.json")
         config = _read_json(path / "config.json")
         facts["max_input_length"] = (spec.max_seq_length or sbert.get("max_seq_length")
-                                     or config.get("max_position_embeddings"))
+                                     or _shortest(config.get("max_position_embeddings"),
+                                                  _read_json(path / "tokenizer_config.json")
+                                                  .get("model_max_length")))
         if isinstance(config.get("id2label"), dict):
             facts["id2label"] = {str(k): str(v) for k, v in config["id2label"].items()}
         if facts["pooling"] is None:
@@ -170,6 +172,13 @@ def read_facts(spec: ModelSpec) -> dict[str, object]:
     except Exception:  # facts for /info: never worth failing a request over
         pass
     return facts
+
+
+def _shortest(*lengths: object) -> int | None:
+    """The least of the lengths that are sane ints (a tokenizer without a limit says 1e30),
+    as sentence-transformers takes a model's max_seq_length where its config names none."""
+    sane = [n for n in lengths if isinstance(n, int) and 0 < n < 1_000_000]
+    return min(sane) if sane else None
 
 
 def _read_json(path: Path) -> Any:

@@ -34,7 +34,7 @@ from blitz import timing
 from blitz.encoders.base import Encoded, Encoder
 from blitz.encoders.sparse import cap_token_budget
 from blitz.errors import ModelLoadFailed, Overloaded, Unavailable
-from blitz.hop_messages import ImageEmbedJob, priority_of
+from blitz.hop_messages import ImageEmbedJob, priority_of, units_of
 from blitz.loading.failures import LoadFailures, as_load_failure
 from blitz.loading.fetch import preflight_source
 from blitz.loading.load import load_encoder, resolve_device
@@ -305,6 +305,7 @@ class PoolReplica:
                 max_waiting=self.pool_settings.max_queued_texts,
                 max_in_flight=self.pool_settings.worker_count,
                 name=f"{self.pool} pool, model {model_id!r}", priority=priority_of,
+                size=units_of,
                 aging_s=self.pool_settings.priority_aging_s, on_reject=self.events.rejected,
                 on_waiting=self.events.waiting(model_id), on_waited=self.events.waited)
         return batcher

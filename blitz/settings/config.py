@@ -143,6 +143,15 @@ class Limits(_Settings):
         65_536, ge=1, description="token vectors an `/embed_all` request (gRPC `EmbedAll`) "
         "gives, all texts together; past it: 413, counted on the ingress before model work")
     max_top_n: int = Field(1000, ge=1, description="a rerank request's `top_n`")
+    max_instruction_chars: int = Field(
+        2048, ge=1, description="characters in a request's free-form `instruction`; each text "
+        "with its prompt or instruction before it is held to `max_chars_per_text` too")
+    max_windows_per_request: int = Field(
+        2048, ge=1, description="windows a chunked request (`long_inputs: chunk`, "
+        "`return_chunks`, or a model that chunks) is cut into, all texts together (a text "
+        "within the model's length is one); counted on the ingress before model work, past "
+        "it: 413. The default makes the largest chunked request cost what the largest "
+        "truncated one does")
     body_timeout_s: float = Field(30.0, gt=0, description="a request's body must arrive "
                                   "within this long of its headers; past it: 408")
 

@@ -118,7 +118,13 @@ class ModelSpec(BaseModel):
         "windows; /embed_all truncates); usage counts every window's tokens. A request's "
         "long_inputs overrides it")
     chunk_overlap: int = Field(0, ge=0, description="long_inputs chunk: tokens each window "
-                               "shares with the one before it")
+                               "shares with the one before it; less than a window's own "
+                               "tokens (checked here against max_seq_length, and against the "
+                               "model's window once its tokenizer is read)")
+    request_chunking: bool = Field(
+        False, description="bi-encoders: whether a request may ask `long_inputs: chunk` or "
+        "`return_chunks` (each bounded by `limits.max_windows_per_request`); off, only a "
+        "model whose own `long_inputs` is chunk chunks, and a request asking for it is a 422")
     normalize: bool = Field(True, description="default of the request's `normalize`")
     prompts: dict[str, str] = Field(default_factory=dict, description="prompt_name -> prefix")
     instruction_template: str | None = Field(
@@ -198,6 +204,14 @@ class ModelSpec(BaseModel):
             raise ValueError(f"model {self.id!r}: dual-encoder models run on torch, onnx or "
                              f"onnx-int8 (no {self.cpu_backend} yet); set cpu_backend to one "
                              "of them")
+        return self
+
+    @model_validator(mode="after")
+    def _overlap_within_a_window(self) -> ModelSpec:
+        if self.max_seq_length is not None and self.chunk_overlap >= self.max_seq_length:
+            raise ValueError(f"model {self.id!r}: chunk_overlap {self.chunk_overlap} must be "
+                             f"less than a window (max_seq_length {self.max_seq_length}, "
+                             "special tokens included)")
         return self
 
     @field_validator("instruction_template")

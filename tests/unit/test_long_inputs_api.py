@@ -52,6 +52,7 @@ def enc(tiny):
 def settings_of(tiny, **spec) -> BlitzSettings:
     return BlitzSettings.from_args({"models": [
         {"id": "tiny", "source": str(tiny), "cpu_backend": "torch", "chunk_overlap": 3,
+         "request_chunking": True,
          "prompts": {"q": "query: "}, **spec}]})
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from blitz import codecs
 from blitz.http.api import HttpApi
-from blitz.ingress import tokenizing
+from blitz.ingress import tokenizers, tokenizing
 from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
 from tests.error_body import error_body
@@ -144,13 +144,13 @@ async def test_an_id_past_int64_is_a_422_naming_the_id_and_the_range(client, bad
 
 async def test_the_tokenizer_opens_once_for_concurrent_callers(monkeypatch):
     opened = []
-    real = tokenizing.open_tokenizer
+    real = tokenizers.open_tokenizer
 
     def counting(folder):
         opened.append(folder)
         return real(folder)
 
-    monkeypatch.setattr(tokenizing, "open_tokenizer", counting)
+    monkeypatch.setattr(tokenizers, "open_tokenizer", counting)
     api = make_api()
     results = await asyncio.gather(*(api.tokens.tokenize("Hello", model="minilm")
                                      for _ in range(8)))
