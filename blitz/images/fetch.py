@@ -123,9 +123,7 @@ def address_problem(address: str, host: str, limits: ImageSettings) -> str | Non
     """Why ``host`` may not be fetched at ``address`` (one of its DNS answers), or None: a
     loopback, link-local, private, unspecified, multicast or reserved address, unless
     ``url_allow_private`` lists the host or the address, or the host is that address."""
-    ip = ipaddress.ip_address(address.partition("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    ip = _unmapped(ipaddress.ip_address(address.partition("%")[0]))
     kind = _special(ip)
     if kind is None or _listed(ip, host, limits):
         return None
@@ -133,30 +131,41 @@ def address_problem(address: str, host: str, limits: ImageSettings) -> str | Non
             "in images.url_allow_private to fetch from it")
 
 
-def _special(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+IP = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _unmapped(ip: IP) -> IP:
+    """An IPv4-mapped IPv6 address (``::ffff:127.0.0.1``) as the IPv4 one it reaches."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def _special(ip: IP) -> str | None:
     for kind, flag in (("unspecified", ip.is_unspecified), ("loopback", ip.is_loopback),
                        ("link-local", ip.is_link_local), ("multicast", ip.is_multicast),
-                       ("private", ip.is_private), ("reserved", ip.is_reserved),
+                       ("reserved", ip.is_reserved), ("private", ip.is_private),
                        ("non-public", not ip.is_global)):
         if flag:
             return kind
     return None
 
 
-def _listed(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, host: str,
-            limits: ImageSettings) -> bool:
+def _listed(ip: IP, host: str, limits: ImageSettings) -> bool:
     try:
-        if ipaddress.ip_address(host) == ip:  # the allow-list names this address itself
+        if _unmapped(ipaddress.ip_address(host)) == ip:  # the allow-list names it itself
             return True
     except ValueError:
         pass
     for entry in limits.url_allow_private:
         try:
-            if ip in ipaddress.ip_network(entry, strict=False):
-                return True
+            network = ipaddress.ip_network(entry, strict=False)
         except ValueError:
             if entry.lower().rstrip(".") == host.rstrip("."):
                 return True
+            continue
+        if ip in network:  # (a mapped address is listed as its IPv4 address)
+            return True
     return False
 
 
