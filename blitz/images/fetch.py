@@ -294,7 +294,7 @@ class Fetcher:
             raise FetchTimedOut(f"the image's URL did not answer whole within "
                                 f"images.fetch_timeout_s ({limits.fetch_timeout_s:g} s)",
                                 param=param) from None
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise InvalidValue(f"the image's URL could not be fetched: {type(exc).__name__}",
                                param=param) from None
         return b"".join(chunks)
