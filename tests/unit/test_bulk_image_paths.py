@@ -19,7 +19,8 @@ from blitz.cli import _parser
 from blitz.settings.bulk import BulkSettings
 from blitz.settings.images import ImageSettings
 from deployments.cli import add_embed_command
-from tests.unit.test_image_urls import PNG
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 64  # read, never decoded here
 
 
 @pytest.mark.parametrize("path,folder,want", [
