@@ -143,14 +143,17 @@ def embed_dataset(input: str, output: str, *, settings: BlitzSettings | None = N
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
     device = _device(options)
-    job = {"model": spec.id, "source": spec.source, "backend": backend_label(spec, device),
-           "dtype": options.dtype, "dimensions": options.dimensions,
-           "prompt_name": options.prompt_name, "normalize": options.normalize,
-           "text_column": options.text_column, "id_column": options.id_column}
+    job: dict[str, Any] = {
+        "model": spec.id, "source": spec.source, "backend": backend_label(spec, device),
+        "dtype": options.dtype, "dimensions": options.dimensions,
+        "prompt_name": options.prompt_name, "normalize": options.normalize,
+        "text_column": options.text_column, "id_column": options.id_column}
     if images:  # (text jobs' records stay as they were: their units stay done)
         del job["text_column"]
         job.update(images=True, image_column=options.image_column,
                    images_per_unit=options.images_per_unit)
+        if options.allow_urls:  # (absent otherwise: earlier runs' units stay done)
+            job["allow_urls"] = options.allow_urls
     units = build_units(in_fs, base, files, out_path, options.images_per_unit)
     report = BulkReport(files=len(files), errors_path=errors_path)
     started = time.perf_counter()
@@ -288,10 +291,20 @@ def job_payloads(pending: list[bulk_units.Unit], spec: ModelSpec, options: BulkS
                         "batch_rows": options.batch_size,
                         "max_row_bytes": options.max_row_bytes,
                         **({"images": {"image_column": options.image_column,
-                                       "max_image_bytes": limits.max_bytes}}
+                                       "max_image_bytes": limits.max_bytes,
+                                       "url_limits": url_limits(limits, options)}}
                            if images else {})},
         "read_remote_args": {"runtime_env": {"env_vars": where}} if where else {},
         "encoder_args": (spec, options, device, cache_dir, limits)}
+
+
+def url_limits(limits: ImageSettings, options: BulkSettings) -> ImageSettings | None:
+    """The URL checks an image job's tables get: ``--allow-urls`` for the allow-list, the
+    config's ``images:`` for the rest; None (no URL fetched) without ``--allow-urls``."""
+    if not options.allow_urls:
+        return None
+    return ImageSettings.model_validate({**limits.model_dump(),
+                                         "url_allow": options.allow_urls})
 
 
 def _writer(out_fs: Any, attempt: str, unit: bulk_units.Unit, options: BulkSettings,

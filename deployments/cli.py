@@ -51,6 +51,8 @@ def add_embed_command(commands: Any) -> None:
                 "images_per_unit": int}.get(name, str)
         embed.add_argument(flag, type=kind, default=info.default,
                            help=f"{info.description} (default: {info.default})")
+    embed.add_argument("--allow-urls", nargs="+", metavar="PREFIX", default=[],
+                       help=fields["allow_urls"].description)
     embed.set_defaults(run=run_embed)
 
 
@@ -75,6 +77,7 @@ def run_embed(args: argparse.Namespace, out: TextIO) -> int:
         options = BulkSettings.model_validate({
             "model": args.model, "text_column": args.text_column,
             "image_column": args.image_column, "images_per_unit": args.images_per_unit,
+            "allow_urls": args.allow_urls,
             "id_column": args.id_column, "errors": args.errors, "dtype": args.dtype,
             "dimensions": args.dimensions, "prompt_name": args.prompt_name,
             "batch_size": args.batch_size, "actors": args.actors, "device": args.device,

@@ -18,7 +18,11 @@ What an image job reads (a dual-encoder model; ``blitz.bulk.job.list_inputs`` fi
 
 A list or a table is one unit, as a text file is (split a long one to resume at a finer
 grain); its fingerprint is its own, so an image changed behind an unchanged table is not
-seen (``--force`` redoes it). Relative paths resolve against the list's or table's folder.
+seen (``--force`` redoes it). Paths are relative to the list's or table's folder and stay
+below it, on its own store: an absolute path, ``..`` out of the folder, another protocol
+(``file://``, ``s3://`` of another bucket, ...) is a refused row; ``http(s)`` URLs are
+fetched only under ``blitz embed --allow-urls PREFIX...``, with the server's URL checks
+(``blitz.images.fetch``: normalized paths, private addresses refused, timeouts).
 
 Image bytes are read on the reading workers, never more than ``max_bytes`` + 1 of a file;
 a missing, unreadable or oversized file is a refused row, other I/O errors fail the job
@@ -37,7 +41,8 @@ from typing import Any
 import pyarrow as pa
 
 from blitz.bulk.read import ID_POSITION, ID_STR, ROWS, Rows, iter_lines, read_rows
-from blitz.errors import ClientError, InvalidValue
+from blitz.errors import BlitzError, ClientError, InvalidValue
+from blitz.settings.images import ImageSettings
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp")
 LIST_SUFFIXES = (".txt",)
@@ -189,14 +194,49 @@ def read_image_files(members: list[tuple[str, str]], unit: int, *, batch_rows: i
         yield rows.take()
 
 
-def resolve(path: str, folder: str) -> str:
-    """An image path from a list or a table in ``folder`` (a local path or a URI): a URI
-    as it is, an absolute path on the table's store, a relative one below ``folder``."""
-    if "://" in path:
-        return path
+SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")  # file:, s3:, c: ... (and ``::`` chains)
+URL_SCHEMES = ("http://", "https://")
+
+
+def resolve(path: str, folder: str, urls: ImageSettings | None = None
+            ) -> tuple[str, str | None]:
+    """(where an image path from a list or a table in ``folder`` (a local path or a URI) is
+    read, None), or (the path, why it is refused). A relative path that stays below
+    ``folder`` is read on the folder's own store; an absolute path, ``..`` leading out of
+    the folder, another protocol or store are refused; an ``http(s)`` URL only with
+    ``urls`` (``blitz embed --allow-urls``: fetched under ``blitz.images.fetch``'s checks)."""
+    if path.lower().startswith(URL_SCHEMES):
+        if urls is None:
+            return path, ("an image URL is not fetched without --allow-urls PREFIX (image "
+                          "paths are relative to the table's folder)")
+        return path, None
+    if "://" in path or "::" in path or SCHEME.match(path):
+        return path, ("another protocol or store is not read: image paths are relative to "
+                      "the table's folder")
+    if path.startswith(("/", "\\", "~")):
+        return path, "an absolute path is not read: image paths are relative to the table's folder"
     scheme, sep, where = folder.partition("://") if "://" in folder else ("", "", folder)
-    joined = posixpath.normpath(path if path.startswith("/") else posixpath.join(where, path))
-    return f"{scheme}{sep}{joined.lstrip('/')}" if sep else joined
+    base = posixpath.normpath(where) if where else ""
+    joined = posixpath.normpath(posixpath.join(base, path))
+    if (joined == base or not joined.startswith(base.rstrip("/") + "/")) if base else (
+            joined in (".", "..") or joined.startswith("../")):
+        return path, "'..' leads out of the table's folder: image paths stay below it"
+    return (f"{scheme}{sep}{joined.lstrip('/')}" if sep else joined), None
+
+
+def fetch_image(url: str, limits: ImageSettings) -> tuple[bytes | None, str | None]:
+    """(the bytes at ``url``, None), or (None, why it is refused): ``--allow-urls``'s
+    prefixes, the server's checks (``blitz.images.fetch``), ``images.max_bytes`` and
+    ``images.fetch_timeout_s``."""
+    from blitz.images.fetch import fetch_one
+
+    try:
+        data = fetch_one(url, limits)
+    except BlitzError as exc:
+        if not exc.expose:
+            raise
+        return None, exc.message.replace("under images.url_allow", "under --allow-urls")
+    return (data, None) if data else (None, "an empty image file")
 
 
 def read_list_rows(f: Any, unit: int, *, batch_rows: int,
@@ -228,9 +268,11 @@ def read_list_rows(f: Any, unit: int, *, batch_rows: int,
 
 def read_image_table(f: Any, kind: str, unit: int, url: str, *, image_column: str | None,
                      id_column: str, batch_rows: int, max_row_bytes: int,
-                     max_image_bytes: int) -> Iterator[pa.Table]:
+                     max_image_bytes: int, url_limits: ImageSettings | None = None
+                     ) -> Iterator[pa.Table]:
     """The rows of a list (``kind`` "list") or of a table's ``image_column``, each with
-    its image's bytes or refused."""
+    its image's bytes or refused (``resolve``: paths below the table's folder; URLs only
+    under ``url_limits.url_allow``, ``blitz embed --allow-urls``)."""
     if kind == "list":
         tables = read_list_rows(f, unit, batch_rows=batch_rows, max_row_bytes=max_row_bytes)
     else:
@@ -247,8 +289,12 @@ def read_image_table(f: Any, kind: str, unit: int, url: str, *, image_column: st
             if reason is None:
                 if kind_of_id == ID_POSITION:  # no id column: the path is the id
                     kind_of_id, ident = ID_STR, row["_text"]
-                source = resolve(row["_text"], folder)
-                data, reason = read_image(source, max_image_bytes)
+                source, reason = resolve(row["_text"], folder, url_limits)  # refused: as written
+                if reason is None and url_limits is not None and source.lower().startswith(
+                        URL_SCHEMES):
+                    data, reason = fetch_image(source, url_limits)
+                elif reason is None:
+                    data, reason = read_image(source, max_image_bytes)
             else:  # the text reader's words, about an image path
                 reason = re.sub(r"\btext\b", "image path", reason)
             out.add(row["_row"], row["_line"], kind_of_id, ident, source, data, reason)

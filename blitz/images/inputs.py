@@ -4,7 +4,9 @@
 - ``data:image/...;base64,...`` (JSON, Infinity's and OpenAI's way): its payload.
 - plain base64 (JSON): the file, base64-encoded.
 - ``http(s)://...``: fetched only when a prefix of ``images.url_allow`` matches (off by
-  default), redirects not followed, at most ``max_bytes`` read, within ``fetch_timeout_s``.
+  default), at an address checked (``blitz.images.fetch``: normalized paths, private
+  addresses refused unless listed, one client and one budget per replica), redirects not
+  followed, at most ``max_bytes`` read, within ``fetch_timeout_s``.
 
 Each is sized before it is decoded (a base64 string's length says its bytes), then its
 header is checked (``blitz.images.decode.check_header``: format, declared pixels, frames)
@@ -18,17 +20,14 @@ import asyncio
 import base64
 import binascii
 from typing import Any
-from urllib.parse import urlsplit
 
-from blitz.errors import BadRequest, InvalidValue, PayloadTooLarge, echo
+from blitz.errors import InvalidValue, PayloadTooLarge, echo
 from blitz.images.decode import check_header
+from blitz.images.fetch import Fetcher, shared
+from blitz.images.fetch import allowed as allowed  # re-exported: the allow-list's test
 from blitz.settings.images import ImageSettings
 
 DATA_URL = "data:"
-
-
-class FetchTimedOut(BadRequest):
-    status, code = 408, "image_fetch_timeout"
 
 
 def _unbase64(text: str, limits: ImageSettings, param: str) -> bytes:
@@ -51,68 +50,11 @@ def from_data_url(text: str, limits: ImageSettings, param: str) -> bytes:
     return _unbase64(payload, limits, param)
 
 
-def allowed(url: str, limits: ImageSettings) -> bool:
-    """Whether ``url`` is under one of ``images.url_allow``: the same scheme, host and port,
-    and a path under the prefix's (no user part, no tricks with the host's spelling)."""
-    try:
-        got = urlsplit(url)
-        port = got.port
-    except ValueError:
-        return False
-    if "@" in got.netloc or got.scheme not in ("http", "https") or not got.hostname:
-        return False
-    for prefix in limits.url_allow:
-        want = urlsplit(prefix)
-        if (got.scheme, got.hostname, port) == (want.scheme, want.hostname, want.port) and (
-                got.path.startswith(want.path or "/")):
-            return True
-    return False
-
-
-async def fetch(url: str, limits: ImageSettings, param: str) -> bytes:
-    """``url``'s body, at most ``max_bytes``, within ``fetch_timeout_s`` (connect to last
-    byte: the server cannot lift it), redirects not followed."""
-    import httpx
-
-    if not allowed(url, limits):
-        raise InvalidValue("this server does not fetch this URL: "
-                           + ("set images.url_allow to fetch images by URL, or send the "
-                              "image's bytes (base64 or a data URL)" if not limits.url_allow
-                              else "it is not under images.url_allow"), param=param)
-    chunks: list[bytes] = []
-    held = 0
-    try:
-        async with asyncio.timeout(limits.fetch_timeout_s), httpx.AsyncClient(
-                follow_redirects=False, trust_env=False) as client, client.stream(
-                "GET", url) as reply:
-            if reply.status_code != 200:
-                raise InvalidValue(f"fetching the image's URL answered "
-                                   f"{reply.status_code}, not 200", param=param)
-            declared = reply.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > limits.max_bytes:  # before reading
-                raise PayloadTooLarge(f"the image at the URL declares {int(declared):,} "
-                                      f"bytes; images.max_bytes is {limits.max_bytes:,}",
-                                      param=param)
-            async for chunk in reply.aiter_bytes():
-                held += len(chunk)
-                if held > limits.max_bytes:
-                    raise PayloadTooLarge(f"the image at the URL is over images.max_bytes "
-                                          f"({limits.max_bytes:,})", param=param)
-                chunks.append(chunk)
-    except TimeoutError:
-        raise FetchTimedOut(f"the image's URL did not answer whole within "
-                             f"images.fetch_timeout_s ({limits.fetch_timeout_s:g} s)",
-                             param=param) from None
-    except httpx.HTTPError as exc:
-        raise InvalidValue(f"the image's URL could not be fetched: {type(exc).__name__}",
-                           param=param) from None
-    return b"".join(chunks)
-
-
-async def image_bytes(items: list[Any], limits: ImageSettings, field: str = "images"
-                      ) -> list[bytes]:
+async def image_bytes(items: list[Any], limits: ImageSettings, field: str = "images",
+                      fetcher: Fetcher | None = None) -> list[bytes]:
     """Each item's encoded bytes, each header checked; a bad one is refused naming
-    ``field[i]``."""
+    ``field[i]``. URLs are fetched by ``fetcher`` (this process's own by default:
+    ``blitz.images.fetch.shared``)."""
     if not isinstance(items, list) or not items:
         raise InvalidValue(f"{field} must be a non-empty list of images", param=field)
     if len(items) > limits.max_per_request:
@@ -123,10 +65,11 @@ async def image_bytes(items: list[Any], limits: ImageSettings, field: str = "ima
     # base64 and headers off the event loop: a body's worth of images takes milliseconds
     out = await asyncio.to_thread(_checked, items, urls, limits, field)
     if urls:
-        fetched = await asyncio.gather(*(fetch(url, limits, f"{field}[{i}]")
-                                         for i, url in urls.items()))
-        for i, data in zip(urls, fetched, strict=True):
-            check_header(data, limits, f"{field}[{i}]").close()
+        def check(data: bytes, param: str) -> None:  # in a thread, as each arrives
+            check_header(data, limits, param).close()
+
+        fetched = await (fetcher or shared(limits)).fetch_all(urls, field, check)
+        for i, data in fetched.items():
             out[i] = data
     return out
 

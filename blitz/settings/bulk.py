@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from blitz.settings.images import prefix_problem
 
 
 class BulkSettings(BaseModel):
@@ -16,8 +18,14 @@ class BulkSettings(BaseModel):
     text_column: str = Field("text", description="column holding the texts")
     image_column: str | None = Field(
         None, description="with a dual-encoder model: the column of CSV, Parquet or JSONL "
-        "inputs holding image paths or URIs (relative ones resolve against the table's "
-        "folder); the images are embedded instead of texts")
+        "inputs holding image paths, relative to the table's folder and below it (http(s) "
+        "URLs with allow_urls); the images are embedded instead of texts")
+    allow_urls: list[str] = Field(
+        default_factory=list, description="with --image-column or an image list: http(s) "
+        "URL prefixes (scheme://host[:port]/path/) image paths may name, fetched under the "
+        "server's URL checks (normalized path, private addresses refused unless "
+        "images.url_allow_private lists them, images.max_bytes, images.fetch_timeout_s); "
+        "empty: only paths relative to the table's folder, on its own store, are read")
     images_per_unit: int = Field(
         1000, ge=1, description="image files per unit, on average, when INPUT is a folder or "
         "glob of images: a unit ends before each file whose path hashes to a boundary, so "
@@ -45,3 +53,12 @@ class BulkSettings(BaseModel):
     force: bool = Field(False, description="redo units that an earlier run wrote with other "
                         "options or from another version of the input (they are refused "
                         "otherwise)")
+
+    @field_validator("allow_urls")
+    @classmethod
+    def _prefixes(cls, value: list[str]) -> list[str]:
+        for prefix in value:
+            problem = prefix_problem(prefix)
+            if problem:
+                raise ValueError(f"--allow-urls {prefix!r} {problem}")
+        return value

@@ -5,6 +5,8 @@ reads files within them too. Defined once here; ``blitz.images.decode`` applies 
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -36,18 +38,82 @@ class ImageSettings(_Settings):
                                "call: a request's images go in jobs of at most the pool's "
                                "max_batch_size images and this many bytes")
     url_allow: list[str] = Field(
-        default_factory=list, description="URL prefixes (scheme://host[:port]/path) images "
-        "may be fetched from, by `http(s)://` inputs; empty: no URL is fetched (422)")
-    fetch_timeout_s: float = Field(10.0, gt=0, description="one URL's fetch, connect to last "
-                                   "byte, redirects not followed (408 past it)")
+        default_factory=list, description="URL prefixes (scheme://host[:port]/path/) images "
+        "may be fetched from, by `http(s)://` inputs; a prefix's path ends in `/` (or is "
+        "empty: the whole host); a URL matches on its normalized path, and one with `..` "
+        "segments or `%2e`, `%2f`, `%5c` in its path is refused; empty: no URL is fetched (422)")
+    url_allow_private: list[str] = Field(
+        default_factory=list, description="hosts (names as in url_allow) and addresses or "
+        "CIDRs (`10.1.0.0/16`, `::1`) an allowed URL may resolve to although they are "
+        "loopback, link-local, private, unspecified, multicast or reserved; a url_allow "
+        "entry whose host is such an address literal is listed by itself. Otherwise a URL "
+        "whose host resolves to one is refused (422); the fetch connects to the address "
+        "checked")
+    fetch_timeout_s: float = Field(10.0, gt=0, description="one URL's fetch, resolving and "
+                                   "connecting to last byte, redirects not followed (408 "
+                                   "past it)")
+    max_fetches_in_flight: int = Field(
+        16, ge=1, description="URLs one ingress replica fetches at once, all requests "
+        "together (the shared client's connections); a fetch waits for a slot at most "
+        "fetch_timeout_s (503 past it)")
+    max_fetch_bytes_in_flight: int = Field(
+        128 * 2**20, ge=1, description="bytes of fetched images one ingress replica holds "
+        "while a request's URLs are being fetched, all requests together (apart from "
+        "limits.max_buffered_bytes); past it: 503, or 413 when one request's own URLs "
+        "pass it")
 
     @field_validator("url_allow")
     @classmethod
     def _prefixes(cls, value: list[str]) -> list[str]:
         for prefix in value:
-            parts = urlsplit(prefix)
-            if parts.scheme not in ("http", "https") or not parts.hostname or (
-                    parts.query or parts.fragment or "@" in parts.netloc):
-                raise ValueError(f"images.url_allow entry {prefix!r} must be "
-                                 "http(s)://host[:port]/path, without user, query or fragment")
+            problem = prefix_problem(prefix)
+            if problem:
+                raise ValueError(f"images.url_allow entry {prefix!r} {problem}")
         return value
+
+    @field_validator("url_allow_private")
+    @classmethod
+    def _private(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            if not private_entry_ok(entry):
+                raise ValueError(f"images.url_allow_private entry {entry!r} must be a host "
+                                 "name, an IP address or a CIDR (10.0.0.0/8, fd00::/8)")
+        return value
+
+
+ENCODED_TRICKS = ("%2e", "%2f", "%5c", "\\")
+"""What a URL's path may not hold (any case): encoded dots, slashes and backslashes that a
+server may decode after the allow-list was checked."""
+
+
+def prefix_problem(prefix: str) -> str | None:
+    """Why ``prefix`` cannot be a URL allow-list prefix (``images.url_allow``, ``blitz
+    embed --allow-urls``), or None: http(s)://host[:port]/path/ with no user, query or
+    fragment, a path that ends in ``/`` (or none), without ``..`` or encoded tricks."""
+    try:
+        parts = urlsplit(prefix)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        return "is not a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname or (
+            parts.query or parts.fragment or "@" in parts.netloc):
+        return "must be http(s)://host[:port]/path/, without user, query or fragment"
+    if parts.path and not parts.path.endswith("/"):
+        return (f"must end in '/' ({prefix}/): a prefix matches whole path segments, so "
+                "/public never matches /public-internal")
+    if ".." in parts.path.split("/") or any(t in parts.path.lower() for t in ENCODED_TRICKS):
+        return "must not hold '..' segments or %2e, %2f, %5c"
+    return None
+
+
+def private_entry_ok(entry: str) -> bool:
+    """Whether ``entry`` is a host name, an address or a CIDR (``url_allow_private``)."""
+    try:
+        ipaddress.ip_network(entry, strict=False)
+        return True
+    except ValueError:
+        return bool(HOST_NAME.fullmatch(entry))
+
+
+HOST_NAME = re.compile(r"(?i)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+                       r"(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*\.?")

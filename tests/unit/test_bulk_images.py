@@ -25,7 +25,6 @@ from blitz.bulk.images import (
     image_job,
     read_image_files,
     read_image_table,
-    resolve,
 )
 from blitz.bulk.job import BatchEncoder, build_units, check_options, list_inputs
 from blitz.bulk.read import ID_INT, ID_STR
@@ -177,10 +176,10 @@ def test_tables_and_lists_name_images_relative_to_their_folder(tmp_path):
 
     rows = read(csv, "csv")
     assert ids(rows) == [7, 8, 9, 10] and set(rows.column("_id_kind").to_pylist()) == {ID_INT}
-    assert rows.column("_refused").to_pylist() == [
-        "", "empty image path", "no such image file", ""]
+    assert rows.column("_refused").to_pylist()[:3] == [
+        "", "empty image path", "no such image file"]
+    assert rows.column("_refused").to_pylist()[3].startswith("an absolute path is not read")
     assert rows.column("_source").to_pylist()[0] == str(tmp_path / "img" / "a.png")
-    assert rows.column("_image").to_pylist()[3] == (tmp_path / "b.jpg").read_bytes()
 
     sink = io.BytesIO()  # no id column: the path is the id
     pq.write_table(pa.table({"file": ["img/a.png", "./b.jpg", None]}), sink)
@@ -197,14 +196,6 @@ def test_tables_and_lists_name_images_relative_to_their_folder(tmp_path):
     assert rows.column("_line").to_pylist() == [1, 3, 4, 5]
     assert rows.column("_refused").to_pylist() == [
         "", "", "no such image file", "line is not valid UTF-8"]
-
-
-def test_paths_resolve_against_the_table_s_store():
-    assert resolve("a/../b.png", "/data/t") == "/data/t/b.png"
-    assert resolve("/abs/c.png", "/data/t") == "/abs/c.png"
-    assert resolve("x/c.png", "s3://bucket/t") == "s3://bucket/t/x/c.png"
-    assert resolve("/other/c.png", "s3://bucket/t") == "s3://other/c.png"
-    assert resolve("gs://b/c.png", "s3://bucket/t") == "gs://b/c.png"
 
 
 # --- embedding --------------------------------------------------------------------------
