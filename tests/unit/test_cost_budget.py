@@ -245,3 +245,30 @@ async def test_dense_and_sparse_outputs_of_a_hybrid_model_are_not_held_to_it(hyb
 def test_every_limit_is_a_setting_and_in_the_table():
     assert set(BUDGET) <= set(Limits.model_fields)
     assert {"max_windows_per_request", "max_instruction_chars"} <= set(BUDGET)
+
+
+@hsettings(max_examples=15, deadline=None,
+           suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=8),
+       limit=st.integers(8, 400), seed=st.integers(0, 1000),
+       route=st.sampled_from(["/embed_all", "/embed_hybrid"]))
+def test_the_token_vectors_counted_bound_the_vectors_answered(hybrid, lengths, limit, seed,
+                                                              route):
+    """Whatever the texts and the limit: a 413 before any job, or an answer of at most
+    ``limit`` token vectors."""
+    async def run() -> httpx.Response:
+        app = served([{"id": "m3", "source": str(hybrid), "kind": "hybrid"}],
+                     max_token_vectors_per_request=limit)
+        body = {"inputs": [text(n, seed=seed + k) for k, n in enumerate(lengths)],
+                "model": "m3"}
+        if route == "/embed_hybrid":
+            body["outputs"] = ["colbert"]
+        r = await app.http.post(route, json=body, headers={"accept": "application/json"})
+        assert r.status_code in (200, 413), r.text
+        assert (r.status_code == 413) == (app.jobs == [])
+        return r
+
+    r = asyncio.run(run())
+    if r.status_code == 200:
+        rows = r.json() if route == "/embed_all" else r.json()["colbert"]
+        assert sum(len(row) for row in rows) <= limit
