@@ -55,7 +55,8 @@ def check_package(spec: ModelSpec) -> None:
     imports its parents). What the module gives is known only when a replica loads it."""
     name = spec.location().rest.strip()
     top = name.partition(".")[0]
-    if not top.isidentifier() or top not in importlib.metadata.packages_distributions():
+    if not all(part.isidentifier() for part in name.split(".")) or (
+            top not in importlib.metadata.packages_distributions()):
         raise SourceUnavailable(f"model {spec.id!r}: package {name!r} is not a module of "
                                 "an installed distribution")
 
