@@ -79,7 +79,8 @@ def replica_name() -> str:
 
 def model_admin(settings: BlitzSettings) -> ModelAdmin:
     """The ingress's admin: the app's table, mirrored to ``admin.models_file`` when set
-    (whose entries go back into an empty table first)."""
+    (whose table goes back into the store first when the store's is older: a restart of
+    Ray emptied it)."""
     store = GcsStore(app_name())
     path = settings.admin.models_file
     mirror = FileMirror(path) if path else None

@@ -243,7 +243,10 @@ class ModelAdmin:
             if commit(self.store, version + 1, table):
                 self.version = version + 1
                 if self.mirror is not None:
-                    self.mirror.write(version + 1, table)
+                    try:  # the change stands: the next version seen is written again
+                        self.mirror.write(version + 1, table)
+                    except OSError as exc:
+                        audit.warning("model table: admin.models_file not written: %s", exc)
                 if self.on_change is not None:
                     self.on_change()
                 return result
