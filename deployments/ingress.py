@@ -169,6 +169,12 @@ class ServeDispatcher:
                                   "replaced or restarting); retry shortly")
             await asyncio.sleep(REPLICA_POLL_S)
 
+    def forget(self, model_id: str) -> None:
+        """Drop ``model_id``'s queues (a model the admin API removed; any thread)."""
+        for key in list(self._batchers):
+            if key[1] == model_id:
+                self._batchers.pop(key, None)
+
     def _batcher(self, pool: str, model_id: str) -> Batcher:
         """The one queue for ``model_id``'s jobs of every kind on ``pool``."""
         batcher = self._batchers.get((pool, model_id))
@@ -257,8 +263,8 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
         self.tokens = TokenService(self.service)
         self.outputs = OutputService(self.service, self.tokens)
         self.admin = model_admin(self.settings)
-        self.model_table = IngressFollower(self.admin, self.service.registry, self.outputs.forget,
-                                      self.settings.admin.poll_s)
+        self.model_table = IngressFollower(self.admin, self.service.registry, self._forget,
+                                           self.settings.admin.poll_s)
         self.images = ImageService(self.service)
         self.api = HttpApi(self.service, self.tokens, self.outputs, self.admin, self.images)
         try:  # the async constructor runs on the replica's loop; else check_health starts it
@@ -270,6 +276,13 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
         keep_grpc_on_http_host(host)  # before Serve starts this replica's gRPC server
         warn_if_open(host, self.settings.auth)
         flush_replica_log()
+
+    def _forget(self, model_id: str) -> None:
+        """The admin API changed or removed ``model_id``: what is known of it goes, and
+        once it is not served any more, its queues."""
+        self.outputs.forget(model_id)
+        if model_id not in self.service.registry:
+            self.dispatcher.forget(model_id)
 
     def __serve_build_asgi_app__(self) -> HttpApi:
         return self.api

@@ -30,7 +30,8 @@ from ray.experimental.internal_kv import (
 from blitz.admin.listing import entry_row, listing
 from blitz.admin.store import FileMirror
 from blitz.admin.table import ModelAdmin
-from blitz.admin.watch import Changes, LoadReport, ModelWatch
+from blitz.admin.watch import Changes, LoadReport, ModelWatch, PinRetries
+from blitz.errors import ModelTooLarge
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import Registry
 
@@ -57,6 +58,10 @@ class GcsStore:
     def keys(self, prefix: str) -> list[str]:
         return sorted(k.decode() for k in _internal_kv_list(prefix, namespace=self.namespace))
 
+    def add(self, key: str, value: bytes) -> bool:
+        """Put only if absent, in the GCS (atomic: of two writers one wins)."""
+        return not _internal_kv_put(key, value, overwrite=False, namespace=self.namespace)
+
 
 def app_name() -> str:
     try:
@@ -74,7 +79,8 @@ def replica_name() -> str:
 
 def model_admin(settings: BlitzSettings) -> ModelAdmin:
     """The ingress's admin: the app's table, mirrored to ``admin.models_file`` when set
-    (whose entries go back into an empty table first)."""
+    (whose table goes back into the store first when the store's is older: a restart of
+    Ray emptied it)."""
     store = GcsStore(app_name())
     path = settings.admin.models_file
     mirror = FileMirror(path) if path else None
@@ -124,10 +130,19 @@ class PinnedLru:
         return [m for m in self.lru.models if m not in pinned]
 
     async def unload_lru(self) -> None:
-        """Serve's eviction, with the pinned models moved out of its way first."""
+        """Serve's eviction, with the pinned models moved out of its way first; with
+        every resident model pinned, the load that asked for room is refused (507) rather
+        than a pinned model evicted (the follower would load it again: they would
+        thrash). The message names no model: the log has them."""
         pinned = self.pinned()
         for model_id in [m for m in self.lru.models if m in pinned]:
             self.lru.models.move_to_end(model_id)
+        if self.lru.models and next(iter(self.lru.models)) in pinned:
+            logger.warning("model table: every resident model is pinned (%s): a load that "
+                           "needs a slot is refused", ", ".join(self.lru.models))
+            raise ModelTooLarge("every model slot of this pool replica holds a pinned model; "
+                                "unpin one (the admin API) to serve other models here",
+                                param="model")
         await self._unload_lru()
 
     async def evict(self, model_id: str) -> bool:
@@ -151,6 +166,7 @@ class PoolFollower:
         self.watch = ModelWatch(store, registry)
         self.report = LoadReport(store, pool, replica_name())
         self.every_s = settings.admin.poll_s
+        self.retries = PinRetries(settings.pool(pool).load_failure_ttl_s)
         self._lru = lru  # Serve's LRU, taught pins: None until the replica's first load
         self._load, self._states, self._forget = load, states, forget
         self._pinning: dict[str, asyncio.Task] = {}
@@ -176,19 +192,27 @@ class PoolFollower:
 
     async def _tick(self) -> None:
         states = self._states()
+        self.retries.keep_only(self.watch.pinned)
         for model_id in sorted(self.watch.pinned):  # a pinned model not held: load it
             state = states.get(model_id, {}).get("state")
             running = self._pinning.get(model_id)
-            if state is None and (running is None or running.done()):
+            if state is None and (running is None or running.done()) and (
+                    self.retries.due(model_id)):  # one that keeps failing: less often
                 self._pinning[model_id] = asyncio.ensure_future(self._pin(model_id))
+        for model_id in [m for m, task in self._pinning.items()
+                         if task.done() and m not in self.watch.pinned]:
+            del self._pinning[model_id]
         await asyncio.to_thread(self.report.write, states)
 
     async def _pin(self, model_id: str) -> None:
         try:
             await self._load(model_id)
+            self.retries.loaded(model_id)
             logger.info("model table: pinned %r loaded", model_id)
         except Exception as exc:  # noqa: BLE001 - shown in the load report as failed
-            logger.warning("model table: pinned %r failed to load: %s", model_id, exc)
+            wait = self.retries.failed(model_id)
+            logger.warning("model table: pinned %r failed to load: %s (tried again in %.0f "
+                           "s at the soonest)", model_id, exc, wait)
 
     def close(self) -> None:
         if self.task is not None:
@@ -208,7 +232,7 @@ class IngressFollower:
 
     def __init__(self, admin: ModelAdmin, registry: Registry, forget: Callable[[str], None],
                  every_s: float):
-        self.watch = ModelWatch(admin.store, registry)
+        self.watch = ModelWatch(admin.store, registry, admin.mirror)
         self.every_s = every_s
         self._forget = forget
         self.task: asyncio.Task | None = None

@@ -77,7 +77,7 @@ class ModelPool:
         await self.replica.preload()
         self.follower = PoolFollower(  # the model table (the admin API's): pins, evicts
             self.replica.settings, self.replica.registry, pool, self.replica.holder,
-            self.replica.model_states, self.replica.failures.forget,
+            self.replica.model_states, self.replica.forget,
             lambda: getattr(self, "_pins", None))
         self.follower.start()
         self.replica.refresh = self.follower.refresh

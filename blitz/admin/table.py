@@ -7,15 +7,23 @@ loaded on every replica of its pools (and out of their LRU's reach); each evict 
 
 ``ModelAdmin`` makes the changes: an added model is checked as a config's would be (its
 spec's validation, its id against every served one, the settings' own checks with it
-among the models, the trust check of a local source before anything else sees it); the
+among the models), against the config's admin policy (``blitz.admin.sources``: no remote
+code, allowed sources), and its local files before anything else sees them (a folder's
+trust check; a package's name against the installed distributions, nothing imported); the
 accuracy guard and the trust check of a downloaded source run where every model's do, in
 the replica's load, and a failure there shows in the model's load state.
+
+Each change is a compare-and-set on the table's version (``blitz.admin.store.commit``):
+read the table, check the change against it (no id added twice, at most ``MAX_PINNED``
+pins), write it as the next version; if another ingress replica wrote that version
+first, read again and check again. Each change, done or refused, is one line on the
+``blitz.admin`` logger: who (the admin key's index, or the handle), what, the result.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -23,14 +31,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from blitz.admin.store import CHANGED, MODELS, FileMirror, Store
-from blitz.errors import Conflict, InvalidValue, UnknownModel, echo
-from blitz.loading.fetch import resolve_source
+from blitz.admin.sources import SourcePolicy
+from blitz.admin.store import FileMirror, Store, commit, read_table
+from blitz.errors import BlitzError, Conflict, InvalidValue, Unavailable, UnknownModel, echo
+from blitz.loading.fetch import check_package, resolve_source
 from blitz.loading.model_trust import check_model_folder
 from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from blitz.settings.registry import ModelSpec, Registry
 
 MAX_PINNED = MAX_MODELS_PER_REPLICA - 1  # a replica keeps one slot for everything else
+CHANGE_TRIES = 16  # reads and checks of one change while other changes win the version
+audit = logging.getLogger("blitz.admin")
 
 
 @dataclass(frozen=True)
@@ -45,8 +56,8 @@ class Entry:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes | str) -> Entry:
-        fields = json.loads(data)
+    def from_json(cls, data: bytes | str | dict) -> Entry:
+        fields = data if isinstance(data, dict) else json.loads(data)
         return cls(id=str(fields["id"]), spec=fields.get("spec"),
                    pinned=bool(fields.get("pinned", False)),
                    evictions=int(fields.get("evictions", 0)),
@@ -56,15 +67,12 @@ class Entry:
         return None if self.spec is None else ModelSpec.model_validate(self.spec)
 
 
-def read_entries(store: Store) -> dict[str, Entry]:
-    """The table, by model id (an entry that no longer parses is left out)."""
+def parse_entries(raw: dict[str, dict]) -> dict[str, Entry]:
+    """The table's JSON entries, by model id (one that no longer parses is left out)."""
     entries = {}
-    for key in store.keys(MODELS):
-        data = store.get(key)
-        if data is None:
-            continue
+    for fields in raw.values():
         try:
-            entry = Entry.from_json(data)
+            entry = Entry.from_json(fields)
             entry.model_spec()
         except (ValueError, KeyError, TypeError, ValidationError):
             continue
@@ -72,26 +80,95 @@ def read_entries(store: Store) -> dict[str, Entry]:
     return entries
 
 
+def read_entries(store: Store) -> dict[str, Entry]:
+    """The newest table, by model id."""
+    return parse_entries(read_table(store)[1])
+
+
 def added_specs(entries: dict[str, Entry]) -> list[ModelSpec]:
     return [spec for e in entries.values() if (spec := e.model_spec()) is not None]
 
 
+Change = Callable[[dict[str, Entry]], tuple[dict[str, Entry], Entry | None]]
+
+
 class ModelAdmin:
-    """The table's changes, each written to ``store`` (and ``mirror``) at once."""
+    """The table's changes, each written to ``store`` (and ``mirror``) at once. ``who``
+    of each change names the caller in the audit line (``key #<index>``, ``handle``)."""
 
     def __init__(self, settings: BlitzSettings, store: Store, mirror: FileMirror | None = None):
         self.settings = settings
         self.store = store
         self.mirror = mirror
         self._config = settings.registry()
+        self.policy = SourcePolicy(settings.admin, list(settings.models))
+        self.version = 0  # the table's version after this admin's last change
         self.on_change: Callable[[], None] | None = None  # after each change (its thread)
 
     def entries(self) -> dict[str, Entry]:
         return read_entries(self.store)
 
-    def add(self, spec: dict[str, Any], pin: bool = False) -> Entry:
-        """Add a model; ``Conflict`` if its id is served already, ``InvalidValue`` if it
-        is not a model the config could name."""
+    def add(self, spec: dict[str, Any], pin: bool = False, who: str = "handle") -> Entry:
+        """Add a model; ``Conflict`` if its id is served already, ``Forbidden`` if the
+        admin policy refuses it, ``InvalidValue`` if it is not a model the config could
+        name."""
+        fields = spec if isinstance(spec, dict) else {}
+        what = f"add {echo(fields.get('id'))!r} from {echo(fields.get('source'))!r}"
+        return self._audited(who, what + (" pinned" if pin else ""),
+                             lambda: self._add(spec, pin))
+
+    def remove(self, model_id: str, who: str = "handle") -> None:
+        def change(entries: dict[str, Entry]) -> tuple[dict[str, Entry], Entry | None]:
+            if self._config_has(model_id):
+                raise Conflict(f"model {echo(model_id)!r} is in the config; the admin API "
+                               "removes only models it added (edit the config and "
+                               "redeploy)", param="id")
+            if model_id not in entries or entries[model_id].spec is None:
+                raise self._unknown(model_id, entries)
+            return {i: e for i, e in entries.items() if i != model_id}, None
+
+        self._audited(who, f"remove {echo(model_id)!r}", lambda: self._change(change))
+
+    def pin(self, model_id: str, pinned: bool = True, who: str = "handle") -> Entry:
+        def change(entries: dict[str, Entry]) -> tuple[dict[str, Entry], Entry | None]:
+            entry = self._entry(model_id, entries)
+            if pinned:
+                self._check_pins(entries, model_id)
+            entry = Entry(entry.id, entry.spec, pinned, entry.evictions, time.time())
+            return entries | {model_id: entry}, entry
+
+        return self._audited(who, f"{'pin' if pinned else 'unpin'} {echo(model_id)!r}",
+                             lambda: self._change(change))
+
+    def evict(self, model_id: str, who: str = "handle") -> Entry:
+        """Unload the model from every replica now (its entry stays; a pin is dropped:
+        a pinned model would load again at once)."""
+        def change(entries: dict[str, Entry]) -> tuple[dict[str, Entry], Entry | None]:
+            entry = self._entry(model_id, entries)
+            entry = Entry(entry.id, entry.spec, False, entry.evictions + 1, time.time())
+            return entries | {model_id: entry}, entry
+
+        return self._audited(who, f"evict {echo(model_id)!r}", lambda: self._change(change))
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    def _add(self, spec: dict[str, Any], pin: bool) -> Entry:
+        model = self._checked(spec)
+
+        def change(entries: dict[str, Entry]) -> tuple[dict[str, Entry], Entry | None]:
+            self._check_new_id(model.id, entries)
+            if pin:
+                self._check_pins(entries, model.id)
+            entry = Entry(model.id, model.model_dump(mode="json", exclude_defaults=True),
+                          pinned=pin, changed_at=time.time())
+            return entries | {model.id: entry}, entry
+
+        entry = self._change(change)
+        assert entry is not None
+        return entry
+
+    def _checked(self, spec: dict[str, Any]) -> ModelSpec:
+        """``spec`` as a model entry that may be added (what the table does not decide)."""
         if not isinstance(spec, dict):
             raise InvalidValue("`model` must be an object: a model entry as in the config's "
                                "`models` list", param="model")
@@ -100,13 +177,8 @@ class ModelAdmin:
         except ValidationError as exc:
             raise InvalidValue(f"invalid model entry: {_first_error(exc)}",
                                param="model") from None
-        entries = self.entries()
-        served = Registry(self.settings.models)
-        served.set_added(added_specs(entries))
-        if model.id in served:
-            where = "the config" if served.in_config(model.id) else "the admin API"
-            raise Conflict(f"model id {model.id!r} is served already (from {where}); remove "
-                           "it first or choose another id", param="id")
+        self._check_new_id(model.id, self.entries())  # the table checks it again
+        model = self.policy.check(model)  # remote code, allowed sources
         try:  # the settings' own checks, with this model among the config's
             BlitzSettings.model_validate(
                 {**self.settings.model_dump(exclude={"models"}),
@@ -114,47 +186,24 @@ class ModelAdmin:
         except ValidationError as exc:
             raise InvalidValue(f"invalid model entry: {_first_error(exc)}",
                                param="model") from None
-        if model.location().is_local and not model.is_fake:  # refused before any replica
-            try:                                             # opens it
+        scheme = model.location().scheme
+        try:  # refused before any replica opens it; a package is never imported here
+            if scheme == "package":
+                check_package(model)
+            elif scheme == "dir":
                 check_model_folder(model, resolve_source(model))
-            except Exception as exc:  # noqa: BLE001 - a missing source or untrusted code
-                raise InvalidValue(getattr(exc, "hint", None) or str(exc),
-                                   param="source") from None
-        if pin:
-            self._check_pins(entries, model.id)
-        entry = Entry(model.id, model.model_dump(mode="json", exclude_defaults=True),
-                      pinned=pin, changed_at=time.time())
-        self._write(put=entry)
-        return entry
+        except Exception as exc:  # noqa: BLE001 - a missing source or untrusted code
+            raise InvalidValue(getattr(exc, "hint", None) or str(exc),
+                               param="model.source") from None
+        return model
 
-    def remove(self, model_id: str) -> None:
-        entries = self.entries()
-        if self._config_has(model_id):
-            raise Conflict(f"model {echo(model_id)!r} is in the config; the admin API removes "
-                           "only models it added (edit the config and redeploy)", param="id")
-        if model_id not in entries or entries[model_id].spec is None:
-            raise self._unknown(model_id, entries)
-        self._write(gone=model_id)
-
-    def pin(self, model_id: str, pinned: bool = True) -> Entry:
-        entries = self.entries()
-        entry = self._entry(model_id, entries)
-        if pinned:
-            self._check_pins(entries, model_id)
-        entry = Entry(entry.id, entry.spec, pinned, entry.evictions, time.time())
-        self._write(put=entry)
-        return entry
-
-    def evict(self, model_id: str) -> Entry:
-        """Unload the model from every replica now (its entry stays; a pin is dropped:
-        a pinned model would load again at once)."""
-        entries = self.entries()
-        entry = self._entry(model_id, entries)
-        entry = Entry(entry.id, entry.spec, False, entry.evictions + 1, time.time())
-        self._write(put=entry)
-        return entry
-
-    # ---- helpers ---------------------------------------------------------------------
+    def _check_new_id(self, model_id: str, entries: dict[str, Entry]) -> None:
+        served = Registry(self.settings.models)
+        served.set_added(added_specs(entries))
+        if model_id in served:
+            where = "the config" if served.in_config(model_id) else "the admin API"
+            raise Conflict(f"model id {model_id!r} is served already (from {where}); remove "
+                           "it first or choose another id", param="id")
 
     def _config_has(self, model_id: str) -> bool:
         return model_id in self._config
@@ -179,19 +228,45 @@ class ModelAdmin:
                            f"replica holds {MAX_MODELS_PER_REPLICA} and keeps one slot for the "
                            "rest: unpin one first", param="pinned")
 
-    def _write(self, put: Entry | None = None, gone: str | None = None) -> None:
-        """One entry put or deleted (another replica's change to another model stands),
-        then the mirror, then the change token (replicas read the table after they see it
-        change)."""
-        if put is not None:
-            self.store.put(MODELS + put.id, put.to_json())
-        if gone is not None:
-            self.store.delete(MODELS + gone)
+    def _change(self, change: Change) -> Entry | None:
+        """``change`` applied to the newest table and written as its next version; again
+        on the newer table while another writer wins the version (``CHANGE_TRIES``).
+        Then the mirror, and ``on_change``."""
         if self.mirror is not None:
-            self.mirror.write({i: json.loads(e.to_json()) for i, e in self.entries().items()})
-        self.store.put(CHANGED, secrets.token_hex(8).encode())
-        if self.on_change is not None:
-            self.on_change()
+            self.mirror.check()  # a foreign file: refused before anything is written
+        for _ in range(CHANGE_TRIES):
+            version, raw = read_table(self.store)
+            entries = parse_entries(raw)
+            changed, result = change(entries)
+            kept = {i: fields for i, fields in raw.items() if i not in entries}  # unparsed
+            table = kept | {i: json.loads(e.to_json()) for i, e in changed.items()}
+            if commit(self.store, version + 1, table):
+                self.version = version + 1
+                if self.mirror is not None:
+                    try:  # the change stands: the next version seen is written again
+                        self.mirror.write(version + 1, table)
+                    except OSError as exc:
+                        audit.warning("model table: admin.models_file not written: %s", exc)
+                if self.on_change is not None:
+                    self.on_change()
+                return result
+        raise Unavailable(f"the model table changed {CHANGE_TRIES} times while this change "
+                          "was checked against it; retry")
+
+    def _audited(self, who: str, what: str, run: Callable[[], Any]) -> Any:
+        """``run()``, and one audit line of who asked for what, and what came of it."""
+        try:
+            result = run()
+        except BlitzError as exc:
+            audit.warning("admin change by %s: %s: refused, %d %s: %s", who, what, exc.status,
+                          exc.code, exc.message)
+            raise
+        except Exception as exc:
+            audit.error("admin change by %s: %s: failed, %s: %s", who, what,
+                        type(exc).__name__, exc)
+            raise
+        audit.info("admin change by %s: %s: done, table version %d", who, what, self.version)
+        return result
 
 
 def _first_error(exc: ValidationError) -> str:

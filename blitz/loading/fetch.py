@@ -12,6 +12,7 @@ reads a local model's embedding size from its files, loading no weights.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import os
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from blitz.errors import LoadProblem
+from blitz.loading.model_trust import check_model_folder
 from blitz.settings.registry import OBJECT_STORES, ModelSpec, hub_repo
 from blitz.sources.storage import fetch_to_cache
 
@@ -38,12 +40,25 @@ def resolve_source(spec: ModelSpec, cache_dir: str | os.PathLike | None = None) 
 
 
 def preflight_source(spec: ModelSpec) -> None:
-    """Raise ``SourceUnavailable`` now when a local or package source is missing.
+    """Raise now what loading a local or package source would: ``SourceUnavailable`` when
+    it is missing, ``UntrustedCode`` when its folder would run code its spec does not
+    trust. Cheap (only JSON is read, no weights); object-storage and hub sources are
+    checked when loaded."""
+    if spec.location().is_local and not spec.is_fake:
+        check_model_folder(spec, resolve_source(spec))
 
-    Cheap (no weights are read); object-storage and hub sources are checked when loaded.
-    """
-    if spec.location().is_local:
-        resolve_source(spec)
+
+def check_package(spec: ModelSpec) -> None:
+    """Raise ``SourceUnavailable`` unless a ``package:`` source's top-level module belongs
+    to an installed distribution, from the distributions' metadata alone: nothing is
+    imported or run (an import runs the module's code; ``find_spec`` of a dotted name
+    imports its parents). What the module gives is known only when a replica loads it."""
+    name = spec.location().rest.strip()
+    top = name.partition(".")[0]
+    if not all(part.isidentifier() for part in name.split(".")) or (
+            top not in importlib.metadata.packages_distributions()):
+        raise SourceUnavailable(f"model {spec.id!r}: package {name!r} is not a module of "
+                                "an installed distribution")
 
 
 Fetcher = Callable[[ModelSpec, str, "str | os.PathLike | None"], Path]

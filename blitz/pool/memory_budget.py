@@ -23,18 +23,24 @@ and memory", has the rule, the measurements it was fitted to, and the decisions.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from blitz.encoders.st_models import CPU_TOKEN_BUDGET, GPU_TOKEN_BUDGET
-from blitz.errors import ModelTooLarge
+from blitz.errors import ModelTooLarge, Unavailable
 from blitz.loading.fetch import resolve_source
 from blitz.settings.pool_settings import PoolSettings
 from blitz.settings.registry import ModelSpec
 
+logger = logging.getLogger("blitz.pool")
+MEMORY_POLL_S = 0.05  # how often a load waiting for evicted models' memory looks again
 MARGIN = 1.25  # measured peaks reached 1.22 x the rule's bytes (CPU, 4 layers)
 MASK_BYTES = 44  # per token per position of its row: the masks (40.0-40.3 measured, +10%)
 SHARE = 0.5  # of what the weights leave: the most one model's calls take by default
@@ -160,21 +166,40 @@ def evictions(resident: list[Footprint], evictable: list[str], new: Footprint,
     if budget is None:
         return 0
     alone = needed_bytes([new], workers)
-    if alone > budget:
+    if alone > budget:  # the resident models go to the log, not to the client
         others = ", ".join(f"{f.model_id} {gib(needed_bytes([f], workers))}" for f in resident)
+        logger.warning("model %r needs %s, over the pool's memory budget of %s (resident "
+                       "now: %s)", new.model_id, gib(alone), gib(budget), others or "none")
         raise ModelTooLarge(
             f"model {new.model_id!r} needs {gib(alone)} (weights {gib(new.weights)} + "
             f"{workers} call(s) of {new.call_tokens} tokens at {gib(new.activations)} each) "
-            f"but its pool's memory budget is {gib(budget)}"
-            + (f" (resident now: {others})" if others else "")
-            + "; lower its max_batch_tokens or max_seq_length, or raise memory_bytes",
-            param="model")
+            f"but its pool's memory budget is {gib(budget)}; lower its max_batch_tokens or "
+            "max_seq_length, or raise memory_bytes", param="model")
     staying = list(resident)
     for count, model_id in enumerate(evictable):
         if needed_bytes([*staying, new], workers) <= budget:
             return count
         staying = _without(staying, model_id)
     return len(evictable)
+
+
+async def make_room(resident: list[Footprint], new: Footprint, budget: int | None,
+                    workers: int, evictable: list[str],
+                    evict: Callable[[], Awaitable[None]] | None, wait_s: float) -> None:
+    """Evict least recently used models (``evict``: one each call, of ``evictable``)
+    until ``new`` fits ``budget`` beside ``resident`` (a live list: a call that still holds
+    an evicted model keeps its footprint there until it ends), then wait ``wait_s`` at most
+    for those calls: their memory is freed only then. ``ModelTooLarge`` if ``new`` cannot
+    fit alone (nothing evicted)."""
+    for _ in range(evictions(list(resident), evictable, new, budget, workers)):
+        if evict is not None:
+            await evict()
+    deadline = time.monotonic() + wait_s
+    while budget is not None and needed_bytes([*resident, new], workers) > budget:
+        if time.monotonic() > deadline:
+            raise Unavailable(f"model {new.model_id!r} is waiting for memory that calls "
+                              "on evicted models still hold; retry shortly")
+        await asyncio.sleep(MEMORY_POLL_S)
 
 
 def _without(footprints: list[Footprint], model_id: str) -> list[Footprint]:

@@ -47,6 +47,7 @@ from blitz.pool.memory_budget import (
     ModelShape,
     evictions,
     gib,
+    make_room,
     model_shape,
     needed_bytes,
     pool_budget,
@@ -61,7 +62,6 @@ from blitz.settings.registry import ModelSpec
 logger = logging.getLogger("blitz.pool")
 EVICTIONS_KEPT = 32  # the last evicted ids kept for stats(); the count is kept in full
 LEASE_TRIES = 3  # a model evicted between lookup and use is loaded again this often
-MEMORY_POLL_S = 0.05  # how often a load waiting for evicted models' memory looks again
 
 
 def _nothing(*_: Any) -> None:
@@ -192,20 +192,9 @@ class PoolReplica:
 
     async def _make_room(self, new: Footprint, cached: Callable[[], list[str]],
                          evict: Callable[[], Awaitable[None]] | None) -> None:
-        """Evict least recently used models until ``new`` fits the memory budget, then wait
-        (``call_timeout_s`` at most) for calls that still hold evicted ones to end: their
-        memory is freed only then. ``ModelTooLarge`` if it cannot fit alone."""
-        workers, budget = self.pool_settings.worker_count, self.memory_budget
-        for _ in range(evictions(list(self.footprints), cached() if evict else [], new,
-                                 budget, workers)):
-            if evict is not None:
-                await evict()
-        deadline = time.monotonic() + self.pool_settings.call_timeout_s
-        while needed_bytes([*self.footprints, new], workers) > budget:
-            if time.monotonic() > deadline:
-                raise Unavailable(f"model {new.model_id!r} is waiting for memory that calls "
-                                  "on evicted models still hold; retry shortly")
-            await asyncio.sleep(MEMORY_POLL_S)
+        await make_room(self.footprints, new, self.memory_budget,
+                        self.pool_settings.worker_count, cached() if evict else [], evict,
+                        self.pool_settings.call_timeout_s)
 
     async def preload(self) -> None:
         """Load the pool's ``preload`` models through ``cached_load``, so the cache in front
@@ -239,8 +228,9 @@ class PoolReplica:
         self.events.noted()
 
     async def holder(self, model_id: str) -> ModelHolder:
-        """The model's holder. A load that failed recently, or a local source that is
-        missing, fails here, before the cache in front evicts a healthy model for it."""
+        """The model's holder. A load that failed recently, a local source that is missing
+        or would run code its spec does not trust, or a model too large even alone fails
+        here, before the cache in front evicts a healthy model for it."""
         if model_id not in self.loaded:
             self.failures.check(model_id)
             spec = self.registry.get(model_id)  # an unknown id is a 404, not a failed load
@@ -252,6 +242,15 @@ class PoolReplica:
             evictions(list(self.footprints), [], self.size(spec, self.shape_of(spec)),
                       self.memory_budget, self.pool_settings.worker_count)
         return await self.cached_load(model_id)
+
+    def forget(self, model_id: str) -> None:
+        """The model table changed ``model_id`` (blitz.admin): its remembered failure goes;
+        once it is not served any more (removed), its queue and counts too."""
+        self.failures.forget(model_id)
+        if model_id not in self.registry:
+            self.batchers.pop(model_id, None)
+            self.batches_run.pop(model_id, None)
+            self.texts_run.pop(model_id, None)
 
     def problem(self) -> str | None:
         """Why this replica cannot work, or None: a model load stuck past

@@ -177,13 +177,44 @@ class AdminSettings(_Settings):
     api_keys_env: str = Field(ADMIN_KEYS_ENV, description="env var with comma-separated "
                               "admin keys")
     models_file: str | None = Field(
-        None, description="a JSON file the ingress keeps the added models and pins in, "
-        "read back when the cluster's store has none (a restart of Ray: `serve run`, "
-        "scripts/serve.sh); relative paths are the replica's working directory's. Unset: "
-        "the cluster's store only (it survives replica restarts and redeploys, and a head "
-        "restart where the GCS is fault tolerant)")
+        None, description="an absolute path to a JSON file each ingress keeps the model "
+        "table in (the added models and pins, with the table's version), read back when the "
+        "cluster's store holds an older table (a restart of Ray: `serve run`, "
+        "scripts/serve.sh) and never over a newer one. Unset: the cluster's store only (it "
+        "survives replica restarts and redeploys, and a head restart where the GCS is "
+        "fault tolerant)")
     poll_s: float = Field(1.0, gt=0, le=60, description="how often each replica looks for "
                           "model changes (one small read of the cluster's store)")
+    allow_remote_code: bool = Field(
+        False, description="let the admin API add a model with `trust_remote_code: true` "
+        "(code from its folder runs in every pool replica); false: such an entry is refused "
+        "(403), and only the config can name one")
+    allowed_sources: list[str] = Field(
+        default_factory=list, description="source prefixes the admin API may add models "
+        "from, compared on the normalized source (`hf:BAAI/`, `s3://bucket/models/`, "
+        "`/srv/models/`, `package:`; a prefix matches itself and what follows it after `/`, "
+        "or `@` for a hub revision). Empty: only the sources of the config's own models "
+        "(the same files with other settings). A folder must be absolute")
+
+    @field_validator("models_file")
+    @classmethod
+    def _absolute_models_file(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).expanduser().is_absolute():
+            raise ValueError(f"admin.models_file must be an absolute path, not {value!r}: a "
+                             "relative one would land in each replica's own working "
+                             "directory, and a stale copy could bring back removed models")
+        return value
+
+    @field_validator("allowed_sources")
+    @classmethod
+    def _absolute_folders(cls, value: list[str]) -> list[str]:
+        for prefix in value:
+            if not prefix.strip():
+                raise ValueError("admin.allowed_sources holds an empty prefix")
+            if ":" not in prefix and not Path(prefix).expanduser().is_absolute():
+                raise ValueError(f"admin.allowed_sources: folder prefix {prefix!r} must be "
+                                 "an absolute path")
+        return value
 
     def resolved_keys(self) -> list[str]:
         return resolved_keys(self.api_keys, self.api_keys_env)

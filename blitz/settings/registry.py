@@ -290,12 +290,11 @@ class Registry:
     def set_added(self, specs: list[ModelSpec]) -> set[str]:
         """Serve the config's models and ``specs`` (an id of the config's among them is
         skipped); the ids whose spec changed or went (each was served before)."""
-        before = self._specs
-        self._specs = dict(self._config)
+        before, after = self._specs, dict(self._config)
         for spec in specs:
-            self._specs.setdefault(spec.id, spec)
-        return {model_id for model_id, spec in before.items()
-                if self._specs.get(model_id) != spec}
+            after.setdefault(spec.id, spec)
+        self._specs = after  # whole: a reader on another thread never sees it half built
+        return {model_id for model_id, spec in before.items() if after.get(model_id) != spec}
 
     def __contains__(self, model_id: object) -> bool:
         return model_id in self._specs

@@ -89,12 +89,13 @@ async def _all(pending, state: str) -> bool:
 async def test_the_table_is_in_the_gcs_and_the_handle_changes_it(blitz_app, tiny_models):
     from ray import serve
 
+    from blitz.admin.store import read_table
     from deployments.model_admin import GcsStore
 
     handle = serve.get_app_handle(APP)
     row = await handle.add_model.remote({"id": "added-b", "source": str(tiny_models["tiny-b"])})
     assert row["from"] == "admin" and not row["pinned"]
-    assert "models/added-b" in GcsStore(APP).keys("models/")
+    assert "added-b" in read_table(GcsStore(APP))[1]  # the newest version of the table
     texts = ["via the handle"]
     result = await handle.embed.remote(texts, model="added-b")
     reference = await handle.embed.remote(texts, model="tiny-b")
@@ -102,7 +103,7 @@ async def test_the_table_is_in_the_gcs_and_the_handle_changes_it(blitz_app, tiny
     ids = [m["id"] for m in await handle.admin_models.remote()]
     assert ids[0] == "minilm" and "added-b" in ids
     assert (await handle.remove_model.remote("added-b"))["removed"]
-    assert "models/added-b" not in GcsStore(APP).keys("models/")
+    assert "added-b" not in read_table(GcsStore(APP))[1]
 
 
 def test_the_blitz_command_lists_and_refuses(blitz_app, tmp_path):

@@ -26,9 +26,10 @@ KEY = "admin-secret"
 
 
 def settings(**admin) -> BlitzSettings:
+    """Two fake models; the admin API may add fakes and folders (``admin`` overrides)."""
     return BlitzSettings.from_args({
         "models": [{"id": "base", "source": "fake:8"}, {"id": "other", "source": "fake:4"}],
-        "admin": admin})
+        "admin": {"allowed_sources": ["fake:", "/"], **admin}})
 
 
 def test_a_model_is_added_pinned_evicted_and_removed():
