@@ -204,3 +204,25 @@ def test_an_application_whose_ingress_never_answers_is_deleted_as_before(lifecyc
     monkeypatch.setattr(lifecycle.time, "sleep", lambda s: real_sleep(min(s, 0.05)))
     assert lifecycle._drain_apps() == 0
     assert deleted == ["blitz"]
+
+
+async def test_handle_calls_in_flight_are_counted_so_the_stop_waits_for_them():
+    from deployments.ingress import Ingress
+
+    class Replica:  # the ingress's handle method on a service, without Ray
+        embed = Ingress.func_or_class.embed
+
+        def __init__(self, service):
+            self.service = service
+            self.drain = Drain()
+
+    settings = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:8"}]})
+    dispatcher = GatedDispatcher(settings)
+    replica = Replica(EmbeddingService(settings, dispatcher))
+    call = asyncio.ensure_future(replica.embed(["a"], model="fake"))
+    await dispatcher.entered.wait()
+    replica.drain.begin()
+    assert replica.drain.in_flight == 1 and not replica.drain.idle
+    dispatcher.gate.set()
+    assert (await call).embeddings.shape == (1, 8)
+    assert replica.drain.idle
