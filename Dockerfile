@@ -51,16 +51,38 @@ ENV PATH=/app/.venv/bin:$PATH \
     TOKENIZERS_PARALLELISM=false
 RUN echo 'export PATH=/app/.venv/bin:$PATH' > /etc/profile.d/blitz-venv.sh
 
-# Bake every configured model into $BLITZ_CACHE_DIR (ONNX builds are keyed by CPU target:
-# a node whose CPU differs from the build machine's builds its own copy on first load).
+# What listens where: in a container the HTTP proxy must listen beyond loopback for `-p
+# 8000:8000`, so the image's serve_config.yaml says 0.0.0.0 (on purpose: the container's
+# own network namespace; gRPC listens where HTTP does, for `-p 9000:9000`). Ray's own
+# ports (GCS, raylet, dashboard agent, metrics) stay on the container's 127.0.0.1
+# (scripts/ray_up.py) and are not exposed. Publish on the host's loopback only with
+# `-p 127.0.0.1:8000:8000`, or put the port behind a firewall or a load balancer.
+# API keys are off unless given: `-e BLITZ_API_KEYS=key1,key2` (auth.api_keys_env) turns
+# them on for every route; `auth: {required: true}` under the config's `args` makes a
+# start without any key fail instead of serving openly (deploy/kuberay/rayservice.yaml
+# does both). Off, the ingress logs a WARNING that every route is public.
+RUN sed -i 's/^  host: 127.0.0.1$/  host: 0.0.0.0/' serve_config.yaml
+
+# Not root: everything below runs as `blitz` (uid and gid 10001, fixed so that a volume's
+# or a pod's securityContext can name it). /app and the venv stay root's and read-only to
+# it; what it writes is its own: the model cache (ONNX builds for another CPU target are
+# made there on first load), its home (~/.ray/auth_token, mode 600) and /tmp (Ray's temp
+# dir /tmp/ray, HAProxy's /tmp/blitz-haproxy-10001).
+RUN groupadd --gid 10001 blitz \
+ && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/blitz --shell /bin/bash \
+      blitz \
+ && install -d -o blitz -g blitz -m 0755 /app/model-cache
+USER 10001:10001
+ENV HOME=/home/blitz
+
+# Bake every configured model into $BLITZ_CACHE_DIR, as that user: the files are its own
+# without a chown (which would copy the whole cache into another layer). ONNX builds are
+# keyed by CPU target: a node whose CPU differs from the build machine's builds its own
+# copy on first load.
 RUN for model in $(blitz models --config serve_config.yaml --json \
         | python -c 'import json, sys; print(*(m["id"] for m in json.load(sys.stdin)))'); do \
       blitz optimize "$model" --config serve_config.yaml --no-speed; \
     done
-
-# In a container the HTTP proxy must listen beyond loopback for `-p 8000:8000` (and gRPC,
-# which listens where HTTP does, for `-p 9000:9000`).
-RUN sed -i 's/^  host: 127.0.0.1$/  host: 0.0.0.0/' serve_config.yaml
 
 EXPOSE 8000 9000
 # scripts/serve.sh, as on a host (its install.sh skipped: done above), from WORKDIR /app:

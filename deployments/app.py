@@ -14,6 +14,7 @@ from blitz.settings.config import BlitzSettings, IngressSettings, PoolSettings
 from blitz.settings.sizing import NodeShape
 from deployments.ingress import Ingress, IngressWithCpuPool
 from deployments.pool import ModelPool
+from deployments.ray_token import keep_ray_token_private
 from deployments.serve_options import deployment_options
 
 logger = logging.getLogger("ray.serve")
@@ -111,6 +112,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     """Bind the ingress, the CPU pool and, when the cluster has GPUs (or ``gpu: on``), the
     GPU pool. A pool asking for a GPU on a cluster without one would wait forever, so
     ``gpu: auto`` binds it only when ``ray.cluster_resources()`` lists GPUs."""
+    keep_ray_token_private()  # `serve run` on a fresh machine: Ray made it 0644
     node = node_shape()
     settings = BlitzSettings.from_args(args, node=node)
     warning = fast_path_warning(os.environ)

@@ -1,7 +1,8 @@
 """The ingress's gRPC methods: Serve's gRPC proxy (and, on the fast path, each ingress
 replica's own gRPC server behind HAProxy) calls the deployment method named like the
 RPC (``Embed`` for ``/tei.v1.Embed/Embed``), with the request message and its context.
-Each is one line into ``blitz.grpc_api.servicer.TeiServicer``."""
+Each is one line into ``blitz.grpc_api.servicer.TeiServicer``, counted in flight by the
+replica's ``drain`` (a stop waits for it: ``blitz.runtime.draining``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from typing import Any
 
 from blitz.grpc_api.rpc_table import RPCS
 from blitz.grpc_api.servicer import TeiServicer
+from blitz.runtime.draining import Drain
 
 
 def _unary(method: str) -> Callable[..., Any]:
     async def call(self: GrpcMethods, request: Any, grpc_context: Any) -> Any:
-        return await self.grpc.unary(method, request, grpc_context)
+        with self.drain.held():
+            return await self.grpc.unary(method, request, grpc_context)
 
     call.__name__ = call.__qualname__ = method  # Serve reads the method's own name
     return call
@@ -23,8 +26,9 @@ def _unary(method: str) -> Callable[..., Any]:
 def _stream(method: str) -> Callable[..., Any]:
     async def call(self: GrpcMethods, request_stream: Any,
                    grpc_context: Any) -> AsyncIterator[Any]:
-        async for reply in self.grpc.stream(method, request_stream, grpc_context):
-            yield reply
+        with self.drain.held():
+            async for reply in self.grpc.stream(method, request_stream, grpc_context):
+                yield reply
 
     call.__name__ = call.__qualname__ = method
     return call
@@ -34,6 +38,7 @@ class GrpcMethods:
     """Mixed into the ingress deployments; ``grpc`` is set when they are built."""
 
     grpc: TeiServicer
+    drain: Drain
 
 
 for _rpc in RPCS:

@@ -22,6 +22,7 @@ from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.tokenizing import TokenService
+from blitz.runtime.draining import Drain
 
 INTERNAL = "record"  # the services' parameter that the handle does not offer
 PRIORITY = "priority"  # what it offers in its place: high | normal | low (default normal)
@@ -51,13 +52,14 @@ def _method(name: str, holder: str, function: Callable[..., Any]) -> Callable[..
         if INTERNAL in kwargs:  # the request record is the service's own, never a caller's
             raise TypeError(f"{name}() got an unexpected keyword argument {INTERNAL!r}")
         priority = kwargs.pop(PRIORITY, None) if recorded else None
-        if priority is None:
-            result = function(getattr(self, holder), *args, **kwargs)
-            return await result if inspect.isawaitable(result) else result
-        record = RequestRecord(f"handle.{name}")  # as the service names its own
-        with self.service.observed(record):
-            record.priority = priority_level(priority)
-            return await function(getattr(self, holder), *args, record=record, **kwargs)
+        with self.drain.held():  # a stop waits for it (blitz.runtime.draining)
+            if priority is None:
+                result = function(getattr(self, holder), *args, **kwargs)
+                return await result if inspect.isawaitable(result) else result
+            record = RequestRecord(f"handle.{name}")  # as the service names its own
+            with self.service.observed(record):
+                record.priority = priority_level(priority)
+                return await function(getattr(self, holder), *args, record=record, **kwargs)
 
     call.__name__ = call.__qualname__ = name  # Serve finds a handle's method by its name
     call.__doc__ = f"Handle API: ``await handle.{name}.remote(...)``.\n\n{function.__doc__}"
@@ -75,6 +77,7 @@ class HandleMethods:
     outputs: OutputService
     tokens: TokenService
     images: ImageService
+    drain: Drain
 
 
 for _name, (_holder, _function) in HANDLE_METHODS.items():

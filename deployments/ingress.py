@@ -40,12 +40,19 @@ from deployments.bind_addresses import (
     keep_grpc_on_http_host,
     keep_replica_grpc_on_node_ip,
 )
+from deployments.draining import DrainWatch
 from deployments.grpc_methods import GrpcMethods
 from deployments.handle_methods import HandleMethods
 from deployments.local_hops import LocalHops
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.metrics import metrics
-from deployments.model_admin import AdminMethods, IngressFollower, app_name, model_admin
+from deployments.model_admin import (
+    AdminMethods,
+    IngressFollower,
+    app_name,
+    model_admin,
+    replica_name,
+)
 from deployments.placement import PlacementWatch
 from deployments.pool import in_process
 from deployments.replicas import PoolWaker, running_replicas, watch
@@ -267,8 +274,11 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
                                            self.settings.admin.poll_s)
         self.images = ImageService(self.service)
         self.api = HttpApi(self.service, self.tokens, self.outputs, self.admin, self.images)
+        self.drain = self.api.drain  # gRPC and handle calls counted in flight too
+        self.drain_watch = DrainWatch(self.drain, app_name(), replica_name())
         try:  # the async constructor runs on the replica's loop; else check_health starts it
             self.model_table.start()
+            self.drain_watch.start()
         except RuntimeError:
             pass
         self.grpc = TeiServicer(self.service, self.tokens, self.outputs)
@@ -304,6 +314,7 @@ class Ingress(_IngressMethods):
     async def check_health(self) -> None:  # Serve calls it every few seconds
         self.dispatcher.placement.start()  # the constructor may have run without a loop
         self.model_table.start()
+        self.drain_watch.start()
 
 
 @serve.deployment
@@ -325,4 +336,5 @@ class IngressWithCpuPool(_IngressMethods):
     async def check_health(self) -> None:
         self.dispatcher.placement.start()
         self.model_table.start()
+        self.drain_watch.start()
         await self.cpu_pool.check_health()

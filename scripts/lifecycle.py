@@ -12,11 +12,15 @@
         join: `serve run CONFIG` in its own session instead (scripts/serve_run.py), as
         before: `drain`, SIGINT (Serve's shutdown), SIGTERM, SIGKILL to its session.
     python scripts/lifecycle.py drain [ADDRESS]
-        Delete every Serve application of the Ray cluster at ADDRESS (default `auto`:
-        this machine's one Ray, or `ray start`'s; with several and none from `ray
-        start`, it refuses) and wait, at most BLITZ_DRAIN_S (60) seconds, until they
-        are gone: each replica finishes the requests it holds before it stops. Serve
-        and the proxies stay up.
+        The first half of a stop, on the Ray cluster at ADDRESS (default `auto`: this
+        machine's one Ray, or `ray start`'s; with several and none from `ray start`, it
+        refuses): every Blitz ingress replica is told to stop (deployments/draining.py):
+        new requests get 503 + Retry-After, which clients and balancers retry, and this
+        waits, at most BLITZ_DRAIN_S (60) seconds, until none has a request in flight.
+        The applications stay, refusing, until Serve's shutdown (or until the stop
+        lapses, BLITZ_DRAIN_S + 120 s later: then they serve again). An application
+        whose ingress does not answer (not Blitz's) is deleted instead: each replica
+        finishes the requests it holds before it stops. Serve and the proxies stay up.
     python scripts/lifecycle.py shutdown [ADDRESS]
         `drain` (unless BLITZ_DRAIN_S=0), then Serve's own shutdown.
     python scripts/lifecycle.py check CONFIG
@@ -43,9 +47,12 @@ same time as it starts stopping the replicas: HAProxyManager.shutdown kills HAPr
 SIGKILL (haproxy.py HAProxyApi.stop) and, without the fast path, the controller kills
 the proxy actor after its shutdown(), which returns at once (proxy_state.py
 ActorProxyWrapper.kill). Requests in flight lose their connection although their
-replicas drain. Deleting the applications first is a drain: each replica finishes what
-it holds, and HAProxy's configuration reloads are graceful (the old process finishes
-its connections). Then the shutdown finds nothing left to cut.
+replicas drain. So the ingress replicas are told to stop first and the shutdown waits
+until they hold nothing: it then finds nothing left to cut. Deleting the applications
+instead (what this did before, and still does for an application that is not Blitz's)
+also lets each replica finish what it holds, but Serve takes a deleted application's
+route away at once: requests arriving during the drain got 404 (Serve's "no route"),
+which clients do not retry; now they get 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -411,18 +418,19 @@ def _connect(address: str) -> None:
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
 
 
-def _delete_apps() -> int:
-    """Delete every Serve application; wait until gone, at most DRAIN_S."""
+def _delete_apps(apps: list[str] | None = None, took_s: float = 0.0) -> int:
+    """Delete Serve applications (``apps``, default every one); wait until gone, at most
+    DRAIN_S less ``took_s`` already spent."""
     from ray import serve
 
-    start = time.monotonic()
-    apps = list(serve.status().applications)
+    start = time.monotonic() - took_s
+    apps = list(serve.status().applications) if apps is None else apps
     for app in apps:
         serve.delete(app, _blocking=False)
-    left = apps
+    left = [app for app in serve.status().applications if app in apps]
     while left and time.monotonic() - start < DRAIN_S:
         time.sleep(0.5)
-        left = list(serve.status().applications)
+        left = [app for app in serve.status().applications if app in apps]
     took = time.monotonic() - start
     if left:
         log(f"drain: {left} still there after {DRAIN_S:.0f} s (BLITZ_DRAIN_S); going on")
@@ -431,10 +439,87 @@ def _delete_apps() -> int:
     return 0
 
 
+# deployments/draining.py's protocol (not imported: this runs without Blitz's packages)
+DRAIN_NAMESPACE = "blitz-drain"
+INGRESS = "Ingress"  # the ingress deployment's name in every Blitz application
+HEARD_S = 5.0  # an ingress that has not answered the stop by then is not listening
+
+
+def _drain_namespace(app: str) -> str:
+    from urllib.parse import quote
+
+    return f"{DRAIN_NAMESPACE}-{quote(app, safe='')}"
+
+
+def _ingress_replicas(app: str) -> int | None:
+    """RUNNING replicas of ``app``'s Blitz ingress; None when it has none (not Blitz)."""
+    from ray import serve
+
+    status = serve.status().applications.get(app)
+    deployment = status.deployments.get(INGRESS) if status is not None else None
+    return None if deployment is None else deployment.replica_states.get("RUNNING", 0)
+
+
+def _drain_apps() -> int:
+    """The drain: each Blitz application's ingress replicas told to stop (new requests get
+    503 + Retry-After, those in flight finish; deployments/draining.py), then a wait, at
+    most DRAIN_S, until every one reports nothing in flight. The applications stay: Serve's
+    shutdown next finds nothing to cut, and no request meets Serve's 404 for a deleted one.
+    Applications whose ingress does not answer (not Blitz's, or an older Blitz) are
+    deleted instead, as before: each replica finishes what it holds."""
+    from ray import serve
+    from ray.experimental.internal_kv import (
+        _internal_kv_del,
+        _internal_kv_get,
+        _internal_kv_list,
+        _internal_kv_put,
+    )
+
+    start = time.monotonic()
+    apps = list(serve.status().applications)
+    until = f"{time.time() + DRAIN_S + 120:.0f}".encode()  # then the flag lapses by itself
+    for app in apps:
+        space = _drain_namespace(app)
+        for key in _internal_kv_list("", namespace=space):  # an earlier stop's reports
+            _internal_kv_del(key, namespace=space)
+        _internal_kv_put("stopping", until, overwrite=True, namespace=space)
+
+    def state(app: str) -> str:
+        """``idle``, ``busy``, ``unheard`` (no report yet) or ``other`` (no ingress)."""
+        wanted = _ingress_replicas(app)
+        if wanted is None:
+            return "other"
+        space = _drain_namespace(app)
+        reports = [_internal_kv_get(key, namespace=space)
+                   for key in _internal_kv_list("idle:", namespace=space)]
+        if not reports:
+            return "unheard"
+        return "idle" if reports.count(b"1") >= wanted and b"0" not in reports else "busy"
+
+    states = {app: state(app) for app in apps}
+    while time.monotonic() - start < DRAIN_S:
+        waiting = [app for app, s in states.items() if s == "busy"
+                   or (s == "unheard" and time.monotonic() - start < HEARD_S)]
+        if not waiting:
+            break
+        time.sleep(0.25)
+        states |= {app: state(app) for app in waiting}
+    idle = [app for app, s in states.items() if s == "idle"]
+    if idle:
+        log(f"drained: {len(idle)} application(s) idle in {time.monotonic() - start:.1f} s "
+            "(requests meanwhile got 503 + Retry-After)")
+    busy = [app for app, s in states.items() if s == "busy"]
+    if busy:
+        log(f"drain: {busy} still busy after {DRAIN_S:.0f} s (BLITZ_DRAIN_S); going on")
+    others = [app for app, s in states.items() if s in ("unheard", "other")]
+    deleted = _delete_apps(others, time.monotonic() - start) if others else 0
+    return 1 if busy or deleted else 0
+
+
 def drain(address: str) -> int:
-    """Delete every Serve application at ``address``; wait until gone, at most DRAIN_S."""
+    """`_drain_apps` at ``address``: at most DRAIN_S."""
     _connect(address)
-    return _delete_apps()
+    return _drain_apps()
 
 
 def shutdown(address: str) -> int:
@@ -443,7 +528,7 @@ def shutdown(address: str) -> int:
     _connect(address)  # first: it sets what Ray reads at import
     from ray import serve
 
-    status = _delete_apps() if DRAIN_S > 0 else 0
+    status = _drain_apps() if DRAIN_S > 0 else 0
     start = time.monotonic()
     serve.shutdown()
     log(f"Serve shut down in {time.monotonic() - start:.1f} s")

@@ -12,8 +12,9 @@
 # with a message. Then Ray's head starts with no long-lived driver (scripts/ray_up.py
 # deploys the config and exits; a deploy that fails ends this script with status 1).
 # Ctrl-C, SIGINT, SIGTERM or SIGHUP to this script stops every process it started (Ray,
-# HAProxy): a drain first (the apps deleted, so requests in flight finish; at most
-# BLITZ_DRAIN_S, 60), then Serve's own shutdown, then SIGTERM/SIGKILL to Ray's processes.
+# HAProxy): a drain first (new requests get 503 + Retry-After while those in flight
+# finish; at most BLITZ_DRAIN_S, 60), then Serve's own shutdown, then SIGTERM/SIGKILL to
+# Ray's processes.
 # BLITZ_SERVE_CONFIG picks another config file; BLITZ_SKIP_INSTALL=1 skips install.sh.
 #
 # Ray starts without its dashboard, log monitor and autoscaler monitor (docs/fast-path.md,

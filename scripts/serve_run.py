@@ -21,6 +21,9 @@ GCS and still work), `ray job`, `ray logs`, `ray list` (the state API) and the U
 BLITZ_DASHBOARD=1 keeps the dashboard (plain `serve run`), and so does joining a running
 cluster (RAY_ADDRESS, `ray start`: its own settings apply) or passing `serve run` an
 address or a runtime environment, which this does not forward to `ray.init`.
+
+Either way, when a local Ray is to start, Ray's token file is made first, mode 600
+(scripts/ray_up.py `ensure_auth_token`): left to `ray.init()`, it would be 0644.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import sys
 
 from lifecycle import log, will_attach
+from ray_up import ensure_auth_token
 
 # `serve run` options this driver would have to pass to ray.init; with any of them given,
 # `serve run` starts Ray itself (dashboard included)
@@ -41,6 +45,14 @@ def without_dashboard(args: list[str]) -> bool:
     if os.environ.get("BLITZ_DASHBOARD", "0") == "1" or will_attach():
         return False
     return not any(a == opt or a.startswith(opt + "=") for a in args for opt in RAY_INIT_OPTIONS)
+
+
+def starts_local_ray(args: list[str]) -> bool:
+    """Whether `serve run` with ``args`` starts a Ray of its own on this machine."""
+    if will_attach():
+        return False
+    return not any(a == opt or a.startswith(opt + "=") for a in args
+                   for opt in ("--address", "-a"))
 
 
 def start_ray_without_dashboard() -> None:
@@ -61,6 +73,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] != ["run"] or len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
+    if starts_local_ray(argv[1:]):  # its token made here, mode 600
+        ensure_auth_token()
     if without_dashboard(argv[1:]):
         start_ray_without_dashboard()
     else:

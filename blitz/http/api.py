@@ -129,6 +129,7 @@ class HttpApi:
         self._app = RequestMiddleware(router, [r.path for r in self.routes],
                                       self.settings.auth, service.observe,
                                       self.settings.ingress.server_timing)
+        self.drain = self._app.drain  # the replica's stop (deployments/draining.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._app(scope, receive, send)

@@ -6,7 +6,9 @@ the router's 404 and 405, its own 401) in Blitz's JSON shape (or the peer API's 
 named, ``ERROR_SHAPE``), adds ``x-request-id``,
 ``x-compute-time``, ``x-blitz-pool`` and ``server-timing`` (``blitz.timing``: the time per
 hop) to every reply, and observes each request once; while traces are on, it gives the request
-its span (``blitz.runtime.tracing``).
+its span (``blitz.runtime.tracing``). Once the server stops (``drain``, a
+``blitz.runtime.draining.Drain``), every new request is a 503 with ``Retry-After``, and
+those in flight are counted until they end.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from blitz.http.responses import JSONBytesResponse
 from blitz.ingress.keys import ApiKeys
 from blitz.ingress.service import RequestRecord, record_failure
 from blitz.runtime import tracing
+from blitz.runtime.draining import Drain
 from blitz.settings.config import AuthSettings
 
 logger = logging.getLogger("blitz.http")
@@ -92,6 +95,7 @@ class RequestMiddleware:
         self.paths = frozenset(paths)
         self.observe = observe
         self.keys = ApiKeys(auth)
+        self.drain = Drain()
         logger.info("API keys %s", f"on ({self.keys.count} key(s))" if self.keys.on else
                     "off: every route is public (set auth.api_keys, or auth.required: true "
                     "to refuse to start without keys)")
@@ -133,6 +137,7 @@ class RequestMiddleware:
             await send(message)
 
         try:
+            self.drain.refuse_if_stopping()  # stopping: 503 + Retry-After, not Serve's 404
             if (self.keys.on and path in self._keyed_paths
                     and not (path in PUBLIC_GETS and scope["method"] in ("GET", "HEAD"))):
                 record.api_key = self.keys.check(headers.get("authorization", ""))
@@ -141,10 +146,11 @@ class RequestMiddleware:
                     record.api_key = self.keys.check(headers["authorization"])
                 except BlitzError:
                     pass
-            if disconnect.unwatched(scope):
-                await disconnect.run_watching(self.app, scope, receive, send_with_headers)
-            else:
-                await self.app(scope, receive, send_with_headers)
+            with self.drain.held():
+                if disconnect.unwatched(scope):
+                    await disconnect.run_watching(self.app, scope, receive, send_with_headers)
+                else:
+                    await self.app(scope, receive, send_with_headers)
         except Exception as exc:  # the one place errors become replies
             if status:  # the reply has begun; nothing more can be said
                 raise

@@ -14,8 +14,11 @@ they cannot make the room: bounded queues drop bulk work first, never the reques
 waited longest, and never for nothing.
 
 The queue knows nothing of callers: ``best`` and ``shed`` take a ``gone`` predicate, and
-an entry whose caller has left is dropped when it reaches a head (or a tail), so a
-cancelled waiter costs nothing beyond its slot in a deque.
+an entry whose caller has left is dropped when it reaches a head (or a tail). Its owner
+says when one leaves (``left``): once such dead entries outnumber the live ones, every line
+is compacted (O(held), so O(1) per departure amortized). A storm of callers that queue and
+leave while the head does not move (a long batch running) therefore holds at most about
+twice the live entries, never a deque that grows with every departure.
 """
 
 from __future__ import annotations
@@ -48,10 +51,28 @@ class AgingQueue(Generic[E]):
         self._clock = clock
         self._lines: list[deque[tuple[int, float, E]]] = [deque() for _ in range(levels)]
         self._arrivals = itertools.count()  # ties between lines go to the first arrival
+        self._dead = 0  # entries held whose callers have left (``left``), not yet dropped
 
     def __len__(self) -> int:
         """Entries held, those whose callers have gone but not yet been dropped included."""
         return sum(len(line) for line in self._lines)
+
+    @property
+    def dead(self) -> int:
+        """Entries held whose callers have left, as ``left`` counted them."""
+        return self._dead
+
+    def left(self, gone: Callable[[E], bool]) -> None:
+        """An entry still held has just become ``gone``: counted, and when the dead then
+        outnumber the live, every line loses its dead (order kept)."""
+        self._dead += 1
+        if 2 * self._dead > len(self):
+            for number, line in enumerate(self._lines):
+                self._lines[number] = deque(held for held in line if not gone(held[2]))
+            self._dead = 0
+
+    def _dropped(self) -> None:
+        self._dead = max(0, self._dead - 1)
 
     def push(self, entry: E, level: int) -> None:
         """``entry`` at the back of ``level``'s line (clamped to the levels there are)."""
@@ -71,6 +92,7 @@ class AgingQueue(Generic[E]):
         for line_no, line in enumerate(self._lines):
             while line and gone(line[0][2]):
                 line.popleft()
+                self._dropped()
             if not line:
                 continue
             arrival, since, entry = line[0]
@@ -113,4 +135,6 @@ class AgingQueue(Generic[E]):
                 entry = line.pop()[2]
                 if not gone(entry):
                     shed.append(entry)
+                else:
+                    self._dropped()
         return shed

@@ -17,7 +17,10 @@ One ``Batcher`` per hop and model (the ingress's pool calls, a pool's model call
   unless the newest waiting items of a lower priority can make room: those are refused
   instead (``Overloaded``), so bulk work never pushes interactive work out.
 - **Cancellation-aware**: an item whose caller has gone is dropped before its batch
-  runs, and a running batch whose callers have all gone is cancelled.
+  runs (its payload at once; its queue slot when dead entries outnumber live ones, so a
+  storm of callers that submit and leave holds no more than ``max_waiting`` units of
+  payload and about twice the live entries), and a running batch whose callers have all
+  gone is cancelled.
 - **Failures isolated**: ``run`` returns one result or exception per item, so one bad
   item fails alone; if ``run`` itself raises, each item of that batch gets the error.
 - **Timed**: a batch that runs longer than ``timeout_s`` fails its items with
@@ -173,6 +176,8 @@ class Batcher(Generic[T, R]):
         entry.future.cancel()
         if entry.batch is None:  # still queued: it no longer counts against the bound
             self._waiting_units -= entry.units
+            entry.item = None  # type: ignore[assignment]  # never read again: it is gone
+            self._queue.left(_gone)
             self._waiting_changed()
         elif entry.batch.task is not None and entry.batch.abandoned():
             entry.batch.task.cancel()  # nobody waits for this batch any more

@@ -4,20 +4,25 @@ process managers send) all get their answer.
 Ray 2.60's own shutdown (`serve shutdown`, `serve.shutdown()`, which `serve run` calls
 on SIGINT) kills the HTTP front (HAProxy, SIGKILL) on its first step, so requests in
 flight lose their connection even though their replicas drain. scripts/lifecycle.py
-therefore deletes the applications first (`lifecycle.py drain`: each replica finishes
-what it holds; HAProxy's reloads are graceful) and only then lets Serve shut down.
+therefore drains first (`lifecycle.py drain`: each ingress replica told to stop,
+deployments/draining.py) and only lets Serve shut down once no replica holds a request.
 
 Two slow requests (a fake model whose batches take 4 s: one running, one queued on the
 pool) are in flight when SIGTERM reaches serve.sh; both must answer 200 with their
-embeddings, after the stop began, and the run must still stop completely. The run has
-its own Ray (RAY_ADDRESS=local) and ports, like tests/faults/test_lifecycle.py.
+embeddings, after the stop began, and the run must still stop completely. Meanwhile a
+one-text request every 0.2 s gets 200, 503 with Retry-After (the drain: some must) or
+no connection (Serve gone), never 404 (what a deleted application answered before:
+issue 54). The run has its own Ray (RAY_ADDRESS=local) and ports, like
+tests/faults/test_lifecycle.py.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -43,6 +48,23 @@ def embed(port: int, text: str) -> tuple[int, dict, float]:
         return reply.status, json.loads(reply.read()), time.monotonic()
 
 
+def newcomers(port: int, stopped: threading.Event, seen: dict[str, int]) -> None:
+    """A one-text request every 0.2 s until ``stopped``: each outcome counted (``200``,
+    ``503`` with a Retry-After, ``refused``, or anything else by its status or error)."""
+    while not stopped.is_set():
+        try:
+            outcome = str(embed(port, "new")[0])
+        except urllib.error.HTTPError as e:
+            outcome = str(e.code) if e.code != 503 or e.headers.get("retry-after") else \
+                "503 without Retry-After"
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            reason = getattr(e, "reason", e)
+            refused = isinstance(reason, ConnectionRefusedError | ConnectionResetError)
+            outcome = "refused" if refused else f"{type(reason).__name__}"
+        seen[outcome] = seen.get(outcome, 0) + 1
+        stopped.wait(0.2)
+
+
 def test_sigterm_drains_requests_in_flight(tmp_path):
     taken: set[int] = set()
     ports = {name: stable_port(taken) for name in ("http", "stats", "metrics")}
@@ -55,17 +77,28 @@ def test_sigterm_drains_requests_in_flight(tmp_path):
             second = pool.submit(embed, ports["http"], "two")
             time.sleep(1.0)  # both reached the server
             assert not first.done() and not second.done()
+            seen: dict[str, int] = {}
+            stopped = threading.Event()
+            watcher = threading.Thread(target=newcomers, args=(ports["http"], stopped, seen))
+            watcher.start()
             stop_began = time.monotonic()
-            stop_s = run.stop(signal.SIGTERM)
+            try:
+                stop_s = run.stop(signal.SIGTERM)
+            finally:
+                stopped.set()
+                watcher.join()
             replies = [first.result(), second.result()]
     finally:
         run.kill()
+    print(f"\nrequests during the stop: {seen}")
+    assert set(seen) <= {"200", "503", "refused"}, seen  # never 404: the app is kept
+    assert seen.get("503"), seen  # the drain answered while the requests in flight ran
     for status, body, answered in replies:
         assert status == 200, body
         assert len(body["embeddings"]) == 1 and len(body["embeddings"][0]) == 8
         assert answered > stop_began, "answered before the stop: nothing was in flight"
     log = run.tail()
-    assert "drained: 1 application(s) deleted" in log, log
+    assert "drained: 1 application(s) idle" in log, log
     assert all(port_free(p) for p in ports.values())
     print(f"\nshutdown drain: ready in {ready_s:.1f} s; SIGTERM -> everything gone in "
           f"{stop_s:.1f} s; answers {[r[2] - stop_began for r in replies]} s after it")

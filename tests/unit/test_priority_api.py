@@ -28,6 +28,7 @@ from blitz.hop_messages import (
 from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.pool.replica import PoolReplica
+from blitz.runtime.draining import Drain
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
 from deployments.ingress import Ingress
@@ -98,6 +99,7 @@ class IngressMethods:
 
     def __init__(self, service: EmbeddingService):
         self.service = service
+        self.drain = Drain()  # the replica's stop (blitz.runtime.draining)
 
 
 async def test_the_records_priority_goes_on_every_job_of_the_request():

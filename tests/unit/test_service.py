@@ -10,6 +10,7 @@ from ray.exceptions import RayTaskError
 from blitz.errors import InputTooLong, Overloaded, UnknownModel
 from blitz.hop_messages import RerankJob
 from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.runtime.draining import Drain
 from blitz.settings.config import BlitzSettings
 from deployments.ingress import Ingress
 from tests.local_dispatcher import LocalDispatcher
@@ -41,6 +42,7 @@ class IngressMethods:
 
     def __init__(self, service: EmbeddingService):
         self.service = service
+        self.drain = Drain()  # the replica's stop (blitz.runtime.draining)
 
 
 async def test_handle_calls_are_observed_once_each_with_their_outcome():
