@@ -97,8 +97,8 @@ class ImageService:
         service._check_dimensions(spec, dimensions)
         limits = self.limits
         data = await image_bytes(images, limits)
-        sized = await in_image_thread(sized_images, data, limits, timeout_s=limits.decode_timeout_s,
-                                      param="images", what="check")
+        sized = await in_image_thread(sized_images, data, limits, param="images",
+                                      timeout_s=limits.decode_timeout_s, what="check")
         wanted = spec.normalize if normalize is None else normalize
 
         def job(_: ModelSpec, chunk: list[SizedImage]) -> ImageEmbedJob:
