@@ -106,11 +106,16 @@ class EmbedJob(_Job):
 @dataclass(frozen=True)
 class ImageEmbedJob(_Job):
     """Encoded images (their bytes, as a client sent them; the ingress checked their
-    headers against the image limits) for one pool call of a dual encoder."""
+    headers against the image limits) for one pool call of a dual encoder. ``pixels``:
+    the width x height their headers declare, summed (the job's decoding cost; 0 when
+    not counted); ``first``: the request's index of the first image (errors name
+    ``images[first + i]``)."""
 
     images: list[bytes]
     normalize: bool = True
     trace: str | None = None
+    pixels: int = 0
+    first: int = 0
 
     def __len__(self) -> int:
         return len(self.images)

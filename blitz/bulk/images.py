@@ -339,6 +339,9 @@ def embed_image_rows(encoder: Any, rows: pa.Table, normalize: bool,
         except ClientError as exc:
             refused[i] = exc.message
             continue
+        except Exception as exc:  # noqa: BLE001 - a bad file is its row's refusal, never the job's
+            refused[i] = f"the image could not be decoded: {type(exc).__name__}"
+            continue
         pending.append(encoder.pixels([picture]))
         good.append(i)
         if len(pending) >= PIXEL_BATCH:

@@ -87,7 +87,18 @@ class DualEncoderBase(Encoder):
         return self.pixels(images)
 
     def embed_prepared(self, prepared: Any, *, normalize: bool) -> Encoded:
+        """``prepare_images``' output, or a list of its rows (one per image: a job prepared
+        image by image, ``blitz.pool.image_prep``)."""
+        if isinstance(prepared, list):
+            prepared = self._stacked(prepared)
         return self.embed_pixels(prepared, normalize=normalize)
+
+    def _stacked(self, rows: list[Any]) -> Any:
+        if self.tensors == "np":
+            return np.stack([np.asarray(row) for row in rows])
+        import torch
+
+        return torch.stack(rows)
 
     def embed_pixels(self, pixels: Any, *, normalize: bool) -> Encoded:
         values = self.image_features(pixels)
@@ -98,10 +109,16 @@ class DualEncoderBase(Encoder):
 
     def embed_image_bytes(self, images: list[bytes], *, normalize: bool) -> Encoded:
         """Encoded images decoded within ``limits`` (a bad one: its 4xx, naming its index
-        in the job), then embedded."""
-        decoded = [decode(data, self.limits, param=f"images[{i}]")
-                   for i, data in enumerate(images)]
-        return self.embed_images(decoded, normalize=normalize)
+        in the job) and resized one at a time (each full-size image closed once it is the
+        model's input size), then embedded."""
+        rows: list[Any] = []
+        for i, data in enumerate(images):
+            image = decode(data, self.limits, param=f"images[{i}]")
+            try:
+                rows.extend(self.pixels([image]))
+            finally:
+                image.close()
+        return self.embed_prepared(rows, normalize=normalize)
 
 
 class DualEncoder(DualEncoderBase):

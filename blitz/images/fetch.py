@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from blitz.errors import BadRequest, BlitzError, InvalidValue, Overloaded, PayloadTooLarge
+from blitz.images.decode import in_image_thread
 from blitz.settings.images import ENCODED_TRICKS, ImageSettings
 
 Resolve = Callable[[str, int], Awaitable[list[str]]]
@@ -241,7 +242,8 @@ class Fetcher:
         finally:
             self._slots.release()
         if check is not None:
-            await asyncio.to_thread(check, data, param)
+            await in_image_thread(check, data, param, param=param,
+                                  timeout_s=self.limits.decode_timeout_s, what="check")
         return data
 
     async def _address(self, where: Target, param: str) -> str:

@@ -11,18 +11,20 @@
 Each is sized before it is decoded (a base64 string's length says its bytes), then its
 header is checked (``blitz.images.decode.check_header``: format, declared pixels, frames)
 before anything leaves the ingress: a bad image is refused naming ``images[i]``, and only
-encoded bytes cross the hop. Costs stay linear in what the client sent.
+encoded bytes cross the hop. Costs stay linear in what the client sent. Then the pixels
+the headers declare are summed within ``images.max_request_pixels`` (``sized_images``) and
+the images go in jobs bounded by count, bytes and pixels (``jobs_of``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
+from dataclasses import dataclass
 from typing import Any
 
 from blitz.errors import InvalidValue, PayloadTooLarge, echo
-from blitz.images.decode import check_header
+from blitz.images.decode import check_header, declared_pixels, in_image_thread
 from blitz.images.fetch import Fetcher, shared
 from blitz.images.fetch import allowed as allowed  # re-exported: the allow-list's test
 from blitz.settings.images import ImageSettings
@@ -63,7 +65,8 @@ async def image_bytes(items: list[Any], limits: ImageSettings, field: str = "ima
     urls = {i: item for i, item in enumerate(items)
             if isinstance(item, str) and item.startswith(("http://", "https://"))}
     # base64 and headers off the event loop: a body's worth of images takes milliseconds
-    out = await asyncio.to_thread(_checked, items, urls, limits, field)
+    out = await in_image_thread(_checked, items, urls, limits, field, param=field,
+                                timeout_s=limits.decode_timeout_s, what="check")
     if urls:
         def check(data: bytes, param: str) -> None:  # in a thread, as each arrives
             check_header(data, limits, param).close()
@@ -97,16 +100,49 @@ def _checked(items: list[Any], urls: dict[int, str], limits: ImageSettings,
     return out
 
 
-def jobs_of(images: list[bytes], max_count: int, max_bytes: int) -> list[list[bytes]]:
-    """``images`` in consecutive jobs of at most ``max_count`` images and ``max_bytes``
-    bytes (an image larger alone is a job of its own)."""
-    jobs: list[list[bytes]] = []
-    size = 0
-    for data in images:
-        if not jobs or len(jobs[-1]) >= max_count or (size + len(data) > max_bytes
-                                                      and jobs[-1]):
+@dataclass(frozen=True)
+class SizedImage:
+    """An image's encoded bytes, its index in the request and the pixels its header
+    declares."""
+
+    index: int
+    data: bytes
+    pixels: int
+
+
+def sized_images(images: list[bytes], limits: ImageSettings, field: str = "images"
+                 ) -> list[SizedImage]:
+    """``images`` (headers checked) with their declared pixels, within
+    ``max_request_pixels`` summed: past it, a 413 naming the image that crosses it. Header
+    reads only (``blitz.images.scan`` keeps each cheap): run it in the images' threads."""
+    out: list[SizedImage] = []
+    total = 0
+    for i, data in enumerate(images):
+        pixels = declared_pixels(data, limits, f"{field}[{i}]")
+        total += pixels
+        if total > limits.max_request_pixels:
+            raise PayloadTooLarge(
+                f"the images up to {field}[{i}] declare {total:,} pixels (width x height, "
+                f"summed); the limit images.max_request_pixels is "
+                f"{limits.max_request_pixels:,}", param=f"{field}[{i}]")
+        out.append(SizedImage(i, data, pixels))
+    return out
+
+
+def jobs_of(images: list[SizedImage], max_count: int, max_bytes: int, max_pixels: int
+            ) -> list[list[SizedImage]]:
+    """``images`` in consecutive jobs of at most ``max_count`` images, ``max_bytes`` bytes
+    and ``max_pixels`` declared pixels (an image larger alone is a job of its own): a job
+    costs a pool what its pixels say."""
+    jobs: list[list[SizedImage]] = []
+    size = pixels = 0
+    for image in images:
+        if not jobs or len(jobs[-1]) >= max_count or (
+                (size + len(image.data) > max_bytes or pixels + image.pixels > max_pixels)
+                and jobs[-1]):
             jobs.append([])
-            size = 0
-        jobs[-1].append(data)
-        size += len(data)
+            size = pixels = 0
+        jobs[-1].append(image)
+        size += len(image.data)
+        pixels += image.pixels
     return jobs

@@ -3,9 +3,11 @@ by a dual encoder (CLIP, SigLIP), and scored against a text in the same space.
 
 A request's images become encoded bytes with their headers checked here
 (``blitz.images.inputs``: base64, data URLs, allowed URLs; format, declared pixels and
-frames), before any model work; they travel to the pool as they came, in jobs of at most
-the pool's batch limit and ``images.max_job_bytes``, and are routed by the router's size
-rule for images (``routing.gpu_min_images``). The reply is the text reply's, in shape and
+frames), and their declared pixels summed within ``images.max_request_pixels``, before
+any model work; they travel to the pool as they came, in jobs of at most the pool's batch
+limit, ``images.max_job_bytes`` and ``images.max_job_pixels`` (a job carries its
+``pixels``), and are routed by the router's size rule for images
+(``routing.gpu_min_images``). The reply is the text reply's, in shape and
 format: ``EmbedResult``, ``RerankResult``, ``SimilarityResult``.
 """
 
@@ -25,7 +27,8 @@ from blitz.hop_messages import (
     SimilarityResult,
     Usage,
 )
-from blitz.images.inputs import image_bytes, jobs_of
+from blitz.images.decode import in_image_thread
+from blitz.images.inputs import SizedImage, image_bytes, jobs_of, sized_images
 from blitz.ingress.limits import check_texts
 from blitz.ingress.service import EmbeddingService, RequestRecord, joined
 from blitz.settings.registry import ModelSpec
@@ -92,12 +95,21 @@ class ImageService:
             raise InvalidValue(f"model {spec.id!r} is of kind {spec.kind}; images need a model of "
                                "kind dual-encoder (CLIP, SigLIP)", param="model")
         service._check_dimensions(spec, dimensions)
-        data = await image_bytes(images, self.limits)
+        limits = self.limits
+        data = await image_bytes(images, limits)
+        sized = await in_image_thread(sized_images, data, limits, param="images",
+                                      timeout_s=limits.decode_timeout_s, what="check")
         wanted = spec.normalize if normalize is None else normalize
+
+        def job(_: ModelSpec, chunk: list[SizedImage]) -> ImageEmbedJob:
+            return ImageEmbedJob([image.data for image in chunk], normalize=wanted,
+                                 pixels=sum(image.pixels for image in chunk),
+                                 first=chunk[0].index)
+
         ran = await service.run(
-            record, spec.id, lambda _: data,
-            lambda _, chunk: ImageEmbedJob(chunk, normalize=wanted), kind=IMAGE_KINDS,
-            split=lambda items, size: jobs_of(items, size, self.limits.max_job_bytes))
+            record, spec.id, lambda _: sized, job, kind=IMAGE_KINDS,
+            split=lambda items, size: jobs_of(items, size, limits.max_job_bytes,
+                                              limits.max_job_pixels))
         return spec, ran.pool, joined(ran.parts)[0]
 
     async def _scores(self, record: RequestRecord, text: str, images: Images,

@@ -1,12 +1,17 @@
-"""Images made ready before their model call, off its critical path.
+"""Images made ready before their model call, off its critical path, one at a time.
 
-An ``ImageEmbedJob`` arrives with encoded bytes. Before it enters the model's queue, each
-image is decoded in a thread of its own within the image limits
-(``blitz.images.decode.decode_async``: a deadline per image), and the model's image
-processor (resize, normalize) runs in another thread: a ``PreparedImages`` job holds the
-model's input. So a worker thread's turn is the model call alone, and the next request's
-images are decoded while the current batch runs. A job whose images fail gets its error
-(a 4xx naming ``images[i]``) and never enters the queue; the request's other jobs go on.
+An ``ImageEmbedJob`` arrives with encoded bytes. Before it enters the model's queue, its
+images are decoded and resized by the model's image processor one after another, each in
+one call in the images' own bounded threads (``blitz.images.decode.in_image_thread``,
+within ``decode_timeout_s``): a full-size image lives only inside that call, dropped as
+soon as the processor has made it the model's input size. So a job holds at most one
+full-size image at a time, and a process at most ``THREADS`` whatever the jobs, instead
+of a job's every image at once (a 4.9 KB 1-bit PNG decodes to 114 MiB of RGB). A
+``PreparedImages`` job holds the model's input, one row per image. So a worker thread's
+turn is the model call alone, and the next request's images are decoded while the
+current batch runs. A job whose images fail gets its error (a 4xx naming ``images[i]``,
+``i`` its index in the request) and never enters the queue; the request's other jobs go
+on.
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from typing import Any
 
 from blitz.encoders.base import Encoded, Encoder
 from blitz.hop_messages import ImageEmbedJob, _Job
-from blitz.images.decode import decode_async
+from blitz.images.decode import decode, in_image_thread
 from blitz.settings.images import ImageSettings
 
 
 @dataclass(frozen=True)
 class PreparedImages(_Job):
-    """An image job's pixels, ready for ``Encoder.embed_prepared`` (never crosses a hop);
+    """An image job's pixels, ready for ``Encoder.embed_prepared`` (never crosses a hop):
+    ``prepared`` is a list of rows, one per image (``prepare_images``' output row by row);
     its priority is its job's."""
 
     prepared: Any
@@ -42,12 +48,27 @@ Leased = Callable[[Callable[[Encoder], Any]], Awaitable[Any]]
 
 async def prepare(job: ImageEmbedJob, limits: ImageSettings, leased: Leased
                   ) -> PreparedImages:
-    """``job``'s images decoded (in parallel, each within its deadline) and processed."""
-    decoded = await asyncio.gather(*(decode_async(data, limits, f"images[{i}]")
-                                     for i, data in enumerate(job.images)))
-    prepared = await leased(lambda encoder: encoder.prepare_images(decoded))
-    return PreparedImages(prepared, len(decoded), job.normalize, job.trace,
-                          priority=job.priority)
+    """``job``'s images decoded and processed one at a time, each within its deadline."""
+    # the loaded encoder; its image processor needs no lease: an eviction frees the
+    # model's weights, never its processor
+    encoder: Encoder = await leased(lambda encoder: encoder)
+    rows: list[Any] = []
+    for i, data in enumerate(job.images):
+        param = f"images[{job.first + i}]"
+        rows.extend(await in_image_thread(prepared_image, encoder, data, limits, param,
+                                          timeout_s=limits.decode_timeout_s, param=param))
+    return PreparedImages(rows, len(rows), job.normalize, job.trace, priority=job.priority)
+
+
+def prepared_image(encoder: Encoder, data: bytes, limits: ImageSettings, param: str
+                   ) -> list[Any]:
+    """One encoded image as the model's input rows: decoded, resized by the processor,
+    and its full-size pixels closed before the rows are returned."""
+    image = decode(data, limits, param)
+    try:
+        return list(encoder.prepare_images([image]))
+    finally:
+        image.close()
 
 
 async def with_prepared(jobs: list[Any], limits: ImageSettings, leased: Leased,

@@ -34,9 +34,16 @@ class ImageSettings(_Settings):
         ("JPEG", "PNG", "WEBP", "GIF", "BMP"), description="formats accepted, told by the "
         "file's magic bytes (415 otherwise)")
     max_per_request: int = Field(256, ge=1, description="images in one request (413)")
+    max_request_pixels: int = Field(
+        64_000_000, ge=1, description="width x height summed over a request's images, as "
+        "their headers declare (413 naming the image that crosses it, before any decode): "
+        "what one request may cost to decode")
     max_job_bytes: int = Field(32 * 2**20, ge=1, description="encoded bytes in one pool "
                                "call: a request's images go in jobs of at most the pool's "
-                               "max_batch_size images and this many bytes")
+                               "max_batch_size images, this many bytes and max_job_pixels")
+    max_job_pixels: int = Field(
+        16_000_000, ge=1, description="declared width x height in one pool call (an image "
+        "larger alone is a job of its own); a pool decodes a job's images one at a time")
     url_allow: list[str] = Field(
         default_factory=list, description="URL prefixes (scheme://host[:port]/path/) images "
         "may be fetched from, by `http(s)://` inputs; a prefix's path ends in `/` (or is "

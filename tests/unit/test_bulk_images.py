@@ -232,6 +232,26 @@ def test_vectors_equal_embed_image_bytes_in_any_batch_and_bad_images_are_refused
     assert out.column("tokens").to_pylist() == [0] * len(members)
 
 
+def test_a_truncated_animated_gif_is_a_refused_row_and_the_job_goes_on(tmp_path, encoder):
+    rng = np.random.default_rng(1)
+    frames = [Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8))
+              for _ in range(4)]
+    out = io.BytesIO()
+    frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:])
+    gif = out.getvalue()
+    members = []
+    for name, data in (("a.png", picture(1)), ("cut.gif", gif[:int(len(gif) * 0.3)]),
+                       ("cut2.gif", gif[:int(len(gif) * 0.9)]), ("b.png", picture(2))):
+        (tmp_path / name).write_bytes(data)  # on main: IndexError from n_frames, job failed
+        members.append((str(tmp_path / name), name))
+    rows = table_of(read_image_files(members, 0, batch_rows=64, max_image_bytes=1 << 20))
+    out_table = encoder.encode(rows)
+    refused = dict(zip(ids(out_table), out_table.column("_refused").to_pylist(), strict=True))
+    assert refused["a.png"] == refused["b.png"] == ""
+    assert refused["cut.gif"].startswith("the image could not be")
+    assert refused["cut2.gif"].startswith("the image could not be")
+
+
 def test_tables_of_texts_embed_with_the_text_tower(encoder):
     from blitz.bulk.read import read_rows
 

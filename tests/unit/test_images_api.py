@@ -20,7 +20,7 @@ from PIL import Image
 from blitz import codecs
 from blitz.hop_messages import EmbedJob, ImageEmbedJob
 from blitz.http.api import HttpApi
-from blitz.images.inputs import allowed, jobs_of
+from blitz.images.inputs import SizedImage, allowed, jobs_of
 from blitz.ingress.routing import choose_pool
 from blitz.ingress.service import EmbeddingService
 from blitz.pool.image_prep import PreparedImages
@@ -214,11 +214,14 @@ def test_the_url_allow_list_matches_scheme_host_port_and_path():
         ImageSettings(url_allow=["ftp://x/"])
 
 
-def test_jobs_hold_at_most_the_count_and_the_bytes():
-    images = [b"x" * n for n in (10, 10, 30, 5, 5, 5, 100)]
-    jobs = jobs_of(images, 3, 40)
-    assert [list(map(len, j)) for j in jobs] == [[10, 10], [30, 5, 5], [5], [100]]
-    assert [b for j in jobs for b in j] == images
+def test_jobs_hold_at_most_the_count_the_bytes_and_the_pixels():
+    images = [SizedImage(i, b"x" * n, 1) for i, n in enumerate((10, 10, 30, 5, 5, 5, 100))]
+    jobs = jobs_of(images, 3, 40, 10**9)
+    assert [[len(s.data) for s in j] for j in jobs] == [[10, 10], [30, 5, 5], [5], [100]]
+    assert [s for j in jobs for s in j] == images
+    by_pixels = [SizedImage(i, b"x", p) for i, p in enumerate((6, 4, 1, 20, 3, 3, 3))]
+    jobs = jobs_of(by_pixels, 100, 10**9, 10)
+    assert [[s.pixels for s in j] for j in jobs] == [[6, 4], [1], [20], [3, 3, 3]]
 
 
 def test_the_router_sends_few_images_to_the_cpu_and_many_to_the_gpu():
