@@ -74,9 +74,19 @@ def with_priority(job: J, level: int) -> J:
     return job if job.priority == level else dataclasses.replace(job, priority=level)
 
 
+PIXELS_PER_UNIT = 1_000_000  # an image job's declared pixels per queue unit (a photo's)
+
+
+def image_units(images: int, pixels: int) -> int:
+    """An image job's cost in queue units: one an image, or one a ``PIXELS_PER_UNIT`` of
+    its declared pixels where that is more (decoding, not the model, is what grows)."""
+    return max(images, -(-pixels // PIXELS_PER_UNIT))
+
+
 def units_of(job: Any) -> int:
     """A job's cost in queue and batch units (``Batcher``'s ``size``): a chunked job's
-    windows, else its texts (images, documents, inputs)."""
+    windows, an image job's images or megapixels (``image_units``), else
+    its texts (documents, inputs)."""
     return getattr(job, "units", 0) or len(job)
 
 

@@ -26,6 +26,7 @@ from blitz.hop_messages import (
     RerankResult,
     SimilarityResult,
     Usage,
+    image_units,
 )
 from blitz.images.decode import in_image_thread
 from blitz.images.inputs import SizedImage, image_bytes, jobs_of, sized_images
@@ -102,9 +103,10 @@ class ImageService:
         wanted = spec.normalize if normalize is None else normalize
 
         def job(_: ModelSpec, chunk: list[SizedImage]) -> ImageEmbedJob:
+            pixels = sum(image.pixels for image in chunk)
             return ImageEmbedJob([image.data for image in chunk], normalize=wanted,
-                                 pixels=sum(image.pixels for image in chunk),
-                                 first=chunk[0].index)
+                                 pixels=pixels, first=chunk[0].index,
+                                 units=image_units(len(chunk), pixels))
 
         ran = await service.run(
             record, spec.id, lambda _: sized, job, kind=IMAGE_KINDS,

@@ -51,8 +51,19 @@ BUDGET: dict[str, Limit] = {
                                            "request"),
     "max_top_n": Limit("a rerank request's `top_n`", "request"),
     "max_body_bytes": Limit("bytes of a request body, as sent", "request"),
+    # images (``blitz.settings.images``; refused in ``blitz.images``, below this floor)
+    "images.max_per_request": Limit("images", "request"),
+    "images.max_bytes": Limit("bytes of one encoded image", "image"),
+    "images.max_pixels": Limit("pixels one image's header declares", "image"),
+    "images.max_request_pixels": Limit("declared pixels, all images together, summed "
+                                       "before any decode", "request"),
+    "images.max_job_pixels": Limit("declared pixels of one pool call (its queue units: an "
+                                   "image or a megapixel each)", "job"),
+    "images.max_fetch_bytes_in_flight": Limit("bytes of image URLs being fetched",
+                                              "ingress replica"),
 }
-"""Every request limit; docs/reliability.md ("The cost budget") prints this table."""
+"""Every request limit, by its setting (``limits.<name>``, or ``images.<name>``);
+docs/reliability.md ("The cost budget") prints this table."""
 
 KIND_COSTS: dict[str, str] = {
     "embedding": "texts (windows when chunked); output: texts x dimension",

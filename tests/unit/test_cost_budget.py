@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from blitz.errors import Overloaded
-from blitz.hop_messages import EmbedJob, units_of
+from blitz.hop_messages import EmbedJob, ImageEmbedJob, image_units, units_of
 from blitz.http.api import HttpApi
 from blitz.ingress.limits import BUDGET, Window, count_windows, in_jobs, windows_of
 from blitz.ingress.service import EmbeddingService
@@ -243,7 +243,12 @@ async def test_dense_and_sparse_outputs_of_a_hybrid_model_are_not_held_to_it(hyb
 
 
 def test_every_limit_is_a_setting_and_in_the_table():
-    assert set(BUDGET) <= set(Limits.model_fields)
+    from blitz.settings.images import ImageSettings
+
+    assert {n for n in BUDGET if "." not in n} <= set(Limits.model_fields)
+    assert {n.split(".")[1] for n in BUDGET if n.startswith("images.")} <= set(
+        ImageSettings.model_fields)
+    assert {"images.max_request_pixels", "images.max_job_pixels"} <= set(BUDGET)
     assert {"max_windows_per_request", "max_instruction_chars"} <= set(BUDGET)
 
 
@@ -272,3 +277,10 @@ def test_the_token_vectors_counted_bound_the_vectors_answered(hybrid, lengths, l
     if r.status_code == 200:
         rows = r.json() if route == "/embed_all" else r.json()["colbert"]
         assert sum(len(row) for row in rows) <= limit
+
+
+def test_an_image_job_counts_its_megapixels_in_the_queue():
+    small = ImageEmbedJob([b"a", b"b"], pixels=2 * 224 * 224)
+    assert units_of(small) == 2  # one an image
+    big = ImageEmbedJob([b"a"], pixels=40_000_000, units=image_units(1, 40_000_000))
+    assert units_of(big) == 40 and image_units(3, 2_000_001) == 3
