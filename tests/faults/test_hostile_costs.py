@@ -9,6 +9,8 @@ pool replica's memory stays flat (it never sees the work).
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import time
 
 import httpx
@@ -18,10 +20,23 @@ from tests.error_body import error_body
 from tests.faults.conftest import small_app
 from tests.tiny_hybrid import build_tiny_hybrid
 from tests.tiny_models import minilm_dir
+from tests.tiny_vision import build_tiny_dual_encoder
 
 APP = "fault-costs"
 FLAT_BYTES = 256 * 2**20  # what the pool replica may grow by over one hostile request
 LONG = "!" * 100_000  # 100,000 tokens of MiniLM's: 394 windows of 256
+
+
+def one_bit_png(side: int) -> str:
+    """A 1-bit PNG of ``side`` x ``side`` (~5 KB at 6,324: 114 MiB once decoded), base64."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("1", (side, side)).save(out, format="PNG", optimize=True)
+    return base64.b64encode(out.getvalue()).decode()
+
+
+BOMB = one_bit_png(6324)
 
 
 def hostile(name: str) -> tuple[str, dict, int, str]:
@@ -49,6 +64,9 @@ def hostile(name: str) -> tuple[str, dict, int, str]:
         "token vectors of a hybrid model": (
             "/embed_all", {"inputs": [words] * 2048, "model": "m3"}, 413,
             "max_token_vectors_per_request"),
+        "24 one-bit PNG bombs of 40 Mpx (~160 KB)": (
+            "/embed", {"images": [BOMB] * 24, "model": "clip"}, 413,
+            "images.max_request_pixels"),
     }[name]
 
 
@@ -56,19 +74,21 @@ NAMES = ["chunk on a model that does not opt in",
          "return_chunks on a model that does not opt in",
          "20 texts of 100,000 chars chunked", "20 texts of 100,000 chars with return_chunks",
          "a 1 MiB instruction on 64 texts", "ColBERT vectors of 2048 texts",
-         "token vectors of a hybrid model"]
+         "token vectors of a hybrid model", "24 one-bit PNG bombs of 40 Mpx (~160 KB)"]
 
 
 @pytest.fixture(scope="module")
 def costs_app(deploy, tmp_path_factory):
     minilm = str(minilm_dir())
     hybrid = build_tiny_hybrid(tmp_path_factory.mktemp("m3") / "m", seed=4)
+    clip = build_tiny_dual_encoder(tmp_path_factory.mktemp("clip") / "m")
     return deploy(APP, small_app([
         {"id": "minilm", "source": minilm},
         {"id": "chunky", "source": minilm, "request_chunking": True},
         {"id": "instruct", "source": minilm,
          "instruction_template": "Instruct: {instruction}\nQuery: "},
         {"id": "m3", "source": str(hybrid), "kind": "hybrid"},
+        {"id": "clip", "source": str(clip), "kind": "dual-encoder"},
     ]))
 
 
