@@ -284,3 +284,12 @@ def test_an_image_job_counts_its_megapixels_in_the_queue():
     assert units_of(small) == 2  # one an image
     big = ImageEmbedJob([b"a"], pixels=40_000_000, units=image_units(1, 40_000_000))
     assert units_of(big) == 40 and image_units(3, 2_000_001) == 3
+
+
+def test_the_reliability_docs_print_every_limit_of_the_budget():
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
+    section = docs.split("## The cost budget", 1)[1].split("\n## ", 1)[0]
+    for name in BUDGET:
+        assert f"`{name if '.' in name else 'limits.' + name}`" in section, name
