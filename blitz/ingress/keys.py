@@ -91,4 +91,3 @@ def _names(name: str, digest: bytes) -> bool:
 
 def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
-
