@@ -39,7 +39,9 @@ HIGH, NORMAL, LOW = range(len(PRIORITIES))
 PriorityName = Literal["high", "normal", "low"]
 PRIORITY_HELP = ("high | normal | low: the queues serve higher first, and a request "
                  "waiting priority_aging_s moves up one, so low is never starved; default "
-                 "normal (header x-blitz-priority wins over the body)")
+                 "normal (header x-blitz-priority wins over the body). Held to the API "
+                 "key's ceiling (auth.max_priority, normal unless auth.priority_grants "
+                 "grants more): the reply's x-blitz-priority names the level it ran at")
 
 
 def priority_level(value: object, param: str = "priority") -> int:

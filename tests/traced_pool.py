@@ -19,8 +19,9 @@ ARGS: dict[str, Any] = {"models": [{"id": MODEL, "source": "fake:4"}],
                         "cpu_pool": {"workers": 1}, "ingress": {"pool_hop": "serve"}}
 
 
-def in_memory() -> tuple[Any, Any]:
-    """Trace this process into memory: (the provider, its ``InMemorySpanExporter``)."""
+def in_memory(**options: Any) -> tuple[Any, Any]:
+    """Trace this process into memory: (the provider, its ``InMemorySpanExporter``);
+    ``options`` go to ``tracing.install`` (``sample_ratio``, ``trust_remote_sampling``)."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -28,7 +29,7 @@ def in_memory() -> tuple[Any, Any]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.install(provider)
+    tracing.install(provider, **options)
     return provider, exporter
 
 

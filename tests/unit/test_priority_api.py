@@ -1,11 +1,14 @@
 """A request's priority from every entry point to the jobs it sends (no Ray): HTTP's
 ``x-blitz-priority`` header and body ``priority`` (the header wins), the handle API's
 ``priority=``, gRPC metadata, the Python client; jobs carry it across the hop, and a pool
-replica's queue runs high before low."""
+replica's queue runs high before low. What HTTP and gRPC callers ask for is held to their
+API key's ceiling (``auth.max_priority``, ``auth.priority_grants``; a gateway's header is
+taken as sent with ``auth.trust_priority_header``); the handle's callers are trusted."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 
 import grpc
@@ -18,6 +21,7 @@ from blitz.hop_messages import (
     HIGH,
     LOW,
     NORMAL,
+    PRIORITIES,
     ClassifyJob,
     EmbedJob,
     RerankJob,
@@ -26,18 +30,26 @@ from blitz.hop_messages import (
     with_priority,
 )
 from blitz.http.api import HttpApi
+from blitz.ingress.keys import key_id
 from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.pool.batching import Batcher
 from blitz.pool.replica import PoolReplica
 from blitz.runtime.draining import Drain
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
 from deployments.ingress import Ingress
 from tests.local_dispatcher import LocalDispatcher
+from tests.waiting import wait_until_async
 
-SETTINGS = BlitzSettings.from_args({
-    "models": [{"id": "fake", "source": "fake:16"},
-               {"id": "ce", "source": "fake:4", "kind": "cross-encoder"}],
-    "cpu_pool": {"max_batch_size": 2}})
+ARGS = {"models": [{"id": "fake", "source": "fake:16"},
+                   {"id": "ce", "source": "fake:4", "kind": "cross-encoder"}],
+        "cpu_pool": {"max_batch_size": 2}}
+SETTINGS = BlitzSettings.from_args(ARGS)  # keys off: everyone's ceiling is normal
+ANYONE_HIGH = BlitzSettings.from_args({**ARGS, "auth": {"max_priority": "high"}})
+SEARCH, BULK, BATCH, OTHER = "search-key", "bulk-key", "batch-key", "other-key"
+KEYED = BlitzSettings.from_args({**ARGS, "auth": {
+    "api_keys": [SEARCH, BULK, BATCH, OTHER],
+    "priority_grants": {key_id(SEARCH): "high", BATCH: "low"}}})  # by id, or the key itself
 
 
 class JobRecordingDispatcher(LocalDispatcher):
@@ -52,10 +64,11 @@ class JobRecordingDispatcher(LocalDispatcher):
         return await super().submit(pool, model_id, job)
 
 
-def service_and_levels() -> tuple[EmbeddingService, list[int], list[RequestRecord]]:
-    dispatcher = JobRecordingDispatcher()
+def service_and_levels(settings: BlitzSettings = SETTINGS
+                       ) -> tuple[EmbeddingService, list[int], list[RequestRecord]]:
+    dispatcher = JobRecordingDispatcher(settings)
     observed: list[RequestRecord] = []
-    service = EmbeddingService(SETTINGS, dispatcher,
+    service = EmbeddingService(settings, dispatcher,
                                observer=lambda record, status, s: observed.append(record))
     return service, dispatcher.levels, observed
 
@@ -127,26 +140,170 @@ async def test_handle_calls_take_a_priority_and_are_observed_once():
 
 # ---- HTTP ----------------------------------------------------------------------------------
 
-@pytest.fixture
-async def http():
-    service, levels, _ = service_and_levels()
+@contextlib.asynccontextmanager
+async def http_on(settings: BlitzSettings):
+    service, levels, _ = service_and_levels(settings)
     transport = httpx.ASGITransport(HttpApi(service))
     async with httpx.AsyncClient(transport=transport, base_url="http://blitz") as client:
         client.levels = levels  # type: ignore[attr-defined]
         yield client
 
 
-@pytest.mark.parametrize(("headers", "body", "level"), [
-    ({}, {}, NORMAL),
-    ({}, {"priority": "low"}, LOW),
-    ({"x-blitz-priority": "high"}, {}, HIGH),
-    ({"x-blitz-priority": "High"}, {"priority": "low"}, HIGH),  # the header wins
+@pytest.fixture
+async def http():
+    async with http_on(SETTINGS) as client:
+        yield client
+
+
+@pytest.mark.parametrize(("settings", "headers", "body", "level"), [
+    (SETTINGS, {}, {}, NORMAL),
+    (SETTINGS, {}, {"priority": "low"}, LOW),
+    (SETTINGS, {"x-blitz-priority": "LOW"}, {"priority": "normal"}, LOW),  # the header wins
+    (ANYONE_HIGH, {"x-blitz-priority": "high"}, {}, HIGH),
+    (ANYONE_HIGH, {"x-blitz-priority": "High"}, {"priority": "low"}, HIGH),
 ])
-async def test_http_takes_the_header_else_the_body(http, headers, body, level):
-    r = await http.post("/embed", json={"texts": ["a"], "model": "fake", **body},
-                        headers=headers)
+async def test_http_takes_the_header_else_the_body(settings, headers, body, level):
+    async with http_on(settings) as http:
+        r = await http.post("/embed", json={"texts": ["a"], "model": "fake", **body},
+                            headers=headers)
     assert r.status_code == 200, r.text
     assert http.levels == [level]
+    assert r.headers.get("x-blitz-priority") == (PRIORITIES[level] if headers or body
+                                                 else None)  # the level it ran at
+
+
+@pytest.mark.parametrize(("headers", "body"), [
+    ({"x-blitz-priority": "high"}, {}), ({}, {"priority": "high"}),
+    ({"x-blitz-priority": "high"}, {"priority": "high"})])
+async def test_with_keys_off_a_self_declared_high_runs_at_normal_and_says_so(http, headers,
+                                                                             body):
+    r = await http.post("/embed", json={"texts": ["a"], "model": "fake", **body},
+                        headers=headers)
+    assert r.status_code == 200, r.text  # clamped, not refused: clients that always send
+    assert http.levels == [NORMAL]  # high keep working
+    assert r.headers["x-blitz-priority"] == "normal"
+
+
+@pytest.mark.parametrize(("key", "asked", "level"), [
+    (SEARCH, "high", HIGH),  # granted high (named by its id)
+    (SEARCH, None, NORMAL),  # a grant is a ceiling: nothing asked is normal
+    (SEARCH, "low", LOW),
+    (OTHER, "high", NORMAL),  # no grant: max_priority, normal
+    (OTHER, "low", LOW),
+    (BATCH, "high", LOW),  # held to low (named by the key itself)
+    (BATCH, None, LOW),
+])
+async def test_a_keys_requests_are_held_to_its_ceiling(key, asked, level):
+    async with http_on(KEYED) as http:
+        for where in ("header", "body"):
+            r = await http.post(
+                "/embed", json={"texts": ["a"], "model": "fake",
+                                **({"priority": asked} if asked and where == "body" else {})},
+                headers={"authorization": f"Bearer {key}",
+                         **({"x-blitz-priority": asked} if asked and where == "header"
+                            else {})})
+            assert r.status_code == 200, r.text
+            assert r.headers.get("x-blitz-priority") == (PRIORITIES[level] if asked or
+                                                         level != NORMAL else None)
+    assert http.levels == [level, level]
+
+
+def test_grants_name_keys_by_id_or_by_themselves_and_a_bad_id_is_refused():
+    from blitz.ingress.keys import ApiKeys
+
+    keys = ApiKeys(KEYED.auth)
+    assert [keys.ceiling(i) for i in range(4)] == [HIGH, NORMAL, LOW, NORMAL]
+    assert keys.ceiling(-1) == NORMAL  # no key: max_priority
+    assert key_id(SEARCH).startswith("sha256:") and len(key_id(SEARCH)) == 7 + 16
+    for bad in ("sha256:12", "sha256:" + "G" * 16, " "):
+        with pytest.raises(ValueError, match="priority_grants"):
+            BlitzSettings.from_args({**ARGS, "auth": {"priority_grants": {bad: "high"}}})
+    with pytest.raises(ValueError):
+        BlitzSettings.from_args({**ARGS, "auth": {"priority_grants": {SEARCH: "urgent"}}})
+
+
+async def test_a_gateways_header_is_taken_as_sent_when_trusted_and_the_body_is_not():
+    trusted = BlitzSettings.from_args({**ARGS, "auth": {
+        "api_keys": [SEARCH, BULK], "trust_priority_header": True}})
+    async with http_on(trusted) as http:
+        for headers, body in [({"x-blitz-priority": "high"}, {}),
+                              ({}, {"priority": "high"}),
+                              ({"x-blitz-priority": "high"}, {"priority": "low"})]:
+            r = await http.post("/embed", json={"texts": ["a"], "model": "fake", **body},
+                                headers={"authorization": f"Bearer {BULK}", **headers})
+            assert r.status_code == 200, r.text
+    assert http.levels == [HIGH, NORMAL, HIGH]
+
+
+class QueueingDispatcher(JobRecordingDispatcher):
+    """The review's queue: every job through one ``Batcher`` with priorities, as the
+    ingress's queue per (pool, model), ``max_waiting`` texts waiting and one batch in flight;
+    the first batch is held until ``gate`` is set."""
+
+    def __init__(self, settings: BlitzSettings, max_waiting: int):
+        super().__init__(settings)
+        self.gate = asyncio.Event()
+        self.batches = 0
+        self.batcher: Batcher = Batcher(
+            self._run, max_batch=max_waiting, max_waiting=max_waiting,
+            size=lambda item: len(item[1].texts), priority=lambda item: priority_of(item[1]),
+            promote=lambda item, level: (item[0], with_priority(item[1], level)))
+
+    async def submit(self, pool, model_id, job):
+        return await self.batcher.submit((model_id, job))
+
+    async def _run(self, items):
+        self.batches += 1
+        if self.batches == 1:
+            await self.gate.wait()
+        return [await JobRecordingDispatcher.submit(self, "cpu", model_id, job)
+                for model_id, job in items]
+
+    async def holding(self, waiting: int) -> None:
+        """Until the first batch is held and ``waiting`` texts wait behind it."""
+        await wait_until_async(lambda: self.batcher.in_flight == 1
+                               and self.batcher.waiting == waiting,
+                               f"one batch running and {waiting} texts waiting",
+                               interval_s=0.001)
+
+
+@pytest.mark.parametrize(("key", "sheds"), [(OTHER, False), (SEARCH, True)])
+async def test_a_self_declared_high_no_longer_sheds_other_clients_queued_work(key, sheds):
+    """The review's repro (M5): one batch running, two 4-text normal requests waiting in a
+    queue of 8 texts; an 8-text request that says ``high`` with a key granted nothing
+    used to shed both (503). Now it runs at normal: it is the one refused, and the queued
+    requests are answered. Only a key granted high still makes room that way."""
+    settings = BlitzSettings.from_args({**ARGS, "cpu_pool": {"max_batch_size": 8},
+                                        "auth": KEYED.auth.model_dump()})
+    dispatcher = QueueingDispatcher(settings, max_waiting=8)
+    transport = httpx.ASGITransport(HttpApi(EmbeddingService(settings, dispatcher)))
+    async with httpx.AsyncClient(transport=transport, base_url="http://blitz") as http:
+        def embed(texts: int, key: str, priority: str = "normal"):
+            return asyncio.ensure_future(http.post(
+                "/embed", json={"texts": ["t"] * texts, "model": "fake"},
+                headers={"authorization": f"Bearer {key}", "x-blitz-priority": priority}))
+
+        running = embed(1, BULK)
+        await dispatcher.holding(0)
+        queued = [embed(4, BULK), embed(4, BULK)]
+        await dispatcher.holding(8)
+        pushy = embed(8, key, "high")
+        await wait_until_async(lambda: pushy.done() or any(q.done() for q in queued),
+                               "the 8-text request refused, or the queued ones shed",
+                               interval_s=0.001)
+        if sheds:
+            assert [r.status_code for r in await asyncio.gather(*queued)] == [503, 503]
+            dispatcher.gate.set()
+            assert [r.status_code for r in await asyncio.gather(running, pushy)] == [200, 200]
+            return
+        assert not any(q.done() for q in queued)  # nothing shed for it
+        refused = await pushy
+        assert refused.status_code == 503, refused.text  # the newcomer is refused
+        assert refused.headers["retry-after"]
+        dispatcher.gate.set()
+        replies = await asyncio.gather(running, *queued)
+        assert [r.status_code for r in replies] == [200, 200, 200]
+        assert dispatcher.levels == [NORMAL] * 3
 
 
 async def test_every_model_route_takes_a_priority(http):
@@ -174,7 +331,7 @@ async def test_a_bad_priority_is_a_422_naming_where_it_came_from(http, headers, 
 
 
 async def test_the_python_client_sends_its_priority():
-    service, levels, _ = service_and_levels()
+    service, levels, _ = service_and_levels(ANYONE_HIGH)
     transport = httpx.ASGITransport(HttpApi(service))
     async with AsyncClient("http://blitz", transport=transport, priority="low") as bulk:
         await bulk.embed(["a"], model="fake")
@@ -194,7 +351,7 @@ async def test_grpc_metadata_names_the_priority():
     from blitz.ingress.tokenizing import TokenService
     from tests.unit.test_grpc_api import call, served
 
-    service, levels, _ = service_and_levels()
+    service, levels, _ = service_and_levels(ANYONE_HIGH)
     tei = TeiServicer(service, TokenService(service), OutputService(service))
     async with served(tei) as channel:
         embed = call(channel, "Embed")
@@ -213,6 +370,29 @@ async def test_grpc_metadata_names_the_priority():
             await embed(pb.EmbedRequest(inputs="a"), metadata=(("priority", "soon"),))
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert levels[:3] == [LOW, HIGH, NORMAL] and set(levels[3:]) == {LOW}
+
+
+async def test_grpc_metadata_is_held_to_the_keys_ceiling_unless_a_gateway_is_trusted():
+    from blitz.grpc_api import tei_pb2 as pb
+    from blitz.grpc_api.servicer import TeiServicer
+    from blitz.ingress.other_outputs import OutputService
+    from blitz.ingress.tokenizing import TokenService
+    from tests.unit.test_grpc_api import call, served
+
+    trusted = BlitzSettings.from_args({**ARGS, "auth": {
+        **KEYED.auth.model_dump(), "trust_priority_header": True}})
+    for settings, expected in ((KEYED, [NORMAL, HIGH, LOW, LOW]),
+                               (trusted, [HIGH, HIGH, HIGH, LOW])):
+        service, levels, _ = service_and_levels(settings)
+        tei = TeiServicer(service, TokenService(service), OutputService(service))
+        async with served(tei) as channel:
+            embed = call(channel, "Embed")
+            for key, asked in ((OTHER, "high"), (SEARCH, "high"), (BATCH, "high"),
+                               (BATCH, None)):
+                await embed(pb.EmbedRequest(inputs="a"), metadata=(
+                    ("authorization", f"Bearer {key}"),
+                    *((("priority", asked),) if asked else ())))
+        assert levels == expected
 
 
 # ---- a pool replica's queue ----------------------------------------------------------------

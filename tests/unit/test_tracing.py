@@ -51,14 +51,20 @@ CHAIN = [("POST /embed", None), ("blitz.ingress_queue", "POST /embed"),
 
 
 @pytest.fixture
-def spans() -> Iterator[Any]:
-    """This process traced into memory; the exporter."""
-    provider, exporter = in_memory()
+def spans(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """This process traced into memory; the exporter. ``tracing.install``'s options come
+    from an indirect parameter (``traced``), if any."""
+    provider, exporter = in_memory(**getattr(request, "param", {}))
     try:
         yield exporter
     finally:
         tracing.uninstall()
         provider.shutdown()
+
+
+def traced(**options: Any) -> Any:
+    """A test whose ``spans`` are traced with ``tracing.install``'s ``options``."""
+    return pytest.mark.parametrize("spans", [options], indirect=True)
 
 
 class InProcessPool:
@@ -154,7 +160,9 @@ async def test_a_request_without_traceparent_starts_a_trace_of_its_own(spans):
     check_chain([plain(span) for span in spans.get_finished_spans()], None)
 
 
+@traced(trust_remote_sampling=True)
 async def test_a_request_the_client_did_not_sample_gets_no_spans_and_sends_none_on(spans):
+    """With ``tracing.trust_remote_sampling``: the caller's sampled flag decides."""
     class Watching(InProcessPool):
         jobs: list = []
 
@@ -167,6 +175,73 @@ async def test_a_request_the_client_did_not_sample_gets_no_spans_and_sends_none_
     await embed(service_on(pool), {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"})
     assert spans.get_finished_spans() == ()
     assert [job.trace for job in pool.jobs] == [None]
+
+
+async def test_by_default_the_callers_sampled_flag_does_not_decide(spans):
+    """``trust_remote_sampling`` off (the default), ``sample_ratio`` 1: a caller that says
+    "not sampled" is traced all the same, in its own trace."""
+    await embed(service_on(), {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"})
+    found = [plain(span) for span in spans.get_finished_spans()]
+    check_chain(found, int(CLIENT_SPAN, 16))
+    assert {span["trace_id"] for span in found} == {int(CLIENT_TRACE, 16)}
+
+
+@traced(sample_ratio=0.0)
+async def test_by_default_a_caller_cannot_have_its_requests_traced_past_the_ratio(spans):
+    """``sample_ratio`` 0: a caller's "sampled" traceparent (any trace id it likes) makes
+    no spans, and no context goes on to the pool."""
+    settings = BlitzSettings.from_args(ARGS)
+    pool = InProcessPool(settings)
+    jobs: list = []
+    run = pool.run_jobs_for
+
+    async def watched(model_id: str, sent: list) -> list:
+        jobs.extend(sent)
+        return await run(model_id, sent)
+
+    pool.run_jobs_for = watched  # type: ignore[method-assign]
+    for trace_id in (CLIENT_TRACE, "0" * 31 + "1"):  # a trace id a ratio sampler keeps
+        await embed(service_on(pool), {"traceparent": f"00-{trace_id}-{CLIENT_SPAN}-01"})
+    assert spans.get_finished_spans() == ()
+    assert [job.trace for job in jobs] == [None, None]
+
+
+def test_the_local_decision_is_a_draw_under_the_ratio(spans):
+    from opentelemetry.trace import get_current_span
+
+    sampled = tracing._otel.propagator.extract({"traceparent": TRACEPARENT})
+    unsampled = tracing._otel.propagator.extract(
+        {"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-00"})
+    for context in (sampled, unsampled):
+        assert tracing.sampled_here(context, 0.5, draw=lambda: 0.5) is None
+        kept = tracing.sampled_here(context, 0.5, draw=lambda: 0.49)
+        parent = get_current_span(kept).get_span_context()
+        assert parent.trace_flags.sampled and parent.is_remote
+        assert (parent.trace_id, parent.span_id) == (int(CLIENT_TRACE, 16),
+                                                     int(CLIENT_SPAN, 16))
+    fresh = tracing._otel.propagator.extract({})
+    assert tracing.sampled_here(fresh, 0.0, draw=lambda: 0.9) is fresh  # the sampler's
+
+
+async def test_a_request_whose_key_is_refused_makes_no_span(spans):
+    settings = BlitzSettings.from_args({**ARGS, "auth": {"api_keys": ["right"]}})
+    service = EmbeddingService(settings, service_on().dispatcher)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(service)),
+                                 base_url="http://blitz") as client:
+        for key, status in (("wrong", 401), (None, 401), ("right", 200)):
+            reply = await client.post(
+                "/embed", json={"texts": ["a"]},
+                headers={"traceparent": TRACEPARENT, "accept": "application/json",
+                         **({"authorization": f"Bearer {key}"} if key else {})})
+            assert reply.status_code == status, reply.text
+    found = [plain(span) for span in spans.get_finished_spans()]
+    ingress = [span for span in found if span["name"] == "POST /embed"]
+    assert [span["attributes"]["http.response.status_code"] for span in ingress] == [200]
+    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    context = GrpcContext([("traceparent", TRACEPARENT), ("authorization", "Bearer wrong")])
+    await tei.unary("Embed", pb.EmbedRequest(inputs="hello"), context)
+    assert context.code is not None and context.code.name == "UNAUTHENTICATED"
+    assert len(spans.get_finished_spans()) == len(found)  # none more
 
 
 async def test_jobs_that_share_a_pool_batch_each_get_their_spans_linked_to_the_others(spans):
@@ -398,3 +473,4 @@ def test_the_endpoint_comes_from_the_settings_or_the_environment():
     assert tracing.traces_url("http://c:4318/") == "http://c:4318/v1/traces"
     assert tracing.traces_url("http://c:4318/v1/traces") == "http://c:4318/v1/traces"
     assert TracingSettings().otlp_endpoint is None and TracingSettings().sample_ratio == 1.0
+    assert TracingSettings().trust_remote_sampling is False  # callers do not decide
