@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from blitz.settings.images import prefix_problem
+from blitz.settings.images import checked_prefixes
 
 
 class BulkSettings(BaseModel):
@@ -57,8 +57,4 @@ class BulkSettings(BaseModel):
     @field_validator("allow_urls")
     @classmethod
     def _prefixes(cls, value: list[str]) -> list[str]:
-        for prefix in value:
-            problem = prefix_problem(prefix)
-            if problem:
-                raise ValueError(f"--allow-urls {prefix!r} {problem}")
-        return value
+        return checked_prefixes(value, "--allow-urls")

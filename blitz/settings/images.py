@@ -72,11 +72,7 @@ class ImageSettings(_Settings):
     @field_validator("url_allow")
     @classmethod
     def _prefixes(cls, value: list[str]) -> list[str]:
-        for prefix in value:
-            problem = prefix_problem(prefix)
-            if problem:
-                raise ValueError(f"images.url_allow entry {prefix!r} {problem}")
-        return value
+        return checked_prefixes(value, "images.url_allow entry")
 
     @field_validator("url_allow_private")
     @classmethod
@@ -91,6 +87,16 @@ class ImageSettings(_Settings):
 ENCODED_TRICKS = ("%2e", "%2f", "%5c", "\\")
 """What a URL's path may not hold (any case): encoded dots, slashes and backslashes that a
 server may decode after the allow-list was checked."""
+
+
+def checked_prefixes(prefixes: list[str], what: str) -> list[str]:
+    """``prefixes``, each a URL allow-list prefix (``prefix_problem``); a ValueError naming
+    ``what`` and the first that is not."""
+    for prefix in prefixes:
+        problem = prefix_problem(prefix)
+        if problem:
+            raise ValueError(f"{what} {prefix!r} {problem}")
+    return prefixes
 
 
 def prefix_problem(prefix: str) -> str | None:
