@@ -65,17 +65,32 @@ BUDGET: dict[str, Limit] = {
 """Every request limit, by its setting (``limits.<name>``, or ``images.<name>``);
 docs/reliability.md ("The cost budget") prints this table."""
 
-KIND_COSTS: dict[str, str] = {
-    "embedding": "texts (windows when chunked); output: texts x dimension",
-    "sparse": "texts (windows when chunked); output: non-zero weights, at most tokens",
-    "hybrid": "texts; output: dense and sparse per text, ColBERT one vector per token "
-              "(max_token_vectors_per_request)",
-    "dual-encoder": "texts, or images (their declared pixels: images.* limits)",
-    "cross-encoder": "documents (one query-document pair each)",
-    "llm-reranker": "documents (one prompt each)",
-    "classifier": "inputs (a text or a pair each)",
+class KindCost(NamedTuple):
+    """What a request to a model of one kind costs, beyond its texts: whether its texts may
+    be cut into windows (counted: ``count_windows``), whether it answers one vector per
+    token (counted: ``max_token_vectors_per_request``), whether it takes images (their
+    declared pixels: ``images.*``), and what its output holds."""
+
+    inputs: str
+    windows: bool = False
+    token_vectors: bool = False
+    pixels: bool = False
+    output: str = ""
+
+
+KIND_COSTS: dict[str, KindCost] = {
+    "embedding": KindCost("texts", windows=True, token_vectors=True,
+                          output="texts x dimension (+ windows x dimension with return_chunks)"),
+    "sparse": KindCost("texts", windows=True, output="non-zero weights, at most the tokens"),
+    "hybrid": KindCost("texts", windows=True, token_vectors=True,
+                       output="dense and sparse per text, ColBERT one vector per token"),
+    "dual-encoder": KindCost("texts or images", pixels=True, output="inputs x dimension"),
+    "cross-encoder": KindCost("documents (one query-document pair each)", output="scores"),
+    "llm-reranker": KindCost("documents (one prompt each)", output="scores"),
+    "classifier": KindCost("inputs (a text or a pair each)", output="labels x inputs"),
 }
-"""What a request to each model kind costs; a new kind declares its row here."""
+"""What a request to each model kind costs; a new kind declares its row here, and the
+budget's checks read it."""
 
 
 def over(setting: str, have: str, limit: int, param: str) -> PayloadTooLarge:

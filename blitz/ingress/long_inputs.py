@@ -21,7 +21,7 @@ from blitz.encoders.base import Encoded
 from blitz.encoders.postprocess import OutputDtype, quantize, truncate_dimensions
 from blitz.errors import InvalidValue, ModelLoadFailed
 from blitz.hop_messages import TextChunks
-from blitz.ingress.limits import Window, count_windows
+from blitz.ingress.limits import KIND_COSTS, Window, count_windows
 from blitz.loading.fetch import read_facts
 
 if TYPE_CHECKING:
@@ -81,7 +81,8 @@ def chunked(spec: ModelSpec, long_inputs: str | None, return_chunks: bool) -> bo
             f"model {spec.id!r} does not chunk per request (its spec sets no request_chunking); "
             "send long_inputs truncate or error, without return_chunks",
             param="long_inputs" if long_inputs == "chunk" else "return_chunks")
-    return asked or (long_inputs is None and spec.long_inputs == "chunk")
+    return (asked or (long_inputs is None and spec.long_inputs == "chunk")) and (
+        KIND_COSTS[spec.kind].windows)
 
 
 class WindowCounter:

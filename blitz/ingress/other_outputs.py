@@ -30,7 +30,7 @@ from blitz.hop_messages import (
     TokenEmbedJob,
     Usage,
 )
-from blitz.ingress.limits import check_count, check_texts, over
+from blitz.ingress.limits import KIND_COSTS, check_count, check_texts, over
 from blitz.ingress.long_inputs import check_long_inputs, chunked
 from blitz.ingress.tokenizing import TokenService, count_tokens, off_loop
 from blitz.loading.fetch import read_facts
@@ -102,7 +102,7 @@ class OutputService:
         ingress, stopping past the limit. A model whose files are not on this machine (or
         a fake one) is counted from the pool's reply instead."""
         limit = self.service.settings.limits.max_token_vectors_per_request
-        if spec.kind not in ("embedding", "hybrid") or spec.is_fake or (
+        if not KIND_COSTS[spec.kind].token_vectors or spec.is_fake or (
                 not spec.location().is_local):
             return
         if spec.id not in self._longest:

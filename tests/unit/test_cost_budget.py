@@ -242,6 +242,15 @@ async def test_dense_and_sparse_outputs_of_a_hybrid_model_are_not_held_to_it(hyb
     assert r.status_code == 200, r.text
 
 
+def test_every_model_kind_declares_its_cost():
+    from typing import get_args
+
+    from blitz.ingress.limits import KIND_COSTS
+    from blitz.settings.registry import Kind
+
+    assert set(KIND_COSTS) == set(get_args(Kind))
+
+
 def test_every_limit_is_a_setting_and_in_the_table():
     from blitz.settings.images import ImageSettings
 
