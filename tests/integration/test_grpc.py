@@ -40,7 +40,10 @@ def http_rows(http, texts: list[str], model: str) -> np.ndarray:
 def test_embed_and_its_stream_give_http_vectors(channel, http):
     expected = http_rows(http, TEXTS, "minilm")
     one = call(channel, "Embed", pb.EmbedRequest(inputs=TEXTS[0], truncate=True), "minilm")
-    assert np.array_equal(np.array(one.embeddings, dtype=np.float32), expected[0])
+    # the same vector whatever it was batched with, to the guarantee (docs/cpu-backends.md):
+    # torch fp32 alone or padded beside others differs in the last bits, and whether the
+    # HTTP request's three texts share a call depends on the machine's calibrated call cost
+    assert cosines(np.array([one.embeddings], dtype=np.float32), expected[:1]).min() >= 0.99999
     assert one.metadata.compute_tokens > 0
 
     replies = list(call(channel, "EmbedStream",
@@ -49,7 +52,8 @@ def test_embed_and_its_stream_give_http_vectors(channel, http):
     streamed = np.array([r.embeddings for r in replies], dtype=np.float32)
     assert cosines(streamed, expected).min() >= 0.99999  # batched with each other now
     default = call(channel, "Embed", pb.EmbedRequest(inputs=TEXTS[0]))  # the default model
-    assert np.array_equal(np.array(default.embeddings, dtype=np.float32), expected[0])
+    assert np.array_equal(np.array(default.embeddings, dtype=np.float32),
+                          np.array(one.embeddings, dtype=np.float32))  # both alone
 
 
 def test_rerank_tokenize_and_info(channel, http):
