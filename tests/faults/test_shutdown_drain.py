@@ -10,9 +10,10 @@ deployments/draining.py) and only lets Serve shut down once no replica holds a r
 Two slow requests (a fake model whose batches take 4 s: one running, one queued on the
 pool) are in flight when SIGTERM reaches serve.sh; both must answer 200 with their
 embeddings, after the stop began, and the run must still stop completely. Meanwhile a
-one-text request every 0.2 s gets 200, 503 with Retry-After (the drain: some must) or
-no connection (Serve gone), never 404 (what a deleted application answered before:
-issue 54). The run has its own Ray (RAY_ADDRESS=local) and ports, like
+newcomer every 0.2 s (`GET /v1/models`: quick, so that the probe never waits behind the slow
+model and misses the drain; the drain refuses every route alike) gets 200, 503 with
+Retry-After (the drain: some must) or no connection (Serve gone), never 404 (what a deleted
+application answered before: issue 54). The run has its own Ray (RAY_ADDRESS=local) and ports, like
 tests/faults/test_lifecycle.py.
 """
 
@@ -48,12 +49,19 @@ def embed(port: int, text: str) -> tuple[int, dict, float]:
         return reply.status, json.loads(reply.read()), time.monotonic()
 
 
+def models(port: int) -> int:
+    """GET /v1/models: a request that never waits on a model; its status."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as reply:
+        return reply.status
+
+
 def newcomers(port: int, stopped: threading.Event, seen: dict[str, int]) -> None:
-    """A one-text request every 0.2 s until ``stopped``: each outcome counted (``200``,
-    ``503`` with a Retry-After, ``refused``, or anything else by its status or error)."""
+    """A quick request every 0.2 s until ``stopped``: each outcome counted (``200``,
+    ``503`` with a Retry-After, ``refused``, or anything else by its status or error). An
+    embed here would wait behind the slow model, ~8 s, and could miss the drain entirely."""
     while not stopped.is_set():
         try:
-            outcome = str(embed(port, "new")[0])
+            outcome = str(models(port))
         except urllib.error.HTTPError as e:
             outcome = str(e.code) if e.code != 503 or e.headers.get("retry-after") else \
                 "503 without Retry-After"
