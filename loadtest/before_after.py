@@ -146,9 +146,12 @@ def waits_markdown(out: Path, rounds: int, order: Sequence[tuple[int, str]]) -> 
                      f"{w['busy_pct']:.0f}",
                      "timed out" + (f" ({len(w['left_over'])} processes left)"
                                     if w["left_over"] else " (machine busy)")
-                     if w["timed_out"] else "settled"])
+                     if w["timed_out"] else "settled",
+                     ", ".join(f"{name} {pct:.0f}%" for name, pct in w.get("busiest") or [])
+                     or "-"])
     return markdown_table(["round", "serve", "waited s", "of which for processes to go",
-                           "busy % of all cores at start", "outcome"], body) if body else ""
+                           "busy % of all cores at start", "outcome",
+                           "busiest processes then (% of a core)"], body) if body else ""
 
 
 def order(rounds: int) -> list[tuple[int, str]]:

@@ -185,13 +185,42 @@ def main(argv: Iterable[str] | None = None) -> int:
         args.out.write_text(json.dumps(document))
         print(",".join(str(p["pid"]) for p in document["processes"]) or str(args.pid))
         return 0
-    import psutil
-
     previous = _load(args.previous)
-    result = settle(lambda: left_over(previous), lambda: psutil.cpu_percent(interval=3.0),
-                    timeout_s=args.timeout, quiet_pct=args.quiet_pct)
-    print(json.dumps(result))
+    sampler = BusySampler()
+    result = settle(lambda: left_over(previous), sampler, timeout_s=args.timeout,
+                    quiet_pct=args.quiet_pct)
+    print(json.dumps({**result, "busiest": sampler.busiest}))
     return 0
+
+
+class BusySampler:
+    """The machine's busy % of all cores over ``seconds``; it keeps the processes that
+    used the most CPU in the last sample (``busiest``: [name, % of one core]), to tell a
+    wait for the stopped server from a wait for other people's work."""
+
+    def __init__(self, seconds: float = 3.0, keep: int = 3):
+        self.seconds, self.keep = seconds, keep
+        self.busiest: list[tuple[str, float]] = []
+
+    @staticmethod
+    def _cpu(proc: Path = PROC) -> dict[tuple[int, int | None], float]:
+        found = {}
+        for pid in _pids(proc):
+            cpu = cpu_seconds(pid, proc)
+            if cpu is not None:
+                found[(pid, start_ticks(pid, proc))] = cpu
+        return found
+
+    def __call__(self) -> float:
+        import psutil
+
+        start = self._cpu()
+        busy = float(psutil.cpu_percent(interval=self.seconds))
+        used = sorted(((cpu - start.get(key, 0.0), key[0]) for key, cpu in self._cpu().items()),
+                      reverse=True)[:self.keep]
+        self.busiest = [(process_name(_argv(pid, PROC)), round(100 * s / self.seconds, 1))
+                        for s, pid in used if s > 0]
+        return busy
 
 
 if __name__ == "__main__":

@@ -195,7 +195,8 @@ def _serve(out: Path, label: str, *, emb_s: float, cpu_ms: float, pool_s: float,
         130.0, dict(zip(names, (5.0 + pool_s, 6.0, 6.0), strict=True))))
     _write(out / f"{label}-settle.json", {"waited_s": 42.0, "gone_s": 30.0, "left_over": [],
                                           "busy_pct": 9.0, "quiet_pct": 15.0,
-                                          "timed_out": False})
+                                          "timed_out": False,
+                                          "busiest": [["pytest", 61.5], ["gcs_server", 2.0]]})
 
 
 def test_the_report_splits_cpu_by_process_and_takes_medians_over_rounds(tmp_path: Path):
@@ -219,7 +220,7 @@ def test_the_report_splits_cpu_by_process_and_takes_medians_over_rounds(tmp_path
     assert "| pool replica | 1.00 | 2.50 |" in text
     assert "| GCS | 2.00 | 2.00 |" in text
     assert "| **total** | 3.00 | 4.50 |" in text
-    assert "| 2 | after | 42 | 30 | 9 | settled |" in text
+    assert "| 2 | after | 42 | 30 | 9 | settled | pytest 62%, gcs_server 2% |" in text
     assert "controller" not in text  # a role that used nothing is left out
 
 
