@@ -198,29 +198,34 @@ class BusySampler:
     used the most CPU in the last sample (``busiest``: [name, % of one core]), to tell a
     wait for the stopped server from a wait for other people's work."""
 
-    def __init__(self, seconds: float = 3.0, keep: int = 3):
-        self.seconds, self.keep = seconds, keep
+    def __init__(self, seconds: float = 3.0, keep: int = 3, proc: Path = PROC,
+                 machine_pct: Callable[[float], float] | None = None):
+        self.seconds, self.keep, self.proc = seconds, keep, proc
+        self.machine_pct = machine_pct or _machine_pct
         self.busiest: list[tuple[str, float]] = []
 
-    @staticmethod
-    def _cpu(proc: Path = PROC) -> dict[tuple[int, int | None], float]:
+    def _cpu(self) -> dict[tuple[int, int | None], float]:
         found = {}
-        for pid in _pids(proc):
-            cpu = cpu_seconds(pid, proc)
+        for pid in _pids(self.proc):
+            cpu = cpu_seconds(pid, self.proc)
             if cpu is not None:
-                found[(pid, start_ticks(pid, proc))] = cpu
+                found[(pid, start_ticks(pid, self.proc))] = cpu
         return found
 
     def __call__(self) -> float:
-        import psutil
-
         start = self._cpu()
-        busy = float(psutil.cpu_percent(interval=self.seconds))
+        busy = self.machine_pct(self.seconds)
         used = sorted(((cpu - start.get(key, 0.0), key[0]) for key, cpu in self._cpu().items()),
                       reverse=True)[:self.keep]
-        self.busiest = [(process_name(_argv(pid, PROC)), round(100 * s / self.seconds, 1))
+        self.busiest = [(process_name(_argv(pid, self.proc)), round(100 * s / self.seconds, 1))
                         for s, pid in used if s > 0]
         return busy
+
+
+def _machine_pct(seconds: float) -> float:
+    import psutil
+
+    return float(psutil.cpu_percent(interval=seconds))
 
 
 if __name__ == "__main__":

@@ -163,6 +163,27 @@ def test_settle_gives_up_at_its_bound_and_says_so():
     assert busy["waited_s"] == 12.0  # the last 3 s sample started before the bound
 
 
+def test_a_busy_sample_names_the_processes_that_used_the_cpu(tmp_path: Path):
+    _server(tmp_path, pool_cpu_s=10.0)
+
+    def three_seconds_pass(seconds: float) -> float:  # vim uses 2.4 s, the pool 0.3, a
+        assert seconds == 3.0                         # newcomer 0.6
+        for f in (tmp_path / "300", tmp_path / "103"):
+            f.joinpath("stat").unlink()
+            f.joinpath("cmdline").unlink()
+            f.joinpath("comm").unlink()
+            f.rmdir()
+        _fake(tmp_path, 300, 1, 300, ["/usr/bin/vim"], 9.4)
+        _fake(tmp_path, 103, 102, 100, ["ray::ServeReplica:blitz:CPUPool"], 10.3)
+        _fake(tmp_path, 500, 1, 500, ["/usr/bin/pytest"], 0.6)
+        return 61.0
+
+    sampler = process_cpu.BusySampler(keep=3, proc=tmp_path, machine_pct=three_seconds_pass)
+    assert sampler() == 61.0
+    assert sampler.busiest == [("vim", 80.0), ("pytest", 20.0),
+                               ("ray::ServeReplica:blitz:CPUPool", 10.0)]
+
+
 def test_rounds_alternate_which_tree_goes_first():
     assert before_after.order(4) == [(1, "before"), (1, "after"), (2, "after"), (2, "before"),
                                      (3, "before"), (3, "after"), (4, "after"), (4, "before")]

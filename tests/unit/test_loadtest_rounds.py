@@ -136,16 +136,14 @@ def test_rounds_command_and_report_folders(tmp_path: Path, capsys: pytest.Captur
 
 
 def test_before_after_report_gives_the_median_of_per_round_ratios(tmp_path: Path):
-    script = Path("loadtest/before_after.sh").read_text()
-    program = script[script.index("<<'PY'\n") + 7:script.rindex("\nPY")]
     for n, (before, after) in enumerate(((100.0, 120.0), (200.0, 220.0), (100.0, 130.0)), 1):
         for model in ("minilm", "minilm-int8"):
             for profile in ("single", "batch32"):
                 _served(tmp_path / f"before-r{n}-{model}-{profile}.json", before)
                 if (n, model) != (3, "minilm-int8"):
                     _served(tmp_path / f"after-r{n}-{model}-{profile}.json", after)
-    out = subprocess.run([sys.executable, "-", str(tmp_path), "3"], input=program, text=True,
-                         capture_output=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "loadtest.before_after", str(tmp_path), "3"],
+                         text=True, capture_output=True, check=True).stdout
     assert _cells(out, "minilm", "single")[2:] == [
         "100.0 / 200.0 / 100.0", "120.0 / 220.0 / 130.0", "1.20x", "1.10-1.30x",
         "1.20, 1.10, 1.30"]
