@@ -89,11 +89,13 @@ def model_admin(settings: BlitzSettings) -> ModelAdmin:
     return ModelAdmin(settings, store, mirror)
 
 
-async def follow(watch: ModelWatch, every_s: float,
+async def follow(watch: ModelWatch, every_s: float, admin_on: bool,
                  changed: Callable[[Changes], Awaitable[None]],
                  tick: Callable[[], Awaitable[None]] | None = None) -> None:
     """Forever: read the table when its token changed and hand the changes to ``changed``;
-    then ``tick``. A failure is logged and the loop goes on (the GCS may be restarting)."""
+    then ``tick``; then wait ``watch.poll_every`` (``every_s``, or longer while the admin
+    API is off and no table exists). A failure is logged and the loop goes on (the GCS may
+    be restarting)."""
     failed = False
     while True:
         try:
@@ -110,7 +112,7 @@ async def follow(watch: ModelWatch, every_s: float,
                 logger.warning("model table: %s: %s (retrying every %.1f s)",
                                type(exc).__name__, exc, every_s)
             failed = True
-        await asyncio.sleep(every_s)
+        await asyncio.sleep(watch.poll_every(every_s, admin_on))
 
 
 class PinnedLru:
@@ -166,6 +168,7 @@ class PoolFollower:
         self.watch = ModelWatch(store, registry)
         self.report = LoadReport(store, pool, replica_name())
         self.every_s = settings.admin.poll_s
+        self.admin_on = bool(settings.admin.resolved_keys())
         self.retries = PinRetries(settings.pool(pool).load_failure_ttl_s)
         self._lru = lru  # Serve's LRU, taught pins: None until the replica's first load
         self._load, self._states, self._forget = load, states, forget
@@ -175,7 +178,7 @@ class PoolFollower:
     def start(self) -> None:
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(
-                follow(self.watch, self.every_s, self._changed, self._tick))
+                follow(self.watch, self.every_s, self.admin_on, self._changed, self._tick))
 
     async def refresh(self) -> None:
         """Read the table now (a job named a model this replica does not know yet)."""
@@ -234,6 +237,7 @@ class IngressFollower:
                  every_s: float):
         self.watch = ModelWatch(admin.store, registry, admin.mirror)
         self.every_s = every_s
+        self.admin_on = bool(admin.settings.admin.resolved_keys())
         self._forget = forget
         self.task: asyncio.Task | None = None
         admin.on_change = self.poll_now  # called in the admin call's thread
@@ -242,7 +246,7 @@ class IngressFollower:
         """Begin following (from a coroutine of the replica's loop; again: nothing)."""
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(
-                follow(self.watch, self.every_s, self._changed))
+                follow(self.watch, self.every_s, self.admin_on, self._changed))
 
     def poll_now(self) -> None:
         """Read and apply the table now (blocking: from a thread, as the admin calls run)."""

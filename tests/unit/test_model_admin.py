@@ -15,7 +15,14 @@ import pytest
 from blitz.admin.listing import listing
 from blitz.admin.store import CHANGED, FileMirror, MemoryStore
 from blitz.admin.table import MAX_PINNED, ModelAdmin
-from blitz.admin.watch import FORGOTTEN_S, STALE_S, LoadReport, ModelWatch, load_states
+from blitz.admin.watch import (
+    FIRST_TABLE_S,
+    FORGOTTEN_S,
+    STALE_S,
+    LoadReport,
+    ModelWatch,
+    load_states,
+)
 from blitz.errors import Conflict, InvalidValue, UnknownModel
 from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService
@@ -113,6 +120,19 @@ def test_a_replica_follows_the_table():
     changes = watch.poll()
     assert changes is not None and changes.evict == {"new"} and "new" not in registry
     assert "base" in registry  # the config's stay whatever the table says
+
+
+def test_with_the_admin_api_off_a_replica_looks_for_a_first_table_seldom():
+    store = MemoryStore()
+    watch = ModelWatch(store, settings().registry())
+    watch.poll()  # no table yet
+    assert watch.poll_every(1.0, admin_on=False) == FIRST_TABLE_S > 1.0
+    assert watch.poll_every(1.0, admin_on=True) == 1.0  # an admin key: every poll_s
+    assert watch.poll_every(90.0, admin_on=False) == 90.0  # never shorter than poll_s
+    ModelAdmin(settings(), store).add({"id": "new", "source": "fake:16"})  # a handle's call
+    assert watch.poll() is not None
+    assert watch.poll_every(1.0, admin_on=False) == 1.0  # a table exists: every poll_s
+    assert FIRST_TABLE_S < STALE_S  # a pool's load report, written each look, stays shown
 
 
 def test_a_replica_that_starts_after_an_evict_evicts_nothing():
