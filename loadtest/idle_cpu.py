@@ -2,6 +2,8 @@
 
     python -m loadtest.idle_cpu [--warm 20] [--window 60] [--rounds 1] [--out FILE.json]
     python -m loadtest.idle_cpu --attach PID [--window 60]
+    python -m loadtest.idle_cpu --tree /tmp/before    # another checkout's serve.sh
+    python -m loadtest.idle_cpu --env RAY_SERVE_CONTROL_LOOP_INTERVAL_S=0.5   # a Ray setting
 
 starts ``bash scripts/serve.sh`` (the environment passes through: set Ray's variables
 here to measure what they lower), waits for ``/ready``, embeds one text, waits
@@ -109,8 +111,9 @@ def _embed_once(url: str) -> None:
 
 def serve_and_measure(args: argparse.Namespace) -> list[list[IdleCpu]]:
     env = {**os.environ, "BLITZ_SKIP_INSTALL": os.environ.get("BLITZ_SKIP_INSTALL", "1"),
-           "BLITZ_DRAIN_S": "0"}
+           "BLITZ_DRAIN_S": "0", **dict(v.split("=", 1) for v in args.env)}
     server = subprocess.Popen(["bash", "scripts/serve.sh"], env=env, start_new_session=True,
+                              cwd=args.tree,
                               stdout=subprocess.DEVNULL if not args.log else open(args.log, "w"),
                               stderr=subprocess.STDOUT)
     try:
@@ -132,6 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--attach", type=int, metavar="PID",
                         help="measure the tree under PID (running) instead of starting one")
+    parser.add_argument("--tree", default=".",
+                        help="the checkout whose scripts/serve.sh to start (another commit's "
+                             "tree, for a before/after)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set in serve.sh's environment (again for more): a Ray setting "
+                             "measured against the same tree without it")
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--warm", type=float, default=20.0,
                         help="seconds idle after /ready and one embed before measuring")

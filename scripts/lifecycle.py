@@ -75,6 +75,7 @@ PR_SET_CHILD_SUBREAPER = 36
 # in the environment of every process of a driver-less run: the pid of its lifecycle.py
 MARKER = "BLITZ_LIFECYCLE_PID"
 WATCH_S = 1.0  # how often the watchdog looks for its lifecycle.py
+RESCAN_S = 2.0  # how often a run looks for a new HAProxy while the ones it knows live
 # `ray stop`'s order (ray/scripts/scripts.py `stop`): raylet first, GCS last (a GCS
 # sent SIGTERM at once with everything else was seen hanging in "Stopping GCS server")
 STOP_ORDER = ("raylet", None, "gcs_server")
@@ -680,13 +681,25 @@ def _wait(keep_going, tracked: list[subprocess.Popen], requested: list[int],
           standin=None, sid: int = 0) -> None:
     """Until ``keep_going()`` is false or a signal came; with a ``standin``, it looks
     after session ``sid``'s HAProxy on each turn."""
-    config = None
+    config, haproxies, scanned = None, [], 0.0
     while keep_going() and not requested:
         _reap_children(tracked + ([standin.proc] if standin and standin.proc else []))
         if standin is not None:
             config = config or _node_config(sid)
-            standin.tick(_run_haproxies(sid), config)
+            haproxies, scanned = _serving_haproxies(sid, haproxies, scanned)
+            standin.tick(haproxies, config)
         time.sleep(0.2)
+
+
+def _serving_haproxies(sid: int, known: list[tuple[int, str]],
+                       scanned: float) -> tuple[list[tuple[int, str]], float]:
+    """``_run_haproxies(sid)`` and when it was read: ``known`` again while each of them
+    lives and RESCAN_S has not passed since ``scanned`` (a scan reads every process of the
+    machine: five a second cost ~1% of a core), read again at once when one is gone."""
+    now = time.monotonic()
+    if known and now - scanned < RESCAN_S and all(_alive(pid) for pid, _ in known):
+        return known, scanned
+    return _run_haproxies(sid), now
 
 
 def _standin():
