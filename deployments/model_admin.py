@@ -37,6 +37,12 @@ from blitz.settings.registry import Registry
 
 logger = logging.getLogger("ray.serve")
 NAMESPACE = "blitz-models"
+# Serve pushes a pool replica's model ids to its controller every 0.1 s (its multiplexed
+# LRU's task, PUSH_MULTIPLEXED_MODEL_IDS_INTERVAL_S), idle or not: PinnedLru keeps that
+# pace only while a load runs or a change waits to be pushed, and pushes a load's ids at
+# its start itself; otherwise once every MODEL_IDS_IDLE_S (the gauges it sets with them).
+MODEL_IDS_BUSY_S = 0.1
+MODEL_IDS_IDLE_S = 1.0
 
 
 class GcsStore:
@@ -125,6 +131,25 @@ class PinnedLru:
         self.pinned = pinned
         self._unload_lru = lru.unload_model_lru
         lru.unload_model_lru = self.unload_lru  # Serve calls it through the instance
+        self._push = getattr(lru, "_push_model_ids_info", None)  # Serve's push, its task's
+        self._push_every_s = 0.0  # none set yet: the first push makes the task call ours
+        self.push_model_ids()  # the load that made this one has begun: say so now
+
+    def push_model_ids(self) -> None:
+        """Serve's push of this replica's model ids (loaded and loading), now; then its
+        task's pace set: every MODEL_IDS_BUSY_S while a load runs or a push waits, every
+        MODEL_IDS_IDLE_S otherwise (a Ray without the task: nothing changed)."""
+        pusher = getattr(self.lru, "metrics_pusher", None)
+        name = getattr(self.lru, "_PUSH_MULTIPLEXED_MODEL_IDS_TASK_NAME", None)
+        if self._push is None or pusher is None or name is None:
+            return
+        self._push()
+        busy = bool(getattr(self.lru, "_model_load_tasks", ())) or (
+            self.lru._push_multiplexed_replica_info)
+        every = MODEL_IDS_BUSY_S if busy else MODEL_IDS_IDLE_S
+        if every != self._push_every_s:
+            self._push_every_s = every
+            pusher.register_or_update_task(name, self.push_model_ids, every)
 
     def unpinned(self) -> list[str]:
         """The resident ids that may be evicted, least recently used first."""
@@ -154,7 +179,8 @@ class PinnedLru:
                 return False
             self.lru.models.move_to_end(model_id, last=False)
             await self._unload_lru()
-            self.lru._push_multiplexed_replica_info = True  # routing learns it at once
+            self.lru._push_multiplexed_replica_info = True
+            self.push_model_ids()  # routing learns it at once
             return True
 
 

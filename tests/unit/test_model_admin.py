@@ -253,15 +253,60 @@ async def test_a_model_added_over_http_is_served_then_removed():
 class StandInLru:
     """Serve's _ModelMultiplexWrapper as far as PinnedLru uses it (Ray 2.60)."""
 
+    _PUSH_MULTIPLEXED_MODEL_IDS_TASK_NAME = "push_model_ids"
+
     def __init__(self, ids):
         self.models = OrderedDict((i, object()) for i in ids)
         self._model_cache_lock = asyncio.Lock()
         self._push_multiplexed_replica_info = False
+        self._model_load_tasks: set[str] = set()
         self.unloaded: list[str] = []
+        self.pushed: list[list[str]] = []  # the ids each push told the controller
+        self.metrics_pusher = StandInPusher(self._push_model_ids_info)
+
+    def _push_model_ids_info(self):
+        if self._push_multiplexed_replica_info:
+            self.pushed.append([*self.models, *self._model_load_tasks])
+            self._push_multiplexed_replica_info = False
 
     async def unload_model_lru(self):
         model_id, _ = self.models.popitem(last=False)
         self.unloaded.append(model_id)
+
+
+class StandInPusher:
+    """Serve's MetricsPusher: each task's function and its period."""
+
+    def __init__(self, push):
+        self.tasks = {StandInLru._PUSH_MULTIPLEXED_MODEL_IDS_TASK_NAME: (push, 0.1)}
+
+    def register_or_update_task(self, name, function, interval_s):
+        self.tasks[name] = (function, interval_s)
+
+    def tick(self):
+        self.tasks[StandInLru._PUSH_MULTIPLEXED_MODEL_IDS_TASK_NAME][0]()
+
+    @property
+    def every_s(self):
+        return self.tasks[StandInLru._PUSH_MULTIPLEXED_MODEL_IDS_TASK_NAME][1]
+
+
+def test_model_ids_are_pushed_at_once_and_every_second_while_nothing_changes():
+    from deployments.model_admin import MODEL_IDS_BUSY_S, MODEL_IDS_IDLE_S, PinnedLru
+
+    lru = StandInLru([])
+    lru._push_multiplexed_replica_info = True  # what Serve does as a load begins
+    lru._model_load_tasks.add("a")
+    pins = PinnedLru(lru, set)  # made by the first load, and pushes its id at once
+    assert lru.pushed == [["a"]] and lru.metrics_pusher.every_s == MODEL_IDS_BUSY_S
+    lru._model_load_tasks.clear()
+    lru.models["a"] = object()  # loaded
+    lru.metrics_pusher.tick()  # Serve's task, through the pins
+    assert lru.metrics_pusher.every_s == MODEL_IDS_IDLE_S == 10 * MODEL_IDS_BUSY_S  # idle
+    lru._push_multiplexed_replica_info = True  # a second load begins
+    lru._model_load_tasks.add("b")
+    pins.push_model_ids()  # what the pool's loader does first
+    assert lru.pushed[-1] == ["a", "b"] and lru.metrics_pusher.every_s == MODEL_IDS_BUSY_S
 
 
 async def test_serves_lru_passes_over_pinned_models_and_evicts_by_id():
@@ -273,7 +318,7 @@ async def test_serves_lru_passes_over_pinned_models_and_evicts_by_id():
     await lru.unload_model_lru()  # what Serve calls: now through the pins
     assert lru.unloaded == ["b"] and list(lru.models) == ["c", "a"]
     assert await pins.evict("a") and lru.unloaded == ["b", "a"]
-    assert lru._push_multiplexed_replica_info
+    assert lru.pushed[-1] == ["c"]  # routing learns it at once
     assert not await pins.evict("gone")
 
 
