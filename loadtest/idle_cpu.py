@@ -117,7 +117,9 @@ def serve_and_measure(args: argparse.Namespace) -> list[list[IdleCpu]]:
                               stdout=subprocess.DEVNULL if not args.log else open(args.log, "w"),
                               stderr=subprocess.STDOUT)
     try:
+        started = time.monotonic()
         _wait_ready(args.url, server, args.ready_timeout)
+        print(f"ready {time.monotonic() - started:.1f} s after serve.sh started", flush=True)
         _embed_once(args.url)
         time.sleep(args.warm)
         return [measure([server.pid], args.window) for _ in range(args.rounds)]

@@ -49,3 +49,25 @@ def test_a_known_haproxy_gone_is_noticed_on_the_next_tick(machine, monkeypatch):
     assert known == [] and machine["scans"] == 2  # the stand-in hears it at once
     known, scanned = lifecycle._serving_haproxies(7, known, scanned)
     assert machine["scans"] == 3  # none known: every tick scans, as before
+
+
+def test_the_node_watch_scans_once_then_checks_raylet_and_gcs_alone(monkeypatch):
+    procs = {5: b"raylet", 6: b"gcs_server", 7: b"python3"}  # session 9's processes
+    scans = []
+
+    def session(sid):
+        scans.append(sid)
+        return sorted(procs)
+
+    monkeypatch.setattr(lifecycle, "_session", session)
+    monkeypatch.setattr(lifecycle, "_alive", lambda pid: pid in procs)
+    monkeypatch.setattr(lifecycle, "_read",
+                        lambda pid, name: procs.get(pid, b"") + b"\n" if name == "comm" else b"")
+    up = lifecycle._node_watch(9)
+    assert up() and up() and up() and scans == [9]  # one scan, then two reads a tick
+    procs[5] = b"bash"  # the raylet's pid now names another process
+    assert not up() and scans == [9, 9]  # gone: scanned again, and the node is down
+    procs[8] = b"raylet"  # (a test's raylet back: found by the next scan)
+    assert up() and scans == [9, 9, 9]
+    del procs[6]  # the GCS died
+    assert not up()
