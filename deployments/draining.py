@@ -2,7 +2,9 @@
 
 scripts/lifecycle.py's drain (scripts/serve.sh and the image on SIGTERM, scripts/stop.sh)
 puts ``stopping`` in the application's namespace, valid until a Unix time, then waits. Each
-ingress replica reads it every ``POLL_S`` (``DrainWatch``): from then on its HTTP requests
+ingress replica reads it every ``POLL_S`` (``DrainWatch``; two seconds: one small GCS read,
+well inside the drain's ``HEARD_S``, five, and every ``STOPPING_POLL_S`` during a stop, to
+report its idleness as soon as it comes): from then on its HTTP requests
 get 503 with ``Retry-After`` (``blitz.runtime.draining.Drain``), those in flight finish, and
 it reports ``idle:<replica>`` (``1`` once nothing is in flight, ``0`` before). Once every
 replica that heard it is idle, the stop shuts Serve down, so no request arriving during
@@ -26,7 +28,8 @@ logger = logging.getLogger("ray.serve")
 NAMESPACE = "blitz-drain"
 STOPPING = "stopping"  # key: the Unix time until which the stop holds
 IDLE = "idle:"  # key prefix, one per replica that heard it: b"1" idle, b"0" not yet
-POLL_S = 0.5
+POLL_S = 2.0  # serving: how soon a replica hears a stop
+STOPPING_POLL_S = 0.25  # stopping: how soon it reports its last request done
 
 
 def namespace(app: str) -> str:
@@ -37,11 +40,12 @@ def namespace(app: str) -> str:
 class DrainWatch:
     """One ingress replica's ear for the stop: ``tick`` reads the flag and reports."""
 
-    def __init__(self, drain: Drain, app: str, replica: str, every_s: float = POLL_S):
+    def __init__(self, drain: Drain, app: str, replica: str, every_s: float = POLL_S,
+                 stopping_every_s: float = STOPPING_POLL_S):
         self.drain = drain
         self.namespace = namespace(app)
         self.replica = replica
-        self.every_s = every_s
+        self.every_s, self.stopping_every_s = every_s, stopping_every_s
         self.task: asyncio.Task | None = None
         self._reported: bytes | None = None
 
@@ -61,7 +65,11 @@ class DrainWatch:
                     logger.warning("drain watch: %s: %s (retrying every %.1f s)",
                                    type(exc).__name__, exc, self.every_s)
                 failed = True
-            await asyncio.sleep(self.every_s)
+            await asyncio.sleep(self.next_tick_s())
+
+    def next_tick_s(self) -> float:
+        """Seconds to the next read: short only while a stop is under way."""
+        return self.stopping_every_s if self.drain.stopping else self.every_s
 
     def tick(self) -> None:
         """Read the flag (blocking); begin or end the stop; report idleness while stopping."""

@@ -37,6 +37,12 @@ from blitz.settings.registry import Registry
 
 logger = logging.getLogger("ray.serve")
 NAMESPACE = "blitz-models"
+# Serve pushes a pool replica's model ids to its controller every 0.1 s (its multiplexed
+# LRU's task, PUSH_MULTIPLEXED_MODEL_IDS_INTERVAL_S), idle or not: PinnedLru keeps that
+# pace only while a load runs or a change waits to be pushed, and pushes a load's ids at
+# its start itself; otherwise once every MODEL_IDS_IDLE_S (the gauges it sets with them).
+MODEL_IDS_BUSY_S = 0.1
+MODEL_IDS_IDLE_S = 1.0
 
 
 class GcsStore:
@@ -89,11 +95,13 @@ def model_admin(settings: BlitzSettings) -> ModelAdmin:
     return ModelAdmin(settings, store, mirror)
 
 
-async def follow(watch: ModelWatch, every_s: float,
+async def follow(watch: ModelWatch, every_s: float, admin_on: bool,
                  changed: Callable[[Changes], Awaitable[None]],
                  tick: Callable[[], Awaitable[None]] | None = None) -> None:
     """Forever: read the table when its token changed and hand the changes to ``changed``;
-    then ``tick``. A failure is logged and the loop goes on (the GCS may be restarting)."""
+    then ``tick``; then wait ``watch.poll_every`` (``every_s``, or longer while the admin
+    API is off and no table exists). A failure is logged and the loop goes on (the GCS may
+    be restarting)."""
     failed = False
     while True:
         try:
@@ -110,7 +118,7 @@ async def follow(watch: ModelWatch, every_s: float,
                 logger.warning("model table: %s: %s (retrying every %.1f s)",
                                type(exc).__name__, exc, every_s)
             failed = True
-        await asyncio.sleep(every_s)
+        await asyncio.sleep(watch.poll_every(every_s, admin_on))
 
 
 class PinnedLru:
@@ -123,6 +131,25 @@ class PinnedLru:
         self.pinned = pinned
         self._unload_lru = lru.unload_model_lru
         lru.unload_model_lru = self.unload_lru  # Serve calls it through the instance
+        self._push = getattr(lru, "_push_model_ids_info", None)  # Serve's push, its task's
+        self._push_every_s = 0.0  # none set yet: the first push makes the task call ours
+        self.push_model_ids()  # the load that made this one has begun: say so now
+
+    def push_model_ids(self) -> None:
+        """Serve's push of this replica's model ids (loaded and loading), now; then its
+        task's pace set: every MODEL_IDS_BUSY_S while a load runs or a push waits, every
+        MODEL_IDS_IDLE_S otherwise (a Ray without the task: nothing changed)."""
+        pusher = getattr(self.lru, "metrics_pusher", None)
+        name = getattr(self.lru, "_PUSH_MULTIPLEXED_MODEL_IDS_TASK_NAME", None)
+        if self._push is None or pusher is None or name is None:
+            return
+        self._push()
+        busy = bool(getattr(self.lru, "_model_load_tasks", ())) or (
+            self.lru._push_multiplexed_replica_info)
+        every = MODEL_IDS_BUSY_S if busy else MODEL_IDS_IDLE_S
+        if every != self._push_every_s:
+            self._push_every_s = every
+            pusher.register_or_update_task(name, self.push_model_ids, every)
 
     def unpinned(self) -> list[str]:
         """The resident ids that may be evicted, least recently used first."""
@@ -152,7 +179,8 @@ class PinnedLru:
                 return False
             self.lru.models.move_to_end(model_id, last=False)
             await self._unload_lru()
-            self.lru._push_multiplexed_replica_info = True  # routing learns it at once
+            self.lru._push_multiplexed_replica_info = True
+            self.push_model_ids()  # routing learns it at once
             return True
 
 
@@ -166,6 +194,7 @@ class PoolFollower:
         self.watch = ModelWatch(store, registry)
         self.report = LoadReport(store, pool, replica_name())
         self.every_s = settings.admin.poll_s
+        self.admin_on = bool(settings.admin.resolved_keys())
         self.retries = PinRetries(settings.pool(pool).load_failure_ttl_s)
         self._lru = lru  # Serve's LRU, taught pins: None until the replica's first load
         self._load, self._states, self._forget = load, states, forget
@@ -175,7 +204,7 @@ class PoolFollower:
     def start(self) -> None:
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(
-                follow(self.watch, self.every_s, self._changed, self._tick))
+                follow(self.watch, self.every_s, self.admin_on, self._changed, self._tick))
 
     async def refresh(self) -> None:
         """Read the table now (a job named a model this replica does not know yet)."""
@@ -234,6 +263,7 @@ class IngressFollower:
                  every_s: float):
         self.watch = ModelWatch(admin.store, registry, admin.mirror)
         self.every_s = every_s
+        self.admin_on = bool(admin.settings.admin.resolved_keys())
         self._forget = forget
         self.task: asyncio.Task | None = None
         admin.on_change = self.poll_now  # called in the admin call's thread
@@ -242,7 +272,7 @@ class IngressFollower:
         """Begin following (from a coroutine of the replica's loop; again: nothing)."""
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(
-                follow(self.watch, self.every_s, self._changed))
+                follow(self.watch, self.every_s, self.admin_on, self._changed))
 
     def poll_now(self) -> None:
         """Read and apply the table now (blocking: from a thread, as the admin calls run)."""

@@ -94,6 +94,8 @@ class ModelPool:
         pins: PinnedLru | None = getattr(self, "_pins", None)
         if pins is None:  # the first load: from now on, pinned models are never its victims
             pins = self._pins = PinnedLru(getattr(self, SERVE_LRU), self._pinned)
+        else:  # Serve pushes a load's ids at its next tick: now, whatever the tick's pace
+            pins.push_model_ids()
         return await self.replica.load(model_id, cached=pins.unpinned, evict=pins.unload_lru)
 
     def _pinned(self) -> set[str]:

@@ -75,6 +75,7 @@ PR_SET_CHILD_SUBREAPER = 36
 # in the environment of every process of a driver-less run: the pid of its lifecycle.py
 MARKER = "BLITZ_LIFECYCLE_PID"
 WATCH_S = 1.0  # how often the watchdog looks for its lifecycle.py
+RESCAN_S = 2.0  # how often a run looks for a new HAProxy while the ones it knows live
 # `ray stop`'s order (ray/scripts/scripts.py `stop`): raylet first, GCS last (a GCS
 # sent SIGTERM at once with everything else was seen hanging in "Stopping GCS server")
 STOP_ORDER = ("raylet", None, "gcs_server")
@@ -641,6 +642,23 @@ def _ray_node_up(sid: int) -> bool:
     return b"raylet" in names and b"gcs_server" in names
 
 
+def _node_watch(sid: int):
+    """``_ray_node_up(sid)`` for a loop's every tick: the raylet and GCS found once, then
+    each checked alone (its pid, under its name), the machine scanned again only when one
+    is gone (a scan reads every process of the machine: five a second cost ~1% of a core)."""
+    known: list[tuple[int, bytes]] = []
+
+    def up() -> bool:
+        if {n for _, n in known} == {b"raylet", b"gcs_server"} and all(
+                _alive(p) and _read(p, "comm").strip() == n for p, n in known):
+            return True
+        known[:] = [(p, n) for p in _session(sid)
+                    if (n := _read(p, "comm").strip()) in (b"raylet", b"gcs_server")]
+        return {n for _, n in known} == {b"raylet", b"gcs_server"}
+
+    return up
+
+
 def _logs_dir(sid: int) -> str:
     for pid in _session(sid):
         for arg in _cmdline(pid):
@@ -680,13 +698,25 @@ def _wait(keep_going, tracked: list[subprocess.Popen], requested: list[int],
           standin=None, sid: int = 0) -> None:
     """Until ``keep_going()`` is false or a signal came; with a ``standin``, it looks
     after session ``sid``'s HAProxy on each turn."""
-    config = None
+    config, haproxies, scanned = None, [], 0.0
     while keep_going() and not requested:
         _reap_children(tracked + ([standin.proc] if standin and standin.proc else []))
         if standin is not None:
             config = config or _node_config(sid)
-            standin.tick(_run_haproxies(sid), config)
+            haproxies, scanned = _serving_haproxies(sid, haproxies, scanned)
+            standin.tick(haproxies, config)
         time.sleep(0.2)
+
+
+def _serving_haproxies(sid: int, known: list[tuple[int, str]],
+                       scanned: float) -> tuple[list[tuple[int, str]], float]:
+    """``_run_haproxies(sid)`` and when it was read: ``known`` again while each of them
+    lives and RESCAN_S has not passed since ``scanned`` (a scan reads every process of the
+    machine: five a second cost ~1% of a core), read again at once when one is gone."""
+    now = time.monotonic()
+    if known and now - scanned < RESCAN_S and all(_alive(pid) for pid, _ in known):
+        return known, scanned
+    return _run_haproxies(sid), now
 
 
 def _standin():
@@ -765,7 +795,7 @@ def _run_driverless(up: subprocess.Popen, requested: list[int], hurry: list[bool
         elif not requested:
             log(f"serving, with no driver: Ray's logs are in {_logs_dir(sid)} (replicas: "
                 "serve/); BLITZ_CONSOLE_LOGS=1 prints them here instead (`serve run`)")
-            _wait(lambda: _ray_node_up(sid), tracked, requested, standin, sid)
+            _wait(_node_watch(sid), tracked, requested, standin, sid)
             if not requested:
                 log("Ray's raylet or GCS is gone; cleaning up what is left")
                 status = 1

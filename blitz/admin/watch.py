@@ -1,7 +1,9 @@
 """How a replica follows the model table, and says what it holds.
 
-``ModelWatch`` reads the store's change token every ``admin.poll_s`` (one small read);
-when it changed, the table: the replica's registry then serves the added models, and the
+``ModelWatch`` reads the store's change token every ``admin.poll_s`` (one small read)
+while the admin API is on (an admin key set) or a table exists; with neither (the default:
+nothing can change but through the handle's admin calls), every ``FIRST_TABLE_S``, until
+one does (``poll_every``). When the token changed, the table: the replica's registry then serves the added models, and the
 replica learns which models to unload now (removed, given another spec, or evicted by the
 admin API) and which to keep loaded (pinned). Reading is I/O (the deployment runs it in
 a thread); applying is quick and runs on the replica's event loop, or in the admin call's
@@ -35,6 +37,7 @@ from blitz.settings.registry import Registry
 
 logger = logging.getLogger("blitz.admin")
 REPORT_EVERY_S = 10.0
+FIRST_TABLE_S = 20.0  # admin API off, no table yet: how often a replica looks for one
 STALE_S = 30.0
 FORGOTTEN_S = 600.0
 
@@ -106,6 +109,15 @@ class ModelWatch:
     def poll(self) -> Changes | None:
         """``read`` and ``apply`` in one (tests, and callers off the event loop)."""
         return self.apply(self.read())
+
+    def poll_every(self, every_s: float, admin_on: bool) -> float:
+        """Seconds to the next read: ``every_s`` (``admin.poll_s``) while the admin API is
+        on or a table was read; else ``FIRST_TABLE_S`` (longer, never shorter): with the
+        API off and no table, only a handle's admin call can write the first one, and its
+        own ingress applies it at once."""
+        if admin_on or self._token is not None:
+            return every_s
+        return max(every_s, FIRST_TABLE_S)
 
 
 class PinRetries:

@@ -15,6 +15,9 @@ was gathered to Ray once per ``interval_s``:
   new ones are dropped and counted in ``dropped`` (a flusher stuck in Ray must not
   grow memory without end).
 - **Lost at most**: the values of the last interval, if the process dies first.
+- **Idle, asleep**: the thread waits for the first value after a flush, then gathers for
+  ``interval_s`` and flushes; a process that records nothing wakes it never (a replica
+  at idle: no wake a second).
 - **Failures**: a metric that refuses a value is logged and skipped; the rest still go.
 - **Pickled** (Ray ships a deployment with what it references), a buffer arrives empty,
   with no thread: it starts one on its first value.
@@ -58,6 +61,7 @@ class MetricBuffer:
         self._lasts: dict[Hashable, list[Any]] = {}  # key -> [gauge, tags, last value]
         self._values: dict[Hashable, list[Any]] = {}  # key -> [histogram, tags, [values]]
         self._flusher: threading.Thread | None = None
+        self._gathering = threading.Event()  # set by the first value after a flush
 
     def __getstate__(self) -> dict[str, float]:
         return {"interval_s": self.interval_s, "max_values": self.max_values}
@@ -106,6 +110,7 @@ class MetricBuffer:
         entry = waiting.get(key)
         if entry is None:
             waiting[key] = [metric, dict(tags), first]
+            self._gathering.set()
         return entry
 
     def _start_flusher(self) -> None:
@@ -117,14 +122,21 @@ class MetricBuffer:
 
     def _flush_forever(self) -> None:
         while True:
+            self._gathering.wait()  # nothing gathered: no wake
             time.sleep(self.interval_s)
             self.flush()
+
+    @property
+    def gathering(self) -> bool:
+        """A value waits for the next flush (the flusher is awake for it)."""
+        return self._gathering.is_set()
 
     def flush(self) -> None:
         """Record everything gathered so far, now, on the calling thread."""
         with self._lock:
             sums, lasts, values = self._sums, self._lasts, self._values
             self._sums, self._lasts, self._values = {}, {}, {}
+            self._gathering.clear()
         for counter, tags, total in sums.values():
             _record(counter.inc, total, tags)
         for gauge, tags, last in lasts.values():

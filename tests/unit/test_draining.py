@@ -143,6 +143,20 @@ def test_the_watch_begins_the_stop_reports_idleness_and_serves_again_once_it_lap
     assert not drain.stopping
 
 
+def test_the_watch_reads_seldom_while_serving_and_often_while_stopping(kv, monkeypatch):
+    drain = Drain()
+    watch = draining.DrainWatch(drain, "blitz", "r1")
+    assert watch.next_tick_s() == draining.POLL_S >= 1.0  # idle: one read in seconds
+    kv.put(draining.STOPPING, f"{time.time() + 60}".encode(),
+           namespace=draining.namespace("blitz"))
+    watch.tick()
+    assert watch.next_tick_s() == draining.STOPPING_POLL_S < draining.POLL_S
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    heard_s = importlib.import_module("lifecycle").HEARD_S
+    sys.modules.pop("lifecycle", None)
+    assert draining.POLL_S < heard_s / 2  # a replica hears the stop before the drain gives up
+
+
 @pytest.fixture
 def lifecycle(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))

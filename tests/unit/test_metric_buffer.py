@@ -140,3 +140,16 @@ def test_a_pickled_buffer_arrives_empty_and_starts_its_own_thread():
 def test_the_settings_must_make_sense(interval_s, max_values):
     with pytest.raises(ValueError, match="interval_s must be positive"):
         MetricBuffer(interval_s, max_values)
+
+
+def test_the_flusher_sleeps_until_a_value_comes_and_after_each_flush():
+    buffer, counter = MetricBuffer(0.01), Recorder()
+    assert not buffer.gathering  # nothing recorded yet: no thread, nothing to wake it
+    buffer.inc(counter, 1, A)
+    assert buffer.gathering  # the first value wakes the flusher
+    wait_until(lambda: counter.calls == [("inc", 1, A)])
+    assert not buffer.gathering  # flushed: it waits for the next value, not the clock
+    buffer.inc(counter, 2, A)
+    assert buffer.gathering
+    wait_until(lambda: len(counter.calls) == 2)
+    assert counter.calls[1] == ("inc", 2, A) and not buffer.gathering

@@ -15,7 +15,14 @@ import pytest
 from blitz.admin.listing import listing
 from blitz.admin.store import CHANGED, FileMirror, MemoryStore
 from blitz.admin.table import MAX_PINNED, ModelAdmin
-from blitz.admin.watch import FORGOTTEN_S, STALE_S, LoadReport, ModelWatch, load_states
+from blitz.admin.watch import (
+    FIRST_TABLE_S,
+    FORGOTTEN_S,
+    STALE_S,
+    LoadReport,
+    ModelWatch,
+    load_states,
+)
 from blitz.errors import Conflict, InvalidValue, UnknownModel
 from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService
@@ -113,6 +120,19 @@ def test_a_replica_follows_the_table():
     changes = watch.poll()
     assert changes is not None and changes.evict == {"new"} and "new" not in registry
     assert "base" in registry  # the config's stay whatever the table says
+
+
+def test_with_the_admin_api_off_a_replica_looks_for_a_first_table_seldom():
+    store = MemoryStore()
+    watch = ModelWatch(store, settings().registry())
+    watch.poll()  # no table yet
+    assert watch.poll_every(1.0, admin_on=False) == FIRST_TABLE_S > 1.0
+    assert watch.poll_every(1.0, admin_on=True) == 1.0  # an admin key: every poll_s
+    assert watch.poll_every(90.0, admin_on=False) == 90.0  # never shorter than poll_s
+    ModelAdmin(settings(), store).add({"id": "new", "source": "fake:16"})  # a handle's call
+    assert watch.poll() is not None
+    assert watch.poll_every(1.0, admin_on=False) == 1.0  # a table exists: every poll_s
+    assert FIRST_TABLE_S < STALE_S  # a pool's load report, written each look, stays shown
 
 
 def test_a_replica_that_starts_after_an_evict_evicts_nothing():
@@ -233,15 +253,60 @@ async def test_a_model_added_over_http_is_served_then_removed():
 class StandInLru:
     """Serve's _ModelMultiplexWrapper as far as PinnedLru uses it (Ray 2.60)."""
 
+    _PUSH_MULTIPLEXED_MODEL_IDS_TASK_NAME = "push_model_ids"
+
     def __init__(self, ids):
         self.models = OrderedDict((i, object()) for i in ids)
         self._model_cache_lock = asyncio.Lock()
         self._push_multiplexed_replica_info = False
+        self._model_load_tasks: set[str] = set()
         self.unloaded: list[str] = []
+        self.pushed: list[list[str]] = []  # the ids each push told the controller
+        self.metrics_pusher = StandInPusher(self._push_model_ids_info)
+
+    def _push_model_ids_info(self):
+        if self._push_multiplexed_replica_info:
+            self.pushed.append([*self.models, *self._model_load_tasks])
+            self._push_multiplexed_replica_info = False
 
     async def unload_model_lru(self):
         model_id, _ = self.models.popitem(last=False)
         self.unloaded.append(model_id)
+
+
+class StandInPusher:
+    """Serve's MetricsPusher: each task's function and its period."""
+
+    def __init__(self, push):
+        self.tasks = {StandInLru._PUSH_MULTIPLEXED_MODEL_IDS_TASK_NAME: (push, 0.1)}
+
+    def register_or_update_task(self, name, function, interval_s):
+        self.tasks[name] = (function, interval_s)
+
+    def tick(self):
+        self.tasks[StandInLru._PUSH_MULTIPLEXED_MODEL_IDS_TASK_NAME][0]()
+
+    @property
+    def every_s(self):
+        return self.tasks[StandInLru._PUSH_MULTIPLEXED_MODEL_IDS_TASK_NAME][1]
+
+
+def test_model_ids_are_pushed_at_once_and_every_second_while_nothing_changes():
+    from deployments.model_admin import MODEL_IDS_BUSY_S, MODEL_IDS_IDLE_S, PinnedLru
+
+    lru = StandInLru([])
+    lru._push_multiplexed_replica_info = True  # what Serve does as a load begins
+    lru._model_load_tasks.add("a")
+    pins = PinnedLru(lru, set)  # made by the first load, and pushes its id at once
+    assert lru.pushed == [["a"]] and lru.metrics_pusher.every_s == MODEL_IDS_BUSY_S
+    lru._model_load_tasks.clear()
+    lru.models["a"] = object()  # loaded
+    lru.metrics_pusher.tick()  # Serve's task, through the pins
+    assert lru.metrics_pusher.every_s == MODEL_IDS_IDLE_S == 10 * MODEL_IDS_BUSY_S  # idle
+    lru._push_multiplexed_replica_info = True  # a second load begins
+    lru._model_load_tasks.add("b")
+    pins.push_model_ids()  # what the pool's loader does first
+    assert lru.pushed[-1] == ["a", "b"] and lru.metrics_pusher.every_s == MODEL_IDS_BUSY_S
 
 
 async def test_serves_lru_passes_over_pinned_models_and_evicts_by_id():
@@ -253,7 +318,7 @@ async def test_serves_lru_passes_over_pinned_models_and_evicts_by_id():
     await lru.unload_model_lru()  # what Serve calls: now through the pins
     assert lru.unloaded == ["b"] and list(lru.models) == ["c", "a"]
     assert await pins.evict("a") and lru.unloaded == ["b", "a"]
-    assert lru._push_multiplexed_replica_info
+    assert lru.pushed[-1] == ["c"]  # routing learns it at once
     assert not await pins.evict("gone")
 
 
