@@ -130,6 +130,8 @@ def msgpack_over(data: bytes, max_containers: int, max_values: int) -> str | Non
     (a container's elements follow it), so the walk is linear, jumps over every payload,
     and stops at the first byte that is not msgpack, leaving the error to the decoder."""
     max_strings = strings_bound(max_containers)
+    if len(data) <= min(max_values, max_strings):  # a body this short holds no more
+        return None  # objects than bytes: the common small request counts nothing
     view = np.frombuffer(data, np.uint8)
     if len(data) <= max_values and sum(
             int(np.count_nonzero(_MP_STRING_FIRST[view[start:start + _SCAN_CHUNK]]))
