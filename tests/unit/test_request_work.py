@@ -70,3 +70,21 @@ def test_added_work_on_the_path_is_counted(monkeypatch):
     assert after.blitz_calls - before.blitz_calls == 0  # the patch lives in this test
     assert any(name.startswith("tests/unit/test_request_work.py:") and n == 50
                for name, n in after.top(3))
+
+
+def test_the_feature_table_counts_each_variant_against_off():
+    """``loadtest.feature_cost``'s machinery on a tiny run: every feature's rows, off first;
+    a vector cache hit does less work than a miss; the table prints every row."""
+    from loadtest import feature_cost
+
+    rows = feature_cost.measure(requests=3, warmup=2, timed=3, rounds=1,
+                                only=["priorities", "vector cache"])
+    assert [(r.feature, r.variant) for r in rows] == [
+        ("priorities", "off"), ("priorities", "priority low"), ("vector cache", "off"),
+        ("vector cache", "miss"), ("vector cache", "hit")]
+    assert all(r.calls_over_off == 0 for r in rows if r.variant == "off")
+    cached = {r.variant: r for r in rows if r.feature == "vector cache"}
+    assert cached["hit"].calls < cached["off"].calls < cached["miss"].calls
+    assert all(r.us is not None and r.us > 0 for r in rows)
+    table = feature_cost.markdown(rows)
+    assert "| vector cache | hit |" in table and table.count("\n") == len(rows) + 1
