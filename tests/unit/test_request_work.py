@@ -44,7 +44,7 @@ def test_the_count_is_the_requests_own(measured):
     wake-ups), and a 32-text request more than a one-text one."""
     for m in measured.values():
         assert m.requests == REQUESTS
-        assert m.spread <= 40, m.table()
+        assert m.spread <= 60, m.table()  # a few of the loop's wake-ups (10 calls each)
         assert m.by_area.get("blitz/http", 0) > 0 and m.by_area.get("blitz/pool", 0) > 0
     assert measured["batch32"].calls > measured["single"].calls
 
