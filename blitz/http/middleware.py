@@ -57,6 +57,7 @@ API_KEYS = "blitz.api_keys"  # scope key of the middleware's ApiKeys (take_prior
 PRIORITY_ASKED = "blitz.priority_asked"  # scope key: the reply names the level it ran at
 # (the request asked for one, or its key's ceiling is below normal)
 PRIORITY_HEADER = "x-blitz-priority"  # high | normal | low; wins over the body's priority
+_PRIORITY_KEY = PRIORITY_HEADER.encode()
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
@@ -74,7 +75,10 @@ def take_priority(scope: Scope, payload: Any) -> None:
     ``x-blitz-priority`` says the level it ran at."""
     given = payload.get("priority") if isinstance(payload, dict) else None
     level = priority_level(given) if given is not None else None
-    header = Headers(scope=scope).get(PRIORITY_HEADER)
+    header = None
+    for name, value in scope["headers"]:  # raw: no Headers object for the usual none
+        if name.lower() == _PRIORITY_KEY:
+            header = value.decode("latin-1")
     if header is not None:
         level = priority_level(header.strip().lower(), param=PRIORITY_HEADER)
     record = record_of(scope)
@@ -162,11 +166,14 @@ class RequestMiddleware:
             if tracing.TRACER is not None:  # traces on (blitz.runtime.tracing): a span of
                 # its own, once its key passed (a refused one is never traced)
                 record.trace = self._span(scope, headers, path, request_id)
-            with self.drain.held():
+            self.drain.in_flight += 1  # Drain.held, inline: the request path's own
+            try:
                 if disconnect.unwatched(scope):
                     await disconnect.run_watching(self.app, scope, receive, send_with_headers)
                 else:
                     await self.app(scope, receive, send_with_headers)
+            finally:
+                self.drain.in_flight -= 1
         except Exception as exc:  # the one place errors become replies
             if status:  # the reply has begun; nothing more can be said
                 raise
