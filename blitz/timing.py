@@ -80,8 +80,8 @@ def breakdown(timings: Mapping[str, float], total_s: float) -> dict[str, float]:
         if "pool" in timings:
             out["handle"] = timings["call"] - timings["pool"]
     if "pool" in timings:
-        out["pool-other"] = timings["pool"] - sum(timings.get(k, 0.0) for k in (
-            "pool-queue", "worker-wait", "model"))
+        out["pool-other"] = (timings["pool"] - timings.get("pool-queue", 0.0)
+                             - timings.get("worker-wait", 0.0) - timings.get("model", 0.0))
     return {k: max(0.0, out[k]) for k in ENTRIES if k in out}
 
 
@@ -90,9 +90,9 @@ def header_value(timings: Mapping[str, float], total_s: float,
     """The ``server-timing`` value: ``total;dur=4.210, ingress;dur=0.910, ...`` (ms); an
     entry in ``descriptions`` gets its ``desc`` (``cache;dur=0.012;desc="hit 3 of 4"``)."""
     notes = descriptions or {}
-    return ", ".join(f"{name};dur={seconds * 1000:.3f}"
-                     + (f';desc="{notes[name]}"' if name in notes else "")
-                     for name, seconds in breakdown(timings, total_s).items())
+    return ", ".join([f"{name};dur={seconds * 1000:.3f}"
+                      + (f';desc="{notes[name]}"' if name in notes else "")
+                      for name, seconds in breakdown(timings, total_s).items()])
 
 
 def parse_header(value: str) -> dict[str, float]:

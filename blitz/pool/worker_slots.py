@@ -67,14 +67,15 @@ class WorkerSlots:
 
     def problem(self) -> str | None:
         """Why no call can run on these workers any more, or None."""
-        if self.stuck < self.workers:
+        if len(self._busy) < self.workers or self.stuck < self.workers:  # a free one: none
             return None
         return (f"{self.name}: all {self.workers} worker threads are stuck in a model call "
                 f"for more than {self.stuck_after_s:g} s (call_timeout_s)")
 
     def refuse_if_stuck(self, what: str = "the model") -> None:
         """Raise ``Unavailable`` when all workers are stuck: nothing queued would run."""
-        if self.problem() is not None:
+        if len(self._busy) >= self.workers and self.problem() is not None:  # (a free
+            # worker, the usual case, is read without a call: once per hop of a request)
             raise Unavailable(f"{what} cannot run on this replica now: its workers are "
                               "busy with calls that overran; retry shortly")
 

@@ -105,7 +105,8 @@ class MetricBuffer:
                tags: Mapping[str, str], first: Any) -> list[Any] | None:
         """``metric``'s waiting entry under ``tags`` ([metric, tags, gathered]), or None
         when it had none and one was made holding ``first`` (lock held)."""
-        self._start_flusher()
+        if self._flusher is None:
+            self._start_flusher()
         key = (id(metric), *tags.items())
         entry = waiting.get(key)
         if entry is None:
