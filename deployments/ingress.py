@@ -33,7 +33,7 @@ from blitz.ingress.tokenizing import TokenService
 from blitz.pool.batching import Batcher
 from blitz.pool.local_hop import HopLost
 from blitz.pool.mixed_batch import Job
-from blitz.runtime import tracing
+from blitz.runtime import collector, tracing
 from blitz.settings.config import BlitzSettings
 from deployments.bind_addresses import (
     http_host,
@@ -285,6 +285,7 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
         host = http_host()
         keep_grpc_on_http_host(host)  # before Serve starts this replica's gRPC server
         warn_if_open(host, self.settings.auth)
+        collector.settle()  # the start-up heap frozen: a request's collections skip it
         flush_replica_log()
 
     def _forget(self, model_id: str) -> None:

@@ -24,7 +24,7 @@ from blitz.pool.holder import ModelHolder
 from blitz.pool.local_hop import LocalHopServer
 from blitz.pool.mixed_batch import Job
 from blitz.pool.replica import PoolEvents, PoolReplica
-from blitz.runtime import gpu_memory, lean_imports, malloc, tracing
+from blitz.runtime import collector, gpu_memory, lean_imports, malloc, tracing
 from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from deployments.bind_addresses import keep_replica_grpc_on_node_ip
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
@@ -81,6 +81,7 @@ class ModelPool:
             lambda: getattr(self, "_pins", None))
         self.follower.start()
         self.replica.refresh = self.follower.refresh
+        collector.settle()  # the start-up heap frozen: a request's collections skip it
         self.constructor_s = round(time.perf_counter() - constructed, 3)
         logger.info("%s pool replica constructed in %.2f s (preload included)", pool,
                     self.constructor_s)

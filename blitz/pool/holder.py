@@ -13,13 +13,12 @@ arenas otherwise, and under steady eviction a CPU replica's RSS grew with them
 from __future__ import annotations
 
 import contextlib
-import gc
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from blitz.encoders.base import Encoder
-from blitz.runtime import malloc
+from blitz.runtime import collector, malloc
 
 
 class ModelFreed(RuntimeError):
@@ -82,7 +81,7 @@ class ModelHolder:
         on_cuda = encoder.device.startswith("cuda")
         encoder.close()
         del encoder
-        gc.collect()
+        collector.collect_all()  # its cycles too, though they were frozen at start-up
         malloc.trim()  # the freed pages back to the system, from every arena
         if on_cuda:
             import torch

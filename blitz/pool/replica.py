@@ -55,7 +55,7 @@ from blitz.pool.memory_budget import (
 )
 from blitz.pool.mixed_batch import Job, run_jobs
 from blitz.pool.worker_slots import WorkerSlots
-from blitz.runtime import malloc, model_threads, tracing
+from blitz.runtime import collector, malloc, model_threads, tracing
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
 
@@ -154,6 +154,7 @@ class PoolReplica:
             encoder = load_encoder(spec, self.device, self.cache_dir, timeout_s=timeout)
             shapes.append(self.shape_of(spec) or model_shape(spec, self.cache_dir, True))
             encoder.warmup()
+            collector.settle()  # what start-up and this load leave, never scanned again
             malloc.trim()  # what the load only passed through (file reads, graph
             # optimisation) back to the system: glibc would keep it (blitz.pool.holder)
             return encoder
