@@ -79,6 +79,7 @@ def take_priority(scope: Scope, payload: Any) -> None:
     for name, value in scope["headers"]:  # raw: no Headers object for the usual none
         if name.lower() == _PRIORITY_KEY:
             header = value.decode("latin-1")
+            break  # the first, as starlette's Headers.get reads it
     if header is not None:
         level = priority_level(header.strip().lower(), param=PRIORITY_HEADER)
     record = record_of(scope)
