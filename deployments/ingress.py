@@ -31,6 +31,7 @@ from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizing import TokenService
 from blitz.pool.batching import Batcher
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.pool.local_hop import HopLost
 from blitz.pool.mixed_batch import Job
 from blitz.runtime import collector, tracing
@@ -233,7 +234,7 @@ class InProcessCpuDispatcher(ServeDispatcher):
     in_process``): CPU pool calls go to the pool object here, with the same per-(pool,
     model) queue in front of them; GPU pool calls still take the handle hop."""
 
-    def __init__(self, settings: BlitzSettings, cpu_pool: Any,
+    def __init__(self, settings: BlitzSettings, cpu_pool: ReplicaDispatcher,
                  handles: dict[str, DeploymentHandle]):
         super().__init__(settings, handles)
         self.cpu_pool = cpu_pool
@@ -330,7 +331,7 @@ class IngressWithCpuPool(_IngressMethods):
         route_library_logs_to_serve()
         keep_replica_grpc_on_node_ip()
         self.settings = BlitzSettings.from_args(settings)
-        self.cpu_pool = await in_process(settings, "cpu")
+        self.cpu_pool = await in_process(self.settings)
         handles = {"gpu": gpu_pool} if gpu_pool is not None else {}
         self._serve(InProcessCpuDispatcher(self.settings, self.cpu_pool, handles))
 

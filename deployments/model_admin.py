@@ -6,9 +6,10 @@ outlives replica restarts and `serve deploy` rollouts, and where the GCS is faul
 (KubeRay's external Redis) a head restart too. A restart of Ray itself empties it:
 ``admin.models_file`` keeps a copy that the ingress puts back (``blitz.admin.store``).
 
-A pool replica follows the table with Serve's multiplexed LRU (``PinnedLru``): a pinned
-model is loaded at once and never the LRU's victim; an evicted, removed or re-specified
-one is unloaded at once (calls holding it finish first: ``blitz.pool.holder``).
+A pool replica follows the table through its model set (``blitz.pool.model_set``): a pinned
+model is loaded at once and never its cache's victim (Serve's LRU taught pins:
+``deployments/serve_lru.py``); an evicted, removed or re-specified one is unloaded at once
+(calls holding it finish first: ``blitz.pool.holder``).
 """
 
 from __future__ import annotations
@@ -31,18 +32,12 @@ from blitz.admin.listing import entry_row, listing
 from blitz.admin.store import FileMirror
 from blitz.admin.table import ModelAdmin
 from blitz.admin.watch import Changes, LoadReport, ModelWatch, PinRetries
-from blitz.errors import ModelTooLarge
+from blitz.pool.replica import PoolReplica
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import Registry
 
 logger = logging.getLogger("ray.serve")
 NAMESPACE = "blitz-models"
-# Serve pushes a pool replica's model ids to its controller every 0.1 s (its multiplexed
-# LRU's task, PUSH_MULTIPLEXED_MODEL_IDS_INTERVAL_S), idle or not: PinnedLru keeps that
-# pace only while a load runs or a change waits to be pushed, and pushes a load's ids at
-# its start itself; otherwise once every MODEL_IDS_IDLE_S (the gauges it sets with them).
-MODEL_IDS_BUSY_S = 0.1
-MODEL_IDS_IDLE_S = 1.0
 
 
 class GcsStore:
@@ -121,87 +116,28 @@ async def follow(watch: ModelWatch, every_s: float, admin_on: bool,
         await asyncio.sleep(watch.poll_every(every_s, admin_on))
 
 
-class PinnedLru:
-    """Serve's multiplexed LRU of one pool replica (``SERVE_LRU``: an OrderedDict
-    ``models`` least recent first, ``unload_model_lru``, ``_model_cache_lock``; Ray
-    2.60), taught pins (never the LRU's victim) and evicts by id."""
-
-    def __init__(self, lru: Any, pinned: Callable[[], set[str]]):
-        self.lru = lru
-        self.pinned = pinned
-        self._unload_lru = lru.unload_model_lru
-        lru.unload_model_lru = self.unload_lru  # Serve calls it through the instance
-        self._push = getattr(lru, "_push_model_ids_info", None)  # Serve's push, its task's
-        self._push_every_s = 0.0  # none set yet: the first push makes the task call ours
-        self.push_model_ids()  # the load that made this one has begun: say so now
-
-    def push_model_ids(self) -> None:
-        """Serve's push of this replica's model ids (loaded and loading), now; then its
-        task's pace set: every MODEL_IDS_BUSY_S while a load runs or a push waits, every
-        MODEL_IDS_IDLE_S otherwise (a Ray without the task: nothing changed)."""
-        pusher = getattr(self.lru, "metrics_pusher", None)
-        name = getattr(self.lru, "_PUSH_MULTIPLEXED_MODEL_IDS_TASK_NAME", None)
-        if self._push is None or pusher is None or name is None:
-            return
-        self._push()
-        busy = bool(getattr(self.lru, "_model_load_tasks", ())) or (
-            self.lru._push_multiplexed_replica_info)
-        every = MODEL_IDS_BUSY_S if busy else MODEL_IDS_IDLE_S
-        if every != self._push_every_s:
-            self._push_every_s = every
-            pusher.register_or_update_task(name, self.push_model_ids, every)
-
-    def unpinned(self) -> list[str]:
-        """The resident ids that may be evicted, least recently used first."""
-        pinned = self.pinned()
-        return [m for m in self.lru.models if m not in pinned]
-
-    async def unload_lru(self) -> None:
-        """Serve's eviction, with the pinned models moved out of its way first; with
-        every resident model pinned, the load that asked for room is refused (507) rather
-        than a pinned model evicted (the follower would load it again: they would
-        thrash). The message names no model: the log has them."""
-        pinned = self.pinned()
-        for model_id in [m for m in self.lru.models if m in pinned]:
-            self.lru.models.move_to_end(model_id)
-        if self.lru.models and next(iter(self.lru.models)) in pinned:
-            logger.warning("model table: every resident model is pinned (%s): a load that "
-                           "needs a slot is refused", ", ".join(self.lru.models))
-            raise ModelTooLarge("every model slot of this pool replica holds a pinned model; "
-                                "unpin one (the admin API) to serve other models here",
-                                param="model")
-        await self._unload_lru()
-
-    async def evict(self, model_id: str) -> bool:
-        """Unload ``model_id`` now if resident (under the LRU's lock: never mid-load)."""
-        async with self.lru._model_cache_lock:
-            if model_id not in self.lru.models:
-                return False
-            self.lru.models.move_to_end(model_id, last=False)
-            await self._unload_lru()
-            self.lru._push_multiplexed_replica_info = True
-            self.push_model_ids()  # routing learns it at once
-            return True
-
-
 class PoolFollower:
-    """A pool replica following the table: its registry, pins, evicts and load report."""
+    """A pool replica following the table (``blitz.pool.model_set.ModelTable``): its
+    registry, pins, evicts and load report. Built before the replica (which reads its
+    pins and asks it to read the table now); ``start`` with the replica begins the loop."""
 
-    def __init__(self, settings: BlitzSettings, registry: Registry, pool: str,
-                 load: Callable[[str], Awaitable[Any]], states: Callable[[], dict],
-                 forget: Callable[[str], None], lru: Callable[[], PinnedLru | None]):
+    def __init__(self, settings: BlitzSettings, registry: Registry, pool: str):
         store = GcsStore(app_name())
         self.watch = ModelWatch(store, registry)
         self.report = LoadReport(store, pool, replica_name())
         self.every_s = settings.admin.poll_s
         self.admin_on = bool(settings.admin.resolved_keys())
         self.retries = PinRetries(settings.pool(pool).load_failure_ttl_s)
-        self._lru = lru  # Serve's LRU, taught pins: None until the replica's first load
-        self._load, self._states, self._forget = load, states, forget
+        self.replica: PoolReplica | None = None  # followed from ``start`` on
         self._pinning: dict[str, asyncio.Task] = {}
         self.task: asyncio.Task | None = None
 
-    def start(self) -> None:
+    @property
+    def pinned(self) -> set[str]:
+        return self.watch.pinned
+
+    def start(self, replica: PoolReplica) -> None:
+        self.replica = replica
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(
                 follow(self.watch, self.every_s, self.admin_on, self._changed, self._tick))
@@ -213,14 +149,18 @@ class PoolFollower:
             await self._changed(changes)
 
     async def _changed(self, changes: Changes) -> None:
-        lru = self._lru()
+        replica = self.replica
         for model_id in sorted(changes.evict):
-            self._forget(model_id)
-            if lru is not None and await lru.evict(model_id):
+            if replica is None:
+                continue
+            replica.forget(model_id)
+            if await replica.models.evict(model_id):
                 logger.info("model table: evicted %r", model_id)
 
     async def _tick(self) -> None:
-        states = self._states()
+        if self.replica is None:
+            return
+        states = self.replica.model_states()
         self.retries.keep_only(self.watch.pinned)
         for model_id in sorted(self.watch.pinned):  # a pinned model not held: load it
             state = states.get(model_id, {}).get("state")
@@ -235,7 +175,8 @@ class PoolFollower:
 
     async def _pin(self, model_id: str) -> None:
         try:
-            await self._load(model_id)
+            if self.replica is not None:
+                await self.replica.holder(model_id)
             self.retries.loaded(model_id)
             logger.info("model table: pinned %r loaded", model_id)
         except Exception as exc:  # noqa: BLE001 - shown in the load report as failed

@@ -1,10 +1,12 @@
 """The model pool's Serve wiring: one class, bound as the CPU pool and (when GPUs exist)
-the GPU pool, each replica a ``blitz.pool.replica.PoolReplica`` behind Serve.
+the GPU pool, each replica a ``blitz.pool.replica.PoolReplica`` behind Serve; and the same
+replica inside the ingress (``in_process``: ``blitz.pool.dispatcher.ReplicaDispatcher``).
 
 Serve's part only: the async constructor (``preload`` resident before Serve routes here),
-``@serve.multiplexed get_model`` (Serve's LRU in front of the replica's loads, reporting
-the ids routing uses), the health check, the request's model id, the local hop's address
-and its drain at stop, and the metrics the replica's events feed.
+``@serve.multiplexed get_model`` (Serve's LRU as the model set's cache,
+``deployments/serve_lru.py``, reporting the ids routing uses), the model table followed,
+the health check, the request's model id, the local hop's address and its drain at stop,
+and the metrics the replica's events feed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import ray
 from ray import serve
 
 from blitz.encoders.base import Encoded
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.pool.holder import ModelHolder
 from blitz.pool.local_hop import LocalHopServer
 from blitz.pool.mixed_batch import Job
@@ -29,12 +32,10 @@ from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from deployments.bind_addresses import keep_replica_grpc_on_node_ip
 from deployments.logs import flush_replica_log, route_library_logs_to_serve
 from deployments.metrics import metrics
-from deployments.model_admin import PinnedLru, PoolFollower
+from deployments.model_admin import PoolFollower
+from deployments.serve_lru import ServeModels
 
 logger = logging.getLogger("ray.serve")
-SERVE_LRU = "__serve_multiplex_wrapper"  # where @serve.multiplexed keeps a replica's LRU
-# (Ray 2.60 serve/api.py: an OrderedDict ``models``, least recent first, and
-# ``unload_model_lru``); tests/integration/test_memory_budget.py checks it is still there
 
 
 def _events(pool: str) -> PoolEvents:
@@ -56,6 +57,14 @@ def _events(pool: str) -> PoolEvents:
         noted=flush_replica_log)
 
 
+def _start_process() -> None:
+    """What a process that holds models does first, before any model loads."""
+    lean_imports.defer_sklearn_metrics()  # before sentence-transformers is imported
+    malloc.fix_mmap_threshold()  # before any model: weights in mappings of their own
+    route_library_logs_to_serve()
+    keep_replica_grpc_on_node_ip()
+
+
 @serve.deployment
 class ModelPool:
     async def __init__(self, settings: dict[str, Any], pool: str):  # type: ignore[misc]
@@ -63,24 +72,20 @@ class ModelPool:
         are resident before the first request, and the replica does not start at all if
         one of them cannot load."""
         constructed = time.perf_counter()
-        lean_imports.defer_sklearn_metrics()  # before sentence-transformers is imported
-        malloc.fix_mmap_threshold()  # before any model: weights in mappings of their own
-        route_library_logs_to_serve()
-        keep_replica_grpc_on_node_ip()
-        self.replica = PoolReplica(BlitzSettings.from_args(settings), pool, _events(pool))
-        tracing.configure(self.replica.settings.tracing)  # off unless an OTLP endpoint is set
-        self.replica.cached_load = self.get_model  # Serve's LRU in front of every load
+        _start_process()
+        config = BlitzSettings.from_args(settings)
+        registry = config.registry()
+        self.follower = PoolFollower(config, registry, pool)  # the admin API's table
+        self.lru = ServeModels(self, self.get_model, lambda: self.follower.pinned)
+        self.replica = PoolReplica(config, pool, _events(pool), cache=self.lru,
+                                   table=self.follower, registry=registry)
+        tracing.configure(config.tracing)  # off unless an OTLP endpoint is set
         self._hop: LocalHopServer | None = None  # made when an ingress first asks for it
         if self.replica.device.startswith("cuda"):  # for as long as the replica lives
             self._memory_reports = asyncio.get_running_loop().create_task(
                 gpu_memory.report_forever(metrics.gpu_memory_publisher(pool)))
         await self.replica.preload()
-        self.follower = PoolFollower(  # the model table (the admin API's): pins, evicts
-            self.replica.settings, self.replica.registry, pool, self.replica.holder,
-            self.replica.model_states, self.replica.forget,
-            lambda: getattr(self, "_pins", None))
-        self.follower.start()
-        self.replica.refresh = self.follower.refresh
+        self.follower.start(self.replica)  # pins loaded, evicts done
         collector.settle()  # the start-up heap frozen: a request's collections skip it
         self.constructor_s = round(time.perf_counter() - constructed, 3)
         logger.info("%s pool replica constructed in %.2f s (preload included)", pool,
@@ -90,18 +95,10 @@ class ModelPool:
     @serve.multiplexed(max_num_models_per_replica=MAX_MODELS_PER_REPLICA)
     async def get_model(self, model_id: str) -> ModelHolder:
         """Serve's loader (it runs one at a time, under the LRU's lock). Serve evicts the
-        least recently used model past ``MAX_MODELS_PER_REPLICA``; the replica evicts more
-        through the same LRU until the new model's bytes fit."""
-        pins: PinnedLru | None = getattr(self, "_pins", None)
-        if pins is None:  # the first load: from now on, pinned models are never its victims
-            pins = self._pins = PinnedLru(getattr(self, SERVE_LRU), self._pinned)
-        else:  # Serve pushes a load's ids at its next tick: now, whatever the tick's pace
-            pins.push_model_ids()
-        return await self.replica.load(model_id, cached=pins.unpinned, evict=pins.unload_lru)
-
-    def _pinned(self) -> set[str]:
-        follower = getattr(self, "follower", None)  # none yet while preloading
-        return follower.watch.pinned if follower is not None else set()
+        least recently used model past ``MAX_MODELS_PER_REPLICA``; the model set evicts
+        more through the same LRU until the new model's bytes fit."""
+        self.lru.taught()
+        return await self.replica.models.load(model_id)
 
     async def check_health(self) -> None:
         """Serve calls this every ``health_check_period_s``; raising makes Serve replace
@@ -166,12 +163,17 @@ class ModelPool:
             "local_hop_calls": self._hop.calls if self._hop is not None else None}
 
 
-async def in_process(settings: dict[str, Any], pool: str = "cpu") -> Any:
-    """Pool ``pool``'s replica object built inside the calling replica (the ingress, with
-    ``ingress.cpu_pool: in_process``): the same models, LRU, queues, worker threads, health
-    check and metrics, called without a Serve hop. Built as Serve builds a replica: the
-    object, then its async constructor awaited."""
-    cls = ModelPool.func_or_class  # type: ignore[attr-defined]
-    replica = cls.__new__(cls)
-    await replica.__init__(settings, pool)
-    return replica
+async def in_process(settings: BlitzSettings) -> ReplicaDispatcher:
+    """The CPU pool's replica inside the calling replica (the ingress, with
+    ``ingress.cpu_pool: in_process``): the same replica logic, queues, worker threads,
+    health check, metrics and model table, its models in its own LRU, called without a
+    Serve hop."""
+    _start_process()
+    registry = settings.registry()
+    follower = PoolFollower(settings, registry, "cpu")
+    pool = ReplicaDispatcher(settings, "cpu", _events("cpu"), table=follower, registry=registry)
+    tracing.configure(settings.tracing)
+    await pool.start()
+    follower.start(pool.replica)
+    collector.settle()
+    return pool

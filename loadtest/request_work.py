@@ -338,9 +338,25 @@ class Served:
 async def cpu_pool_in_process(settings: Any, args: dict[str, Any]) -> Any:
     """The CPU pool's replica as ``ingress.cpu_pool: in_process`` builds it (the replica
     logic, its events as the deployment wires them to Ray's metrics, tracing configured),
-    without the model table's follower (it polls Ray's GCS) and with ``ServeLru`` for
-    Serve's LRU. Trees before ``blitz.pool.replica`` (c8539e5) kept the logic in the
-    deployment's class: that class, its Serve loader unwrapped."""
+    without the model table's follower (it polls Ray's GCS): ``ReplicaDispatcher``; on
+    older trees the replica with ``ServeLru`` for Serve's LRU. Trees before
+    ``blitz.pool.replica`` (c8539e5) kept the logic in the deployment's class: that class,
+    its Serve loader unwrapped."""
+    try:
+        from blitz.pool.dispatcher import ReplicaDispatcher
+    except ImportError:  # a tree before it: its replica behind a stand-in of Serve's LRU
+        return await _replica_in_process(settings, args)
+    from blitz.runtime import tracing
+    from deployments.pool import _events
+
+    pool = ReplicaDispatcher(settings, "cpu", _events("cpu"))
+    tracing.configure(settings.tracing)
+    await pool.start()
+    return pool
+
+
+async def _replica_in_process(settings: Any, args: dict[str, Any]) -> Any:
+    """``cpu_pool_in_process`` on trees before ``blitz.pool.dispatcher``."""
     try:
         from blitz.pool.replica import PoolReplica
     except ImportError:  # the baseline's layout

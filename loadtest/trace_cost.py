@@ -115,24 +115,10 @@ async def _measure(path: str, variant: str, requests: int, warmup: int) -> float
 
         dispatcher: Any = Ready()
     else:
-        from blitz.pool.replica import PoolReplica
+        from blitz.pool.dispatcher import ReplicaDispatcher
         from deployments.ingress import InProcessCpuDispatcher
 
-        replica = PoolReplica(settings, "cpu")
-        held: dict[str, Any] = {}
-
-        async def cached_load(model_id: str) -> Any:  # Serve's LRU, in a replica
-            if model_id not in held:
-                held[model_id] = await replica.load(model_id)
-            return held[model_id]
-
-        replica.cached_load = cached_load
-
-        class Pool:
-            async def run_jobs_for(self, model_id: str, jobs: list) -> list:
-                return await replica.run_jobs(model_id, jobs)
-
-        dispatcher = InProcessCpuDispatcher(settings, Pool(), {})
+        dispatcher = InProcessCpuDispatcher(settings, ReplicaDispatcher(settings, "cpu"), {})
     app = HttpApi(EmbeddingService(settings, dispatcher))
     for _ in range(warmup):
         assert await _request(app) == 200

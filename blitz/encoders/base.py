@@ -142,6 +142,12 @@ class Encoder(ABC):
     def calibrate(self) -> None:  # noqa: B027 - backends without micro-batches keep the default
         """Measure what the backend needs to size its micro-batches (once, after loading)."""
 
+    def configure(self, *, max_batch_tokens: int, sparse_token_budget: int,  # noqa: B027
+                  images: Any) -> None:
+        """The pool's limits, set once after the load: tokens in one model call (the
+        memory budget's), a sparse model's cap on them, the ``images:`` settings. Backends
+        without such limits keep the default: nothing."""
+
     def weight_bytes(self) -> int | None:
         """Bytes of the loaded weights: the parameters and buffers of the torch modules it
         holds (or their ``model``); None where it holds none (ONNX, a fake), and the pool

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import time
 from abc import abstractmethod
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,6 +51,10 @@ class BiEncoder(Encoder):
         self.long_inputs = "truncate"  # truncate | error | chunk (a model's spec says)
         self.chunk_overlap = 0  # tokens each chunk shares with the one before it
         self._dimension = dimension
+
+    def configure(self, *, max_batch_tokens: int, sparse_token_budget: int,
+                  images: Any) -> None:
+        self.token_budget = max_batch_tokens  # the pool's memory budget allows this many
 
     @property
     def dimension(self) -> int:

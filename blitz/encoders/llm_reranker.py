@@ -120,6 +120,10 @@ class LlmRerankerEncoder(Encoder):
         # a fast tokenizer is not shared between threads; the model runs calls at once
         self._lock = threading.Lock()
 
+    def configure(self, *, max_batch_tokens: int, sparse_token_budget: int,
+                  images: Any) -> None:
+        self.token_budget = max_batch_tokens  # the pool's memory budget allows this many
+
     def _one_token(self, text: str, setting: str) -> int:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) != 1:

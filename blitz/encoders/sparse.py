@@ -61,6 +61,12 @@ class SparseEncoder(BiEncoder):
         self.model: Any = model
         self._torch = model_threads.torch_module()
 
+    def configure(self, *, max_batch_tokens: int, sparse_token_budget: int,
+                  images: Any) -> None:
+        super().configure(max_batch_tokens=max_batch_tokens,
+                          sparse_token_budget=sparse_token_budget, images=images)
+        cap_token_budget(self, sparse_token_budget)
+
     def _forward(self, rows: list[list[int]], width: int) -> np.ndarray:
         """(len(rows), vocabulary) float32: the max over tokens of log(1 + relu(logits))."""
         torch = self._torch

@@ -41,11 +41,15 @@ class DualEncoderBase(Encoder):
         longest = max_seq_length or min(int(text.max_position_embeddings),
                                         int(self.tokenizer.model_max_length))
         super().__init__(model_id, longest)
-        self.limits = ImageLimits()  # a pool replica sets its images settings at load
+        self.limits = ImageLimits()  # the pool's images settings, once loaded (configure)
         self._dimension = int(getattr(config, "projection_dim", 0) or text.hidden_size)
         # SigLIP's text tower pools the last position: its texts are padded to a fixed
         # length, as it was trained (transformers' docs: padding="max_length")
         self._fixed_length = str(config.model_type).startswith("siglip")
+
+    def configure(self, *, max_batch_tokens: int, sparse_token_budget: int,
+                  images: Any) -> None:
+        self.limits = images
 
     @property
     def dimension(self) -> int | None:

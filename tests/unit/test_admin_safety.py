@@ -26,6 +26,7 @@ from blitz.errors import Conflict, Forbidden, InvalidValue, ModelLoadFailed, Mod
 from blitz.hop_messages import EmbedJob
 from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService
+from blitz.pool.model_set import OwnLru
 from blitz.pool.replica import PoolReplica
 from blitz.settings.config import AdminSettings, BlitzSettings
 from blitz.settings.registry import ModelSpec, Registry
@@ -232,7 +233,7 @@ class StandInLru:
 
 
 async def test_a_replica_whose_every_slot_is_pinned_refuses_rather_than_evicting_a_pin():
-    from deployments.model_admin import PinnedLru
+    from deployments.serve_lru import PinnedLru
 
     lru = StandInLru(["a", "b"])
     PinnedLru(lru, lambda: {"a", "b"})
@@ -292,34 +293,13 @@ def test_the_mirror_is_versioned_and_never_restored_over_a_newer_table(tmp_path)
 # ---- L5 and L9: loads, and a removed model's state ---------------------------------------
 
 
-class Lru:
-    """Serve's multiplexed LRU as the pool's glue uses it: a count limit."""
-
-    def __init__(self, replica: PoolReplica, limit: int):
-        self.replica, self.limit, self.models = replica, limit, OrderedDict()
-
-    async def get(self, model_id: str):
-        if model_id in self.models:
-            self.models.move_to_end(model_id)
-            return self.models[model_id]
-        if len(self.models) >= self.limit:
-            await self.unload_model_lru()
-        self.models[model_id] = await self.replica.load(
-            model_id, cached=lambda: list(self.models), evict=self.unload_model_lru)
-        return self.models[model_id]
-
-    async def unload_model_lru(self) -> None:
-        _, holder = self.models.popitem(last=False)
-        holder.__del__()
-
-
 async def test_a_model_whose_folder_would_run_code_evicts_nothing(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"auto_map": {"AutoModel": "m.M"}}))
     config = settings([{"id": "base", "source": "fake:8"},
                        {"id": "code", "source": str(tmp_path)}])
-    replica = PoolReplica(config, "cpu")
-    lru = Lru(replica, limit=1)
-    replica.cached_load = lru.get
+    replica = PoolReplica(config, "cpu", max_models=1)  # its own LRU, of one model
+    lru = replica.models.cache
+    assert isinstance(lru, OwnLru)
     (ok,) = await replica.run_jobs("base", [EmbedJob(texts=["a"])])
     assert ok.values.shape == (1, 8)
     (refused,) = await replica.run_jobs("code", [EmbedJob(texts=["a"])])

@@ -6,7 +6,6 @@ recently used when they do not, and refuses one too large alone before loading i
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +13,6 @@ import pytest
 from blitz.encoders.base import Encoded
 from blitz.errors import ModelTooLarge
 from blitz.hop_messages import EmbedJob
-from blitz.pool.holder import ModelHolder
 from blitz.pool.memory_budget import (
     Footprint,
     ModelShape,
@@ -24,6 +22,7 @@ from blitz.pool.memory_budget import (
     pool_budget,
     size_model,
 )
+from blitz.pool.model_set import OwnLru
 from blitz.pool.replica import PoolReplica
 from blitz.settings.config import BlitzSettings
 from blitz.settings.pool_settings import PoolSettings
@@ -141,38 +140,17 @@ def test_the_budget_is_the_setting_else_the_device_memory_times_the_fraction():
         PoolSettings(), "cpu")
 
 
-class Lru:
-    """Serve's multiplexed LRU as the pool's glue uses it (``deployments/pool.py``): a
-    count limit, least recently used first, ``__del__`` called on eviction."""
-
-    def __init__(self, replica: PoolReplica, limit: int = 3):
-        self.replica, self.limit, self.models = replica, limit, OrderedDict()
-
-    async def get(self, model_id: str) -> ModelHolder:
-        if model_id in self.models:
-            self.models.move_to_end(model_id)
-            return self.models[model_id]
-        if len(self.models) >= self.limit:
-            await self.unload_model_lru()
-        self.models[model_id] = await self.replica.load(
-            model_id, cached=lambda: list(self.models), evict=self.unload_model_lru)
-        return self.models[model_id]
-
-    async def unload_model_lru(self) -> None:
-        _, holder = self.models.popitem(last=False)
-        holder.__del__()
-
-
-def _replica(gpu_bytes: int) -> tuple[PoolReplica, Lru]:
+def _replica(gpu_bytes: int) -> tuple[PoolReplica, OwnLru]:
+    """A GPU pool replica with its own LRU (``blitz.pool.model_set.OwnLru``, as Serve's: a
+    count limit, least recently used first, ``__del__`` called on eviction)."""
     shapes = {"small": QWEN3_06B, "big": QWEN3_8B, "rerank": QWEN3_06B}
     settings = BlitzSettings(models=[ModelSpec(id=m, source="fake:8", max_seq_length=8192)
                                      for m in shapes],
                              gpu_pool={"workers": 2, "max_batch_tokens": 8192})
-    replica = PoolReplica(settings, "gpu", device="cuda:0", cuda=FakeCuda(gpu_bytes),
-                          shape_of=lambda spec: shapes[spec.id])
-    lru = Lru(replica)
-    replica.cached_load = lru.get
-    return replica, lru
+    replica = PoolReplica(settings, "gpu", max_models=3, device="cuda:0",
+                          cuda=FakeCuda(gpu_bytes), shape_of=lambda spec: shapes[spec.id])
+    assert isinstance(replica.models.cache, OwnLru)
+    return replica, replica.models.cache
 
 
 async def _embed(replica: PoolReplica, model_id: str) -> None:

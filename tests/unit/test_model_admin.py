@@ -1,6 +1,6 @@
 """The model table (blitz.admin): changes checked as a config's entries are, the watch a
 replica follows it with, the file mirror, the load reports, the admin HTTP API over ASGI,
-and Serve's LRU taught pins (deployments.model_admin.PinnedLru) on a stand-in of it."""
+and Serve's LRU taught pins (deployments.serve_lru.PinnedLru) on a stand-in of it."""
 
 from __future__ import annotations
 
@@ -292,7 +292,7 @@ class StandInPusher:
 
 
 def test_model_ids_are_pushed_at_once_and_every_second_while_nothing_changes():
-    from deployments.model_admin import MODEL_IDS_BUSY_S, MODEL_IDS_IDLE_S, PinnedLru
+    from deployments.serve_lru import MODEL_IDS_BUSY_S, MODEL_IDS_IDLE_S, PinnedLru
 
     lru = StandInLru([])
     lru._push_multiplexed_replica_info = True  # what Serve does as a load begins
@@ -310,7 +310,7 @@ def test_model_ids_are_pushed_at_once_and_every_second_while_nothing_changes():
 
 
 async def test_serves_lru_passes_over_pinned_models_and_evicts_by_id():
-    from deployments.model_admin import PinnedLru
+    from deployments.serve_lru import PinnedLru
 
     lru = StandInLru(["a", "b", "c"])
     pins = PinnedLru(lru, lambda: {"a"})
@@ -327,14 +327,18 @@ async def test_a_pool_replica_reads_the_table_when_a_job_names_a_model_it_does_n
     from blitz.pool.replica import PoolReplica
 
     store = MemoryStore()
-    replica = PoolReplica(settings(), "cpu")
-    watch = ModelWatch(store, replica.registry)
+    config = settings()
+    registry = config.registry()
+    watch = ModelWatch(store, registry)
     reads = []
 
-    async def refresh():
-        reads.append(watch.poll())
+    class Table:  # the model table the replica follows (blitz.pool.model_set.ModelTable)
+        pinned: set[str] = set()
 
-    replica.refresh = refresh
+        async def refresh(self):
+            reads.append(watch.poll())
+
+    replica = PoolReplica(config, "cpu", table=Table(), registry=registry)
     ModelAdmin(settings(), store).add({"id": "new", "source": "fake:16"})
     result = (await replica.run_jobs("new", [EmbedJob(texts=["a"])]))[0]
     assert result.values.shape == (1, 16) and len(reads) == 1
