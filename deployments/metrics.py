@@ -17,7 +17,9 @@ from ray.serve.metrics import Counter, Gauge, Histogram
 
 from blitz.hop_messages import PRIORITIES
 from blitz.ingress.service import RequestRecord
+from blitz.pool.model_set import PoolEvents
 from blitz.runtime.metric_buffer import MetricBuffer
+from deployments.logs import flush_replica_log
 
 SERVE_METRICS_CHARTED = (
     "serve_num_multiplexed_models",  # models resident per pool replica
@@ -230,6 +232,25 @@ class BlitzMetrics:
     def observe_padding(self, pool: str, efficiency: float) -> None:
         """A model call's real tokens over the tokens it computed, padding included."""
         self.buffer.observe(self.padding_efficiency, efficiency, {"pool": pool})
+
+    def pool_events(self, pool: str) -> PoolEvents:
+        """A pool replica's events (``blitz.pool.model_set.PoolEvents``) as these metrics,
+        and a flush of the replica log after a rare one."""
+        def loaded(model: str, seconds: float) -> None:
+            self.model_load_seconds.observe(seconds, tags={"model": model, "pool": pool})
+            self.model_loads.inc(tags={"model": model, "pool": pool, "result": "loaded"})
+
+        return PoolEvents(
+            loaded=loaded,
+            load_failed=lambda model: self.model_loads.inc(
+                tags={"model": model, "pool": pool, "result": "failed"}),
+            evicted=lambda model: self.model_evictions.inc(tags={"model": model, "pool": pool}),
+            rejected=lambda: self.rejected.inc(tags={"hop": pool}),
+            waiting=lambda model: self.waiting("pool", pool, model),
+            waited=self.waited("pool", pool),
+            batch=lambda texts: self.observe_batch(pool, texts),
+            padding=lambda ratio: self.observe_padding(pool, ratio),
+            noted=flush_replica_log)
 
     def observe_route(self, pool: str, reason: str) -> None:
         self.buffer.inc(self.route_decisions, 1, {"pool": pool, "reason": reason})

@@ -26,7 +26,7 @@ from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.pool.holder import ModelHolder
 from blitz.pool.local_hop import LocalHopServer
 from blitz.pool.mixed_batch import Job
-from blitz.pool.replica import PoolEvents, PoolReplica
+from blitz.pool.replica import PoolReplica
 from blitz.runtime import collector, gpu_memory, lean_imports, malloc, tracing
 from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from deployments.bind_addresses import keep_replica_grpc_on_node_ip
@@ -36,25 +36,6 @@ from deployments.model_admin import PoolFollower
 from deployments.serve_lru import ServeModels
 
 logger = logging.getLogger("ray.serve")
-
-
-def _events(pool: str) -> PoolEvents:
-    """The replica's events as Ray metrics (and a flush of the replica log)."""
-    def loaded(model: str, seconds: float) -> None:
-        metrics.model_load_seconds.observe(seconds, tags={"model": model, "pool": pool})
-        metrics.model_loads.inc(tags={"model": model, "pool": pool, "result": "loaded"})
-
-    return PoolEvents(
-        loaded=loaded,
-        load_failed=lambda model: metrics.model_loads.inc(
-            tags={"model": model, "pool": pool, "result": "failed"}),
-        evicted=lambda model: metrics.model_evictions.inc(tags={"model": model, "pool": pool}),
-        rejected=lambda: metrics.rejected.inc(tags={"hop": pool}),
-        waiting=lambda model: metrics.waiting("pool", pool, model),
-        waited=metrics.waited("pool", pool),
-        batch=lambda texts: metrics.observe_batch(pool, texts),
-        padding=lambda ratio: metrics.observe_padding(pool, ratio),
-        noted=flush_replica_log)
 
 
 def _start_process() -> None:
@@ -77,7 +58,7 @@ class ModelPool:
         registry = config.registry()
         self.follower = PoolFollower(config, registry, pool)  # the admin API's table
         self.lru = ServeModels(self, self.get_model, lambda: self.follower.pinned)
-        self.replica = PoolReplica(config, pool, _events(pool), cache=self.lru,
+        self.replica = PoolReplica(config, pool, metrics.pool_events(pool), cache=self.lru,
                                    table=self.follower, registry=registry)
         tracing.configure(config.tracing)  # off unless an OTLP endpoint is set
         self._hop: LocalHopServer | None = None  # made when an ingress first asks for it
@@ -114,7 +95,7 @@ class ModelPool:
         return await self.replica.run_jobs(serve.get_multiplexed_model_id(), jobs)
 
     async def run_jobs_for(self, model_id: str, jobs: list[Job]) -> list[Encoded | BaseException]:
-        """The call with no Serve request to carry the id: the local hop, ``in_process``."""
+        """The call with no Serve request to carry the id: the local hop."""
         return await self.replica.run_jobs(model_id, jobs)
 
     async def local_hop_address(self) -> dict[str, Any]:
@@ -137,23 +118,7 @@ class ModelPool:
         if follower is not None:
             follower.close()
         hop, self._hop = getattr(self, "_hop", None), None
-        if hop is None:
-            return None
-        if hop.in_flight:
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:  # Python's own call, off any loop: nothing can be awaited
-                pass
-            else:
-                return self._drain_hop(hop)
-        hop.close()
-        return None
-
-    async def _drain_hop(self, hop: LocalHopServer) -> None:
-        logger.info("stopping: answering %d call(s) the local hop holds first", hop.in_flight)
-        if not await hop.drain(self.replica.pool_settings.call_timeout_s):
-            logger.warning("stopping: local hop calls still unanswered after %.0f s",
-                           self.replica.pool_settings.call_timeout_s)
+        return hop.stop(self.replica.pool_settings.call_timeout_s) if hop is not None else None
 
     async def stats(self) -> dict[str, Any]:
         """What this replica holds and does: for tests and operators."""
@@ -171,9 +136,11 @@ async def in_process(settings: BlitzSettings) -> ReplicaDispatcher:
     _start_process()
     registry = settings.registry()
     follower = PoolFollower(settings, registry, "cpu")
-    pool = ReplicaDispatcher(settings, "cpu", _events("cpu"), table=follower, registry=registry)
+    pool = ReplicaDispatcher(settings, "cpu", metrics.pool_events("cpu"), table=follower,
+                             registry=registry)
     tracing.configure(settings.tracing)
     await pool.start()
     follower.start(pool.replica)
     collector.settle()
+    flush_replica_log()
     return pool

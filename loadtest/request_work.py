@@ -347,9 +347,9 @@ async def cpu_pool_in_process(settings: Any, args: dict[str, Any]) -> Any:
     except ImportError:  # a tree before it: its replica behind a stand-in of Serve's LRU
         return await _replica_in_process(settings, args)
     from blitz.runtime import tracing
-    from deployments.pool import _events
+    from deployments.metrics import metrics
 
-    pool = ReplicaDispatcher(settings, "cpu", _events("cpu"))
+    pool = ReplicaDispatcher(settings, "cpu", metrics.pool_events("cpu"))
     tracing.configure(settings.tracing)
     await pool.start()
     return pool

@@ -30,7 +30,7 @@ import pickle
 import shutil
 import struct
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 logger = logging.getLogger("blitz.local_hop")
@@ -113,6 +113,24 @@ class LocalHopServer:
             _, pending = await asyncio.wait(pending, timeout=timeout_s)
         self.close()
         return not pending
+
+    def stop(self, drain_s: float) -> Coroutine[Any, Any, None] | None:
+        """At the replica's stop: ``close`` now, or with calls in flight and a loop
+        running, a coroutine that answers them first (``drain``, within ``drain_s``)."""
+        if self.in_flight:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # Python's own call, off any loop: nothing can be awaited
+                pass
+            else:
+                return self._stop_draining(drain_s)
+        self.close()
+        return None
+
+    async def _stop_draining(self, drain_s: float) -> None:
+        logger.info("stopping: answering %d call(s) the local hop holds first", self.in_flight)
+        if not await self.drain(drain_s):
+            logger.warning("stopping: local hop calls still unanswered after %.0f s", drain_s)
 
     async def aclose(self) -> None:
         """``close``, then wait until every connection's socket is closed."""
