@@ -27,8 +27,8 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 from blitz.errors import BlitzError, LoadProblem, ModelLoadFailed
+from blitz.loading.facts import read_dimension
 from blitz.loading.failures import as_load_failure
-from blitz.loading.fetch import read_dimension
 from blitz.settings.config import DEFAULT_MODELS, BlitzSettings
 from blitz.settings.registry import ModelSpec
 

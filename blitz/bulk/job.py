@@ -44,7 +44,7 @@ from blitz.bulk.images import (
 from blitz.bulk.units import Unit, input_fingerprint, is_local, unit_name
 from blitz.encoders.postprocess import quantize, truncate_dimensions
 from blitz.errors import InvalidValue
-from blitz.loading.fetch import read_dimension
+from blitz.loading.facts import read_dimension
 from blitz.loading.load import backend_for, load_encoder
 from blitz.settings.bulk import BulkSettings
 from blitz.settings.images import ImageSettings

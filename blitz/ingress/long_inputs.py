@@ -22,7 +22,7 @@ from blitz.encoders.postprocess import OutputDtype, quantize, truncate_dimension
 from blitz.errors import InvalidValue, ModelLoadFailed
 from blitz.hop_messages import TextChunks
 from blitz.ingress.limits import KIND_COSTS, Window, count_windows
-from blitz.loading.fetch import read_facts
+from blitz.loading.facts import read_facts
 
 if TYPE_CHECKING:
     from blitz.settings.config import Limits

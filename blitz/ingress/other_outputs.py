@@ -33,7 +33,7 @@ from blitz.hop_messages import (
 from blitz.ingress.limits import KIND_COSTS, check_count, check_texts, over
 from blitz.ingress.long_inputs import check_long_inputs, chunked
 from blitz.ingress.tokenizing import TokenService, count_tokens, off_loop
-from blitz.loading.fetch import read_facts
+from blitz.loading.facts import read_facts
 from blitz.settings.registry import ModelSpec, apply_prompt
 
 if TYPE_CHECKING:

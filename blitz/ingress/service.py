@@ -50,7 +50,7 @@ from blitz.ingress.long_inputs import WindowCounter, check_long_inputs, chunked,
 from blitz.ingress.routing import Route, choose_pool
 from blitz.ingress.tokenizers import Tokenizers, model_folder
 from blitz.ingress.vector_cache import CachedEmbedder, joined
-from blitz.loading.fetch import read_dimension
+from blitz.loading.facts import read_dimension
 from blitz.pool.mixed_batch import Job
 from blitz.runtime.tracing import RequestSpan
 from blitz.settings.config import BlitzSettings

@@ -10,8 +10,8 @@ from importlib import metadata
 from typing import TYPE_CHECKING
 
 from blitz.errors import NotReady
-from blitz.loading.fetch import read_dimension, read_facts
-from blitz.pool.memory_budget import model_shape, size_model
+from blitz.loading.facts import model_shape, read_dimension, read_facts
+from blitz.pool.memory_budget import size_model
 from blitz.settings.registry import RERANK_KINDS
 
 if TYPE_CHECKING:

@@ -5,19 +5,17 @@ opens them.
 the kinds) into a local directory: an installed package's folder, a local path, a hub
 snapshot (downloaded if need be) or an object-storage prefix copied into the model cache
 (``blitz.sources.storage``). A source that gives no folder raises ``SourceUnavailable``;
-the loader's boundary makes it the client's ``ModelLoadFailed``. ``read_dimension``
-reads a local model's embedding size from its files, loading no weights.
+the loader's boundary makes it the client's ``ModelLoadFailed``. What a model's files say
+(its dimension, shape, max input length) is read by ``blitz.loading.facts``.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from blitz.errors import LoadProblem
 from blitz.loading.model_trust import check_model_folder
@@ -119,82 +117,3 @@ FETCHERS: dict[str, Fetcher] = {
     "package": _from_package, "hf": _from_hub, "dir": _from_dir, "fake": _no_files,
     **dict.fromkeys(OBJECT_STORES, _from_object_store)}
 """Source scheme (``blitz.settings.registry.parse_source``) -> its fetcher."""
-
-
-def read_dimension(spec: ModelSpec) -> int | None:
-    """The embedding size, from the spec or the model's files, without loading weights."""
-    if spec.dimension:
-        return spec.dimension
-    if spec.is_fake:
-        return spec.fake_params()[0]
-    if spec.kind not in ("embedding", "sparse", "dual-encoder") or not spec.location().is_local:
-        return None
-    if spec.kind == "dual-encoder":  # CLIP's projection_dim; SigLIP's text projection
-        try:
-            config = json.loads((resolve_source(spec) / "config.json").read_text())
-            text = config.get("text_config") or {}
-            return int(config.get("projection_dim") or text.get("projection_size")
-                       or text["hidden_size"])
-        except Exception:
-            return None
-    if spec.kind == "sparse":  # one weight per vocabulary token
-        try:
-            return int(json.loads((resolve_source(spec) / "config.json").read_text())
-                       ["vocab_size"])
-        except Exception:
-            return None
-    try:
-        path = resolve_source(spec)
-        modules = json.loads((path / "modules.json").read_text()) if (
-            path / "modules.json").exists() else []
-        for module in reversed(modules):
-            cfg = path / module.get("path", "") / "config.json"
-            if module.get("type", "").endswith("Dense") and cfg.exists():
-                return int(json.loads(cfg.read_text())["out_features"])
-        return int(json.loads((path / "config.json").read_text())["hidden_size"])
-    except Exception:
-        return None
-
-
-POOLING_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
-                 "pooling_mode_max_tokens": "max", "pooling_mode_lasttoken": "last_token"}
-
-
-def read_facts(spec: ModelSpec) -> dict[str, object]:
-    """A local model's max input length and pooling, from its files (no weights loaded);
-    None where the files do not say or are not on this machine."""
-    facts: dict[str, object] = {"max_input_length": spec.max_seq_length,
-                                "pooling": spec.pooling}
-    if spec.is_fake or not spec.location().is_local:
-        return facts
-    try:
-        path = resolve_source(spec)
-        sbert = _read_json(path / "sentence_bert_config.json")
-        config = _read_json(path / "config.json")
-        facts["max_input_length"] = (spec.max_seq_length or sbert.get("max_seq_length")
-                                     or _shortest(config.get("max_position_embeddings"),
-                                                  _read_json(path / "tokenizer_config.json")
-                                                  .get("model_max_length")))
-        if isinstance(config.get("id2label"), dict):
-            facts["id2label"] = {str(k): str(v) for k, v in config["id2label"].items()}
-        if facts["pooling"] is None:
-            modules = _read_json(path / "modules.json") or []
-            pool_dir = next((m.get("path", "") for m in modules
-                             if str(m.get("type", "")).endswith("Pooling")), None)
-            pooling = _read_json(path / pool_dir / "config.json") if pool_dir else {}
-            facts["pooling"] = next((name for key, name in POOLING_MODES.items()
-                                     if pooling.get(key)), None)
-    except Exception:  # facts for /info: never worth failing a request over
-        pass
-    return facts
-
-
-def _shortest(*lengths: object) -> int | None:
-    """The least of the lengths that are sane ints (a tokenizer without a limit says 1e30),
-    as sentence-transformers takes a model's max_seq_length where its config names none."""
-    sane = [n for n in lengths if isinstance(n, int) and 0 < n < 1_000_000]
-    return min(sane) if sane else None
-
-
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text()) if path.is_file() else {}

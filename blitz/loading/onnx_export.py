@@ -24,7 +24,6 @@ folder names no code of its own (``blitz.loading.model_trust``); otherwise it is
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import warnings
 from collections.abc import Callable, Iterator
@@ -45,6 +44,7 @@ from blitz.encoders.st_models import (
     wrap,
 )
 from blitz.loading.accuracy import AccuracyReport, compare, cut, enforce_accuracy, probe
+from blitz.loading.facts import model_type
 from blitz.loading.model_trust import check_model_folder
 from blitz.runtime.cpu_features import quantization_target
 from blitz.settings.registry import HEADED_KINDS, ModelSpec
@@ -334,9 +334,8 @@ def fuse_transformer_ops(source: Path, target: Path) -> Path:
     kernel; the unfused int8 graph defeats onnxruntime's own run-time fusions. Returns
     ``source`` itself when the architecture is not one the fusions know, or they fail.
     """
-    config = source.parent.parent / "config.json"
-    model_type = json.loads(config.read_text()).get("model_type") if config.exists() else None
-    if model_type not in _FUSABLE or (source.parent / f"{source.name}_data").exists():
+    fusable = model_type(source.parent.parent) in _FUSABLE  # the folder's config.json says
+    if not fusable or (source.parent / f"{source.name}_data").exists():
         return source
     from onnxruntime.transformers.optimizer import optimize_model
 

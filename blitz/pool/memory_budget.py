@@ -3,8 +3,8 @@ resident models a new one evicts: pure arithmetic, no Ray. docs/models.md, "Toke
 and memory", has the rule, the measurements it was fitted to, and the decisions.
 
 - **Weights**: the loaded model's parameters and buffers (``Encoder.weight_bytes``), or
-  before it loads, a parameter count from its ``config.json`` (``ModelShape``) times the
-  bytes of the dtype it runs in.
+  before it loads, a parameter count from its shape (``blitz.loading.facts.ModelShape``,
+  read from its ``config.json``) times the bytes of the dtype it runs in.
 - **Activations** of one model call of ``T`` tokens in rows of ``L``:
   ``T x (MARGIN x bytes x (2 x hidden + 4 x intermediate) + MASK_BYTES x L)``. Inference
   frees each layer's tensors before the next, so the peak is one layer's (the MLP's
@@ -24,7 +24,6 @@ and memory", has the rule, the measurements it was fitted to, and the decisions.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import time
@@ -35,7 +34,7 @@ from typing import Any
 
 from blitz.encoders.st_models import CPU_TOKEN_BUDGET, GPU_TOKEN_BUDGET
 from blitz.errors import ModelTooLarge, Unavailable
-from blitz.loading.fetch import resolve_source
+from blitz.loading.facts import ModelShape
 from blitz.settings.pool_settings import PoolSettings
 from blitz.settings.registry import ModelSpec
 
@@ -44,56 +43,8 @@ MEMORY_POLL_S = 0.05  # how often a load waiting for evicted models' memory look
 MARGIN = 1.25  # measured peaks reached 1.22 x the rule's bytes (CPU, 4 layers)
 MASK_BYTES = 44  # per token per position of its row: the masks (40.0-40.3 measured, +10%)
 SHARE = 0.5  # of what the weights leave: the most one model's calls take by default
-GATED = ("llama", "mistral", "qwen", "gemma", "phi3")  # model_type prefixes with a gated MLP
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"),
                  Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the rule needs of a transformer, from its ``config.json``."""
-
-    hidden: int
-    layers: int
-    intermediate: int
-    vocab: int
-    max_positions: int = 512
-    gated: bool = False  # a decoder's gate + up projections: 3 MLP matrices, not 2
-    query_width: int = 0  # heads x head size (0: hidden)
-    kv_width: int = 0  # key/value heads x head size: fewer with grouped queries (0: query's)
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]) -> ModelShape | None:
-        text = config.get("text_config")  # a dual encoder's text tower
-        config = text if isinstance(text, dict) and "hidden_size" not in config else config
-        try:
-            hidden, heads = int(config["hidden_size"]), int(config.get("num_attention_heads") or 1)
-            head = int(config.get("head_dim") or hidden // heads)
-            kv_heads = int(config.get("num_key_value_heads") or heads)
-            return cls(hidden=hidden, query_width=heads * head, kv_width=kv_heads * head, layers=int(config["num_hidden_layers"]),
-                       intermediate=int(config.get("intermediate_size") or 4 * hidden),
-                       vocab=int(config.get("vocab_size") or 0),
-                       max_positions=int(config.get("max_position_embeddings") or 512),
-                       gated=str(config.get("model_type", "")).startswith(GATED))
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    @property
-    def parameters(self) -> int:
-        """About the model's parameter count: embeddings, then per layer the attention's
-        query, key, value and output projections and the MLP's two (three when gated)."""
-        query = self.query_width or self.hidden
-        attention = 2 * self.hidden * (query + (self.kv_width or query))
-        mlp = (3 if self.gated else 2) * self.hidden * self.intermediate
-        return self.vocab * self.hidden + self.layers * (attention + mlp)
-
-
-def read_shape(path: Path) -> ModelShape | None:
-    """The shape in a model folder's ``config.json``; None where there is none."""
-    try:
-        return ModelShape.from_config(json.loads((path / "config.json").read_text()))
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def dtype_bytes(spec: ModelSpec, device: str) -> tuple[int, int]:
@@ -258,16 +209,3 @@ def pool_budget(pool: PoolSettings, device: str, cpu_replicas: int = 1,
     if claim:
         return int(claim)
     return int(host_memory_bytes() * pool.memory_fraction / max(1, cpu_replicas))
-
-
-def model_shape(spec: ModelSpec, cache_dir: Path | None = None,
-                fetched: bool = False) -> ModelShape | None:
-    """``spec``'s shape from its files: a local source's (a cheap read), or once its load
-    has fetched it (``fetched``: off the event loop) any source's; None for a fake, or
-    where the files give none (an ONNX-only folder)."""
-    if spec.is_fake or not (fetched or spec.location().is_local):
-        return None
-    try:
-        return read_shape(resolve_source(spec, cache_dir))
-    except Exception:  # a shape is an estimate: the load says what is wrong
-        return None

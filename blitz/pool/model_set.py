@@ -33,21 +33,13 @@ from typing import Any, Protocol
 
 from blitz.encoders.base import Encoder
 from blitz.errors import ModelLoadFailed, ModelTooLarge
+from blitz.loading.facts import ModelShape, model_shape
 from blitz.loading.failures import LoadFailures, as_load_failure
 from blitz.loading.fetch import preflight_source
 from blitz.loading.load import load_encoder
 from blitz.pool.holder import ModelHolder
 from blitz.pool.load_queue import LoadQueue, one_at_a_time
-from blitz.pool.memory_budget import (
-    Footprint,
-    ModelShape,
-    evictions,
-    gib,
-    make_room,
-    model_shape,
-    needed_bytes,
-    size_model,
-)
+from blitz.pool.memory_budget import Footprint, evictions, gib, make_room, needed_bytes, size_model
 from blitz.runtime import collector, malloc
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec, Registry

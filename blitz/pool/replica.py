@@ -30,11 +30,12 @@ from blitz import timing
 from blitz.encoders.base import Encoded, Encoder
 from blitz.errors import Overloaded, Unavailable
 from blitz.hop_messages import ImageEmbedJob, priority_of, units_of
+from blitz.loading.facts import ModelShape, model_shape
 from blitz.loading.load import resolve_device
 from blitz.pool.batching import Batcher
 from blitz.pool.holder import ModelFreed, ModelHolder
 from blitz.pool.image_prep import with_prepared
-from blitz.pool.memory_budget import ModelShape, model_shape, pool_budget
+from blitz.pool.memory_budget import pool_budget
 from blitz.pool.mixed_batch import Job, run_jobs
 from blitz.pool.model_set import Cache, ModelSet, ModelTable, PoolEvents
 from blitz.pool.worker_slots import WorkerSlots

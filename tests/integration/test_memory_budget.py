@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import httpx
 
+from blitz.loading.facts import model_shape
 from blitz.loading.load import load_encoder
-from blitz.pool.memory_budget import model_shape, needed_bytes, size_model
+from blitz.pool.memory_budget import needed_bytes, size_model
 from blitz.settings.config import BlitzSettings
 
 APP = "it-memory"

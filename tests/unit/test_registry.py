@@ -4,7 +4,8 @@ import pytest
 from pydantic import ValidationError
 
 from blitz.errors import UnknownModel
-from blitz.loading.fetch import SourceUnavailable, read_dimension, resolve_source
+from blitz.loading.facts import read_dimension
+from blitz.loading.fetch import SourceUnavailable, resolve_source
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec, Registry, hub_repo
 
