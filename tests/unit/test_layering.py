@@ -203,7 +203,7 @@ FLOORS = (  # lowest first: a module imports its own package, lower floors and L
     ("blitz.pool", "blitz.bulk"),  # a pool replica's Ray-free half; the bulk job's
     ("blitz.ingress",),  # request logic: limits, routing, output options
     ("blitz.http", "blitz.grpc_api"),  # the HTTP API; the gRPC API (TEI's tei.v1)
-    ("blitz.cli", "blitz.client"),  # the command line; the Python client
+    ("blitz.cli", "blitz.client", "blitz.map"),  # the command line; the Python client; the map
 )
 FLOOR = {unit: floor for floor, units in enumerate(FLOORS) for unit in units}
 
