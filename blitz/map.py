@@ -138,20 +138,32 @@ def architecture_tables() -> str:
     rows += ["", "Every module, package by package (its docstring's first sentence):", "",
              "| module | what it holds |", "|---|---|"]
     for _name, path in ordered:
-        if path.name != "__init__.py":
-            continue
-        for module in modules(path):
-            where = module.relative_to(PACKAGE).as_posix()
-            if module.name == "__init__.py":
-                where = where.removesuffix("__init__.py")
-            rows.append(f"| `{where}` | {_cell(first_sentence(docstring(module)))} |")
+        if path.name == "__init__.py":
+            rows += [f"| `{where}` | {_cell(first_sentence(docstring(module)))} |"
+                     for where, module in _every_module(path)]
     return "\n".join(rows)
 
 
+def _every_module(package: Path) -> list[tuple[str, Path]]:
+    """A package's modules, then each subpackage and its modules (depth first), by the path
+    under ``blitz/`` that names them."""
+    found = []
+    for module in modules(package):
+        where = module.relative_to(PACKAGE).as_posix()
+        if module.name == "__init__.py":
+            found.append((where.removesuffix("__init__.py"), module))
+            found += _every_module(module)
+        else:
+            found.append((where, module))
+    return found
+
+
 def unnamed_modules() -> dict[str, list[str]]:
-    """Each package whose docstring does not name all its modules (as ``name``) -> those."""
+    """Each package (subpackages too) whose docstring does not name all its modules and
+    subpackages (as ``name``) -> those."""
     missing = {}
-    for name, path in units().items():
+    for path in sorted(PACKAGE.glob("*/**/__init__.py")):
+        name = ".".join(path.parent.relative_to(ROOT).parts)
         if path.name == "__init__.py":
             text = docstring(path)
             absent = [short_name(m).rstrip("/") for m in modules(path)
