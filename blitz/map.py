@@ -167,7 +167,8 @@ def unnamed_modules() -> dict[str, list[str]]:
         if path.name == "__init__.py":
             text = docstring(path)
             absent = [short_name(m).rstrip("/") for m in modules(path)
-                      if f"``{short_name(m).rstrip('/')}``" not in text]
+                      if f"``{short_name(m).rstrip('/')}``" not in text
+                      and f"``{short_name(m)}``" not in text]  # a subpackage: ``name/`` too
             if absent:
                 missing[name] = absent
     return missing
