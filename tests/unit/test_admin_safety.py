@@ -353,10 +353,14 @@ async def test_a_removed_models_queues_and_counts_are_pruned():
 
 
 def test_the_ingress_drops_a_removed_models_queues():
-    from deployments.ingress import ServeDispatcher
+    from blitz.ingress.queues import PoolQueues
 
-    dispatcher = ServeDispatcher.__new__(ServeDispatcher)
-    dispatcher._batchers = {("cpu", "new"): object(), ("gpu", "new"): object(),
-                            ("cpu", "base"): object()}
-    dispatcher.forget("new")
-    assert list(dispatcher._batchers) == [("cpu", "base")]
+    async def never(pool, model_id, jobs):
+        raise AssertionError("no pool call")
+
+    queues = PoolQueues(BlitzSettings.from_args({"models": [{"id": "base", "source": "fake:4"}]}),
+                        never)
+    for key in (("cpu", "new"), ("gpu", "new"), ("cpu", "base")):
+        queues.batcher(*key)
+    queues.forget("new")
+    assert queues.keys() == [("cpu", "base")]
