@@ -72,7 +72,8 @@ class HttpApi:
                  images: ImageService | None = None):
         services = Services.of(service, tokens, outputs, images)  # built in one place
         self.service, self.tokens, self.outputs = services.service, services.tokens, services.outputs
-        self.service_images, self._images = services.images, ImageRoutes(self)
+        self.service_images = services.images
+        self._images = ImageRoutes(self)
         self.settings = self.service.settings
         # a request body holds about one list or object per text (token-id rows, Cohere
         # documents, numpy arrays): more than this is refused before it is built

@@ -7,18 +7,17 @@ two plain checkpoints served with ``pooling: lasttoken``."""
 from __future__ import annotations
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 
 from blitz.grpc_api import rpc_table
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.servicer import TeiServicer
-from blitz.http.api import HttpApi
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizing import TokenService
 from blitz.settings.config import BlitzSettings
+from tests.api_client import api_client
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_decoders import INSTRUCTION_TEMPLATE, PROMPTS, build_decoder
 from tests.unit.test_grpc_api import bridge
@@ -54,8 +53,7 @@ def served(tmp_path_factory):
 @pytest.fixture
 async def client(served):
     service, _ = served
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(service)),
-                                 base_url="http://blitz") as c:
+    async with api_client(service) as c:
         yield c
 
 

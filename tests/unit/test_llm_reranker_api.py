@@ -6,18 +6,17 @@ cross-encoder; ``/info`` and ``/models`` call it a reranker."""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
 from blitz import codecs
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.servicer import TeiServicer
-from blitz.http.api import HttpApi
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizing import TokenService
 from blitz.settings.config import BlitzSettings
+from tests.api_client import api_client
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_llm_rerankers import build_tiny_qwen3_reranker, reference_scores
 from tests.unit.test_grpc_api import call, served
@@ -51,9 +50,7 @@ def make_service(folder) -> EmbeddingService:
 
 @pytest.fixture
 async def client(folder):
-    api = HttpApi(make_service(folder))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as c:
+    async with api_client(make_service(folder)) as c:
         yield c
 
 

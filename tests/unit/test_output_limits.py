@@ -23,12 +23,12 @@ from blitz.errors import PayloadTooLarge
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.servicer import TeiServicer
 from blitz.http import reply_bodies, responses
-from blitz.http.api import HttpApi
 from blitz.ingress import tokenizing
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizing import TokenService
 from blitz.settings.config import BlitzSettings, PoolSettings
+from tests.api_client import api_client
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import build_tiny_bi_encoder, build_tiny_splade, minilm_dir
 
@@ -85,8 +85,7 @@ class Context:
 
 
 async def client(service: EmbeddingService) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(service)),
-                             base_url="http://blitz")
+    return api_client(service)
 
 
 def count(reference, texts: list[str], specials: bool = True) -> int:
