@@ -5,6 +5,7 @@ process (``httpx.ASGITransport``). One place, so every API test runs the same as
     async with api_client(settings) as client:          # a local dispatcher, pool "cpu"
     async with api_client(settings, dispatcher) as c:   # the test's own dispatcher
     async with api_client(service_or_api) as client:    # an EmbeddingService, Services or HttpApi
+    tei = tei_servicer(service)                          # TEI's gRPC services, the same way
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 
 from blitz.admin.table import ModelAdmin
+from blitz.grpc_api.servicer import TeiServicer
 from blitz.http.api import HttpApi
 from blitz.ingress.service import Dispatcher, EmbeddingService, Observer
 from blitz.ingress.services import Services
@@ -29,6 +31,16 @@ def services_for(settings: BlitzSettings, dispatcher: Dispatcher | None = None, 
     """The services over ``dispatcher`` (default: encoders in this process, ``pools``)."""
     return Services.build(settings, dispatcher or LocalDispatcher(settings, pools),
                           observer=observer)
+
+
+def tei_servicer(app: BlitzSettings | EmbeddingService | Services,
+                 dispatcher: Dispatcher | None = None) -> TeiServicer:
+    """TEI's gRPC services over ``app`` (settings, a service or the services), as the
+    ingress builds them."""
+    if isinstance(app, BlitzSettings):
+        app = services_for(app, dispatcher)
+    services = Services.of(app)
+    return TeiServicer(services.service, services.tokens, services.outputs)
 
 
 def api_for(app: BlitzSettings | EmbeddingService | Services | HttpApi,

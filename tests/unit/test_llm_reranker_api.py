@@ -11,12 +11,9 @@ import pytest
 
 from blitz import codecs
 from blitz.grpc_api import tei_pb2 as pb
-from blitz.grpc_api.servicer import TeiServicer
-from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
-from blitz.ingress.tokenizing import TokenService
 from blitz.settings.config import BlitzSettings
-from tests.api_client import api_client
+from tests.api_client import api_client, tei_servicer
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_llm_rerankers import build_tiny_qwen3_reranker, reference_scores
 from tests.unit.test_grpc_api import call, served
@@ -128,7 +125,7 @@ async def test_the_handles_rerank_is_the_services(folder, expected):
 
 async def test_grpc_rerank_gives_the_model_cards_scores(folder, expected):
     service = make_service(folder)
-    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    tei = tei_servicer(service)
     async with served(tei) as channel:
         reply = await call(channel, "Rerank")(
             pb.RerankRequest(query=QUERY, texts=DOCUMENTS, return_text=True, truncate=True),

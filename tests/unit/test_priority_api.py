@@ -36,7 +36,7 @@ from blitz.runtime.draining import Drain
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
 from deployments.ingress import Ingress
-from tests.api_client import api_client, api_transport
+from tests.api_client import api_client, api_transport, tei_servicer
 from tests.local_dispatcher import LocalDispatcher
 from tests.waiting import wait_until_async
 
@@ -343,13 +343,10 @@ async def test_the_python_client_sends_its_priority():
 
 async def test_grpc_metadata_names_the_priority():
     from blitz.grpc_api import tei_pb2 as pb
-    from blitz.grpc_api.servicer import TeiServicer
-    from blitz.ingress.other_outputs import OutputService
-    from blitz.ingress.tokenizing import TokenService
     from tests.unit.test_grpc_api import call, served
 
     service, levels, _ = service_and_levels(ANYONE_HIGH)
-    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    tei = tei_servicer(service)
     async with served(tei) as channel:
         embed = call(channel, "Embed")
         await embed(pb.EmbedRequest(inputs="a"), metadata=(("x-blitz-priority", "low"),))
@@ -371,9 +368,6 @@ async def test_grpc_metadata_names_the_priority():
 
 async def test_grpc_metadata_is_held_to_the_keys_ceiling_unless_a_gateway_is_trusted():
     from blitz.grpc_api import tei_pb2 as pb
-    from blitz.grpc_api.servicer import TeiServicer
-    from blitz.ingress.other_outputs import OutputService
-    from blitz.ingress.tokenizing import TokenService
     from tests.unit.test_grpc_api import call, served
 
     trusted = BlitzSettings.from_args({**ARGS, "auth": {
@@ -381,7 +375,7 @@ async def test_grpc_metadata_is_held_to_the_keys_ceiling_unless_a_gateway_is_tru
     for settings, expected in ((KEYED, [NORMAL, HIGH, LOW, LOW]),
                                (trusted, [HIGH, HIGH, HIGH, LOW])):
         service, levels, _ = service_and_levels(settings)
-        tei = TeiServicer(service, TokenService(service), OutputService(service))
+        tei = tei_servicer(service)
         async with served(tei) as channel:
             embed = call(channel, "Embed")
             for key, asked in ((OTHER, "high"), (SEARCH, "high"), (BATCH, "high"),

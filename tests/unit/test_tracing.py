@@ -25,16 +25,13 @@ import httpx
 import pytest
 
 from blitz.grpc_api import tei_pb2 as pb
-from blitz.grpc_api.servicer import TeiServicer
 from blitz.hop_messages import EmbedJob, RerankJob
-from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
-from blitz.ingress.tokenizing import TokenService
 from blitz.pool.local_hop import LocalHopClient
 from blitz.pool.replica import PoolReplica
 from blitz.runtime import tracing
 from blitz.settings.config import BlitzSettings, TracingSettings
-from tests.api_client import api_client
+from tests.api_client import api_client, tei_servicer
 from tests.traced_pool import ARGS, MODEL, in_memory, plain, serve_pool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -235,7 +232,7 @@ async def test_a_request_whose_key_is_refused_makes_no_span(spans):
     found = [plain(span) for span in spans.get_finished_spans()]
     ingress = [span for span in found if span["name"] == "POST /embed"]
     assert [span["attributes"]["http.response.status_code"] for span in ingress] == [200]
-    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    tei = tei_servicer(service)
     context = GrpcContext([("traceparent", TRACEPARENT), ("authorization", "Bearer wrong")])
     await tei.unary("Embed", pb.EmbedRequest(inputs="hello"), context)
     assert context.code is not None and context.code.name == "UNAUTHENTICATED"
@@ -314,7 +311,7 @@ class GrpcContext(SimpleNamespace):
 
 async def test_a_grpc_call_takes_its_traceparent_from_the_metadata(spans):
     service = service_on()
-    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    tei = tei_servicer(service)
     reply = await tei.unary("Embed", pb.EmbedRequest(inputs="hello"),
                             GrpcContext([("traceparent", TRACEPARENT)]))
     assert len(reply.embeddings) == 4
@@ -395,7 +392,8 @@ def test_with_traces_off_the_request_path_imports_no_opentelemetry():
                     return [("traceparent",
                              "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]
 
-            tei = TeiServicer(service, TokenService(service), OutputService(service))
+            tokens = TokenService(service)
+            tei = TeiServicer(service, tokens, OutputService(service, tokens))
             assert (await tei.unary("Embed", pb.EmbedRequest(inputs="x"), Context())).embeddings
 
         asyncio.run(main())

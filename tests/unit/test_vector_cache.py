@@ -14,7 +14,7 @@ from blitz.errors import InputTooLong
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.vector_cache import ENTRY_OVERHEAD, Key, VectorCache, fingerprint
 from blitz.settings.config import BlitzSettings
-from tests.api_client import api_client
+from tests.api_client import api_client, tei_servicer
 from tests.local_dispatcher import LocalDispatcher
 
 
@@ -137,14 +137,11 @@ async def test_with_api_keys_each_key_hits_only_the_texts_its_own_clients_sent()
 
 async def test_a_key_shares_its_cache_entries_across_http_and_grpc_but_not_with_others():
     from blitz.grpc_api import tei_pb2 as pb
-    from blitz.grpc_api.servicer import TeiServicer
-    from blitz.ingress.other_outputs import OutputService
-    from blitz.ingress.tokenizing import TokenService
     from tests.unit.test_grpc_api import call, served
 
     service, dispatcher = make(models=[{"id": "fake", "source": "fake:16"}])
     service.settings.auth.api_keys = ["key-a", "key-b"]
-    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    tei = tei_servicer(service)
     async with api_client(service) as client:
         r = await client.post("/embed", json={"texts": ["private text"]},
                               headers={"authorization": "Bearer key-a"})
