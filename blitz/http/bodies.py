@@ -182,7 +182,7 @@ class OpenAIEmbeddingRequest(_Request, LongInputs):
     dimensions: StrictInt | None = Field(None, gt=0)
     user: str | None = None
     modality: str = Field("text", description="Infinity's: text, or image (a dual "
-                          "encoder's images: blitz.http.images)")
+                          "encoder's images: blitz.http.routes.images)")
     prompt_name: str | None = Field(None, description="Blitz's: a prompt from the model's spec")
     instruction: str | None = Field(None, description="Blitz's: " + _INSTRUCTION)
     return_chunks: Any = None
