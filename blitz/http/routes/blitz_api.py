@@ -47,12 +47,8 @@ async def embed(kit: Kit, request: Request, payload: Payload) -> Response:
         raise InvalidValue("return_chunks needs Blitz's reply: send `texts` (not TEI's "
                            "`inputs`) or msgpack, not raw", param="return_chunks")
     texts, token_ids = req.texts_or_token_ids()
-    result = await kit.service.embed(
-        texts, token_ids=token_ids, model=model_id(request, req.model),
-        normalize=req.normalize, truncate=req.truncate, dimensions=req.dimensions,
-        dtype=req.dtype, prompt_name=req.prompt_name, instruction=req.instruction,
-        truncation_side=req.side(), long_inputs=req.long_inputs,
-        return_chunks=req.return_chunks, record=record(request))
+    result = await kit.service.embed_with(texts, model_id(request, req.model), req.options(),
+                                          token_ids=token_ids, record=record(request))
     if fmt == "raw":
         return RawArrayResponse(result.embeddings)
     if fmt == "json":

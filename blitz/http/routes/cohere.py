@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from blitz import codecs
 from blitz.encoders.postprocess import quantize
+from blitz.hop_messages import EmbedOptions
 from blitz.http import reply_bodies
 from blitz.http.bodies import RerankRequest, _Request, _Texts
 from blitz.http.responses import JSONBytesResponse
@@ -121,11 +122,9 @@ async def _cohere_embed(kit: Kit, request: Request, payload: Payload,
     speaking(request, "cohere")
     req = CohereEmbedRequest.parse(payload, kit.settings.limits)
     model = model_id(request, req.model)
-    result = await kit.service.embed(
-        req.texts, model=model, truncate=req.truncate == "END",
-        dimensions=req.output_dimension,
-        prompt_name=req.prompt_for(kit.service.spec(model).prompts),
-        record=record(request))
+    options = EmbedOptions(truncate=req.truncate == "END", dimensions=req.output_dimension,
+                           prompt_name=req.prompt_for(kit.service.spec(model).prompts))
+    result = await kit.service.embed_with(req.texts, model, options, record=record(request))
     rid = request_id(request)
     tokens = result.usage.total_tokens
     if version == "1" and req.embedding_types is None:

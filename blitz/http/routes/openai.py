@@ -6,6 +6,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from blitz.hop_messages import EmbedOptions
 from blitz.http import reply_bodies
 from blitz.http.bodies import OpenAIEmbeddingRequest
 from blitz.http.responses import JSONBytesResponse
@@ -17,10 +18,10 @@ async def openai_embeddings(kit: Kit, request: Request, payload: Payload) -> Res
     """OpenAI's ``/v1/embeddings``, and Infinity's and TEI's ``/embeddings``."""
     req = OpenAIEmbeddingRequest.parse(payload, kit.settings.limits)
     texts, token_ids = req.texts_or_token_ids()
-    result = await kit.service.embed(
-        texts, token_ids=token_ids, model=model_id(request, req.model),
-        dimensions=req.dimensions, prompt_name=req.prompt_name,
-        instruction=req.instruction, long_inputs=req.long_inputs, record=record(request))
+    options = EmbedOptions(long_inputs=req.long_inputs, dimensions=req.dimensions,
+                           prompt_name=req.prompt_name, instruction=req.instruction)
+    result = await kit.service.embed_with(texts, model_id(request, req.model), options,
+                                          token_ids=token_ids, record=record(request))
     return JSONBytesResponse(reply_bodies.openai_embeddings_reply(result, req.encoding_format))
 
 
