@@ -36,20 +36,20 @@ from blitz.http.routes.table import ROUTES, RouteSpec
 from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
+from blitz.ingress.services import Services
 from blitz.ingress.tokenizing import TokenService
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class HttpApi:
-    def __init__(self, service: EmbeddingService, tokens: TokenService | None = None,
+    def __init__(self, service: Services | EmbeddingService, tokens: TokenService | None = None,
                  outputs: OutputService | None = None, admin: ModelAdmin | None = None,
                  images: ImageService | None = None):
-        self.service = service
-        self.tokens = tokens or TokenService(service)
-        self.outputs = outputs or OutputService(service, self.tokens)
-        self.settings = service.settings
-        self.kit = Kit(service, self.tokens, self.outputs, images or ImageService(service))
+        services = Services.of(service, tokens, outputs, images)  # built in one place
+        self.service, self.tokens, self.outputs = services.service, services.tokens, services.outputs
+        self.settings = self.service.settings
+        self.kit = Kit(services)
         # the API's routes, the hot ones first (the router tries them in order); then the
         # probes' aliases and the description, public
         self.routes = [self._route(spec) for spec in ROUTES if not spec.aside]
@@ -60,7 +60,7 @@ class HttpApi:
         self.kit.docs = openapi.docs_page(self.kit.openapi)
         router = Router([*self.routes, *public])
         self._app = RequestMiddleware(router, [r.path for r in self.routes],
-                                      self.settings.auth, service.observe,
+                                      self.settings.auth, self.service.observe,
                                       self.settings.ingress.server_timing)
         self.drain = self._app.drain  # the replica's stop (deployments/draining.py)
 

@@ -17,10 +17,8 @@ from blitz import codecs
 from blitz.errors import ErrorShape, Overloaded, PayloadTooLarge, RequestTimeout
 from blitz.http.middleware import record_of, request_id_of, speaks
 from blitz.http.responses import JSONBytesResponse, MsgpackResponse
-from blitz.ingress.images import ImageService
-from blitz.ingress.other_outputs import OutputService
-from blitz.ingress.service import EmbeddingService, RequestRecord
-from blitz.ingress.tokenizing import TokenService
+from blitz.ingress.service import RequestRecord
+from blitz.ingress.services import Services
 
 Payload = Any  # a decoded request body (blitz.codecs.decode_body)
 
@@ -31,10 +29,10 @@ class Kit:
     """The services the routes call, and the reading of request bodies within limits
     (one per HTTP app: it counts the bytes being read on this replica)."""
 
-    def __init__(self, service: EmbeddingService, tokens: TokenService,
-                 outputs: OutputService, images: ImageService):
-        self.service, self.tokens, self.outputs, self.images = service, tokens, outputs, images
-        self.settings = service.settings
+    def __init__(self, services: Services):
+        self.service, self.tokens = services.service, services.tokens
+        self.outputs, self.images = services.outputs, services.images
+        self.settings = self.service.settings
         # a request body holds about one list or object per text (token-id rows, Cohere
         # documents, numpy arrays): more than this is refused before it is built
         limits = self.settings.limits
