@@ -59,6 +59,7 @@ from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.tokenizing import TokenService
+from blitz.settings.kinds import kind_of
 
 Payload = Any  # a decoded request body (blitz.codecs.decode_body)
 
@@ -264,7 +265,7 @@ class HttpApi:
                       body: type[RerankRequest]) -> Any:
         req = body.parse(payload, self.settings.limits)
         model = self.model_id(request, req.model)
-        if req.raw_scores and self.service.spec(model).kind != "embedding":
+        if req.raw_scores and not kind_of(self.service.spec(model).kind).raw_scores:
             raise InvalidValue("raw_scores is not served for cross-encoders or LLM rerankers: "
                                "scores are the model's activation (a sigmoid of its logit; an "
                                "LLM reranker's as its normalize setting says); leave it out",

@@ -19,7 +19,7 @@ from blitz.http import reply_bodies
 from blitz.http.bodies import PredictRequest, RerankRequest, _Request, _Texts
 from blitz.http.middleware import record_of, request_id_of, speaks
 from blitz.http.responses import JSONBytesResponse
-from blitz.settings.registry import RERANK_KINDS
+from blitz.settings.kinds import kind_of
 
 Payload = Any  # a decoded request body (blitz.codecs.decode_body)
 
@@ -145,15 +145,16 @@ class PeerRoutes:
         the default."""
         speaks(request.scope, "tei")
         body_model = payload.get("model") if isinstance(payload, dict) else None
-        kind = self.api.service.spec(self.api.model_id(request, body_model)).kind
+        root = kind_of(self.api.service.spec(self.api.model_id(request, body_model)).kind
+                       ).tei_root
         inputs = payload.get("inputs") if isinstance(payload, dict) else None
-        if kind in RERANK_KINDS:
+        if root == "rerank":
             return await self.api.rerank(request, payload)
-        if kind == "classifier":
+        if root == "predict":
             if isinstance(payload, dict) and isinstance(payload.get("parameters"), dict):
                 return await self._pipeline_classify(request, payload)
             return await self.api.predict(request, payload)
-        if kind == "sparse":
+        if root == "embed_sparse":
             return await self.api.embed_sparse(request, payload)
         if isinstance(inputs, dict):
             return await self.api.similarity(request, payload)

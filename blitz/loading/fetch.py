@@ -21,6 +21,7 @@ from typing import Any
 
 from blitz.errors import LoadProblem
 from blitz.loading.model_trust import check_model_folder
+from blitz.settings.kinds import kind_of
 from blitz.settings.registry import OBJECT_STORES, ModelSpec, hub_repo
 from blitz.sources.storage import fetch_to_cache
 
@@ -127,9 +128,10 @@ def read_dimension(spec: ModelSpec) -> int | None:
         return spec.dimension
     if spec.is_fake:
         return spec.fake_params()[0]
-    if spec.kind not in ("embedding", "sparse", "dual-encoder") or not spec.location().is_local:
+    source = kind_of(spec.kind).dimension
+    if source is None or not spec.location().is_local:
         return None
-    if spec.kind == "dual-encoder":  # CLIP's projection_dim; SigLIP's text projection
+    if source == "projection":  # CLIP's projection_dim; SigLIP's text projection
         try:
             config = json.loads((resolve_source(spec) / "config.json").read_text())
             text = config.get("text_config") or {}
@@ -137,7 +139,7 @@ def read_dimension(spec: ModelSpec) -> int | None:
                        or text["hidden_size"])
         except Exception:
             return None
-    if spec.kind == "sparse":  # one weight per vocabulary token
+    if source == "vocabulary":  # one weight per vocabulary token
         try:
             return int(json.loads((resolve_source(spec) / "config.json").read_text())
                        ["vocab_size"])
