@@ -101,7 +101,8 @@ class Encoder(ABC):
     def __init_subclass__(cls, **kwargs: Any):
         super().__init_subclass__(**kwargs)
         unknown = set(cls.capabilities) - set(CAPABILITIES)
-        assert not unknown, f"{cls.__name__} declares {sorted(unknown)}: not in CAPABILITIES"
+        if unknown:
+            raise TypeError(f"{cls.__name__} declares {sorted(unknown)}: not in CAPABILITIES")
         for capability, names in METHODS.items():
             if capability not in cls.capabilities:
                 for name in names:  # what a parent answers, this class may not
