@@ -103,7 +103,7 @@ def _headers(api_key: str | None) -> dict[str, str]:
 class Client:
     """Blocking client. ``transport`` accepts any httpx transport (tests serve the real API).
 
-    The options of ``embed`` and ``rerank`` are the request bodies' (README, "APIs"); one left
+    The options of ``embed`` and ``rerank`` are the request bodies' (docs/api.md); one left
     as None is not sent, so the server's default applies. ``priority`` (high | normal |
     low) is the client's default for every call (a call's own wins): a bulk job's client
     says ``priority="low"`` once (docs/operations.md, "Priorities")."""

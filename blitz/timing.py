@@ -3,7 +3,7 @@
 Each hop writes what it measured, in seconds, into the ``timings`` of the ``Encoded`` it
 hands back (one per job; a job's timings are its batch's):
 
-- the pool replica (``deployments/pool.py``): ``pool``, the whole ``run_jobs`` call;
+- the pool replica (``blitz/pool/replica.py``): ``pool``, the whole ``run_jobs`` call;
   ``pool-queue``, waiting in the replica's queue for the model; ``worker-wait``, waiting
   for a worker thread and the hand-off to it; ``model``, the model call on that thread;
 - the ingress's dispatcher: ``ingress-queue``, waiting in the ingress's queue for the

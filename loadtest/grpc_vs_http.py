@@ -36,6 +36,7 @@ import numpy as np
 from blitz import codecs
 from blitz.grpc_api import rpc_table
 from blitz.grpc_api import tei_pb2 as pb
+from loadtest import results
 from loadtest.corpus import sentences
 from loadtest.report import environment
 
@@ -170,12 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-concurrency", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("loadtest/results/grpc-vs-http"))
+    parser.add_argument("--out", type=Path, default=Path("results/grpc-vs-http"))
+    parser.add_argument("--results", type=Path, default=results.RESULTS,
+                        help="where the results file BENCHMARKS.md is rendered from goes "
+                        "(python -m loadtest.render)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"kind": "grpc-vs-http", "environment": environment(),
               "settings": vars(args) | {"out": str(args.out)}, **asyncio.run(run(args))}
     (args.out / "grpc-vs-http.json").write_text(json.dumps(result, indent=2))
+    measured = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    results.save("grpc-vs-http", {"kind": "grpc-vs-http", "measured": measured,
+                                  "rounds": result["rounds"]}, args.results)
     print(table(result["rounds"]))
     return 0
 

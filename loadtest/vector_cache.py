@@ -28,6 +28,7 @@ import httpx
 import numpy as np
 
 from blitz import codecs
+from loadtest import results
 from loadtest.corpus import sentences
 from loadtest.gpu import fast_path_env
 from loadtest.report import environment
@@ -101,7 +102,10 @@ def bit_for_bit(base: str, text: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.vector_cache", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("loadtest/results/vector-cache"))
+    parser.add_argument("--out", type=Path, default=Path("results/vector-cache"))
+    parser.add_argument("--results", type=Path, default=results.RESULTS,
+                        help="where the results file BENCHMARKS.md is rendered from goes "
+                        "(python -m loadtest.render)")
     parser.add_argument("--backend", default="onnx-int8", help="the CPU pool's cpu_backend")
     parser.add_argument("--vocabulary", type=int, default=20_000)
     parser.add_argument("--exponent", type=float, default=1.1)
@@ -154,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
             print(rounds[-1], flush=True)
     result["rounds"] = rounds
     (args.out / "vector-cache.json").write_text(json.dumps(result, indent=2))
+    measured = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    results.save("vector-cache", {"kind": "vector-cache", "measured": measured,
+                                  "rounds": rounds}, args.results)
     print(table(rounds))
     serve.shutdown()
     ray.shutdown()

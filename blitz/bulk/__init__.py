@@ -1,8 +1,4 @@
 """The bulk embedding job's Ray-free half (``deployments/bulk.py`` runs it on Ray Data):
-the batch step (``job``), the readers (``read``, CSV rows cut by ``csv_split``; image
-files, lists and tables of image paths by ``images``), what OUTPUT holds and what a run
-may do to it (``units``), and writing a unit (``write``).
-
-May import ``blitz.loading``, ``blitz.encoders``, ``blitz.images``, ``blitz.settings``, ``blitz.sources``,
-``blitz.runtime`` and the top-level leaf modules; never ``blitz.pool``, the ingress or HTTP.
-"""
+the batch step (``job``), the readers (``read``, CSV rows cut by ``csv_split``; image files,
+lists and tables of image paths by ``images``), what OUTPUT holds and what a run may do to
+it (``units``), and writing a unit (``write``)."""

@@ -45,7 +45,7 @@ class UnitWriter:
         fs.makedirs(staging, exist_ok=True)
 
     def add(self, table: pa.Table) -> None:
-        """Rows of this unit as the encoder returned them (``EMBEDDED`` columns)."""
+        """Rows of this unit as the encoder returned them (``blitz.bulk.job.PASSED`` columns and its outputs)."""
         import pyarrow.compute as pc
 
         if table.num_rows:

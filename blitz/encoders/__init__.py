@@ -1,9 +1,12 @@
-"""Encoders: one contract (``base.Encoder``) and one backend per module, plus what every
-backend's vectors may go through (``postprocess``: ``dimensions`` and ``dtype``) and the
-fixed texts backends are checked with (``probes``).
+"""Encoders, one backend per module under one contract (``base``): what every bi-encoder
+shares (``bi_encoder``), sentence-transformers on torch (``sentence_transformer``), ONNX on
+onnxruntime alone (``onnx_native``), cross-encoders and classifiers (``cross_encoder``), a
+causal LM's yes/no logits as a reranker (``llm_reranker``), SPLADE (``sparse``) and a
+deterministic fake (``fake``); sentence-transformers models opened and wrapped
+(``st_models``), text to token ids (``token_ids``), the output options every backend's
+vectors may go through (``postprocess``: ``dimensions`` and ``dtype``) and the fixed texts
+backends are checked with (``probes``).
 
 Nothing here loads a registered model: ``blitz.loading`` turns a ``ModelSpec`` into an
-encoder, with ``models`` opening and wrapping sentence-transformers models for it. May
-import ``blitz.settings``, ``blitz.sources``, ``blitz.runtime`` and the top-level leaf
-modules; this package module imports nothing, so any module here can be imported alone.
+encoder. This package module imports nothing, so any module here can be imported alone.
 """

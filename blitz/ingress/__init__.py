@@ -1,8 +1,8 @@
 """The ingress's request logic, free of Ray and of HTTP: the request pipeline and output
-options (``service``), the request limits' checks (``limits``), which pool serves a
-request (``routing``) and why a pool replica waits for the cluster (``placement``).
-
-May import every floor below it (``blitz.pool``, ``blitz.bulk``, ``blitz.hop_messages``,
-``blitz.loading``, ``blitz.encoders``, ``blitz.settings``, ``blitz.sources``,
-``blitz.runtime``) and the top-level leaf modules; never ``blitz.http``.
-"""
+options (``service``), a request's cost budget (``limits``), long inputs and their chunks
+(``long_inputs``), the vector cache (``vector_cache``), per-token, sparse and classifier
+outputs (``other_outputs``), images embedded, reranked and scored against a text
+(``images``), ``/tokenize`` and ``/decode`` (``tokenizing``) on the models' tokenizers
+(``tokenizers``), ``/ready``, ``/models`` and ``/info`` (``status``), which pool serves a
+request (``routing``), why a pool replica waits for the cluster (``placement``) and API keys
+for every front (``keys``)."""

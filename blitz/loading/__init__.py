@@ -1,13 +1,8 @@
-"""Loading a registered model: from a ``ModelSpec`` to an ``Encoder`` (``load.load_encoder``).
-
-One way: the source as a local folder (``fetch``), checked for code of its own
-(``model_trust``), built and opened (``opening.open_backend``), one encoder. The ONNX builds
-(``onnx_export``; a dual encoder's two towers: ``dual_export``) and their accuracy guard
-(``accuracy``), ``cpu_backend: auto``'s choice (``auto``, recorded in the model cache), the
-child processes that build and measure (``child_work``, the parent's side; ``child_main``,
-the child's), failed loads remembered (``failures``), and in-process throughput
-(``throughput``, for ``blitz optimize``).
-
-May import ``blitz.images``, ``blitz.encoders``, ``blitz.settings``, ``blitz.sources``,
-``blitz.runtime`` and the top-level leaf modules; never the pool, the bulk job, the ingress or HTTP.
-"""
+"""Loading a registered model, one way from a ``ModelSpec`` to an ``Encoder`` (``load``):
+the source as a local folder (``fetch``), checked for code of its own (``model_trust``),
+built and opened (``opening``), one encoder. The ONNX builds (``onnx_export``; a dual
+encoder's two towers: ``dual_export``) and their accuracy guard (``accuracy``),
+``cpu_backend: auto``'s choice (``auto``, recorded in the model cache), the child processes
+that build and measure (``child_work``, the parent's side; ``child_main``, the child's),
+failed loads remembered (``failures``), and in-process throughput (``throughput``, for
+``blitz optimize``)."""

@@ -1,10 +1,7 @@
 """A pool replica's Ray-free half: its logic (``replica``: jobs in, results out, per-model
-queues, leases, loads, stats), continuous batching (``batching``, also used by the
-ingress for its pool calls), worker threads (``worker_slots``), model loads one at a time
-(``load_queue``), one batch of mixed jobs (``work``), the loaded model's holder (``holder``)
-and the local hop over a Unix socket (``local_hop``).
-
-May import ``blitz.hop_messages``, ``blitz.loading``, ``blitz.encoders``, ``blitz.settings``,
-``blitz.sources``, ``blitz.runtime`` and the top-level leaf modules; never ``blitz.bulk``,
-the ingress or HTTP.
-"""
+queues, leases, loads, stats), continuous batching (``batching``, also used by the ingress
+for its pool calls) over priority levels that age (``aging_queue``), worker threads
+(``worker_slots``), model loads one at a time (``load_queue``), what a model needs in
+memory and which resident models a new one evicts (``memory_budget``), one batch of mixed
+jobs (``mixed_batch``), images made ready before their model call (``image_prep``), the
+loaded model's holder (``holder``) and the local hop over a Unix socket (``local_hop``)."""

@@ -3,8 +3,4 @@ die with their parent (``child_process``), what the CPU does fast (``cpu_feature
 memory (``gpu_memory``), imports kept out of a replica (``lean_imports``), metric values
 recorded off the event loop (``metric_buffer``), OpenTelemetry traces (``tracing``),
 glibc's trim (``malloc``), Python's collector tuned for serving (``collector``) and a
-stop's drain (``draining``).
-
-The lowest floor beside the top-level leaf modules: may import only ``blitz.errors``,
-``blitz.timing`` and ``blitz.codecs``; every other package may import it.
-"""
+stop's drain (``draining``)."""

@@ -1,8 +1,6 @@
-"""Every setting, typed, in one place: serve_config.yaml's ``args`` (``config``), the model
+"""Every setting, typed, in one place: serve_config.yaml's ``args`` (``config``), one
+replica pool's settings and the base every section shares (``pool_settings``), the model
 registry (``registry``: ``ModelSpec`` and where its weights come from), Serve's deployment
-options as Blitz passes them (``deployment_options``), ``auto`` sizes (``sizing``), the bulk
-job's settings (``bulk``), and the settings tables of docs/configuration.md generated from
-them (``python -m blitz.settings.doc``).
-
-May import ``blitz.sources``, ``blitz.runtime`` and the top-level leaf modules.
-"""
+options as Blitz passes them (``deployment_options``), ``auto`` sizes (``sizing``), image
+limits and URL fetching (``images``), the bulk job's settings (``bulk``), and the settings
+tables of docs/configuration.md generated from them (``doc``)."""

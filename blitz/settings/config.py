@@ -81,7 +81,7 @@ class IngressSettings(_Settings):
     server_timing: bool = Field(
         True, description="send each reply's time per hop as a `server-timing` header, in "
         "ms (total, ingress, ingress-queue, handle, pool-queue, worker-wait, model, "
-        "pool-other: README, \"Where a request's time goes\")")
+        "pool-other: docs/operations.md, \"Where a request's time goes\")")
     cpu_pool: Literal["replicas", "in_process"] = Field(
         "replicas", description="where the CPU pool's models run. `replicas`: replicas of "
         "their own, scaled on their own, called over Serve's handle hop. `in_process`: "
@@ -104,7 +104,7 @@ class IngressSettings(_Settings):
     vector_cache_mb: float = Field(
         0, ge=0, description="memory for the vector cache, per ingress replica, in MiB (0: "
         "off): a text embedded before with the same model, pool and options is answered "
-        "from it, bit for bit the vector the model gave (README, \"Vector cache\")")
+        "from it, bit for bit the vector the model gave (docs/operations.md, \"The vector cache\")")
     deployment: dict[str, Any] = Field(
         default_factory=dict, description="Ray Serve deployment options of the ingress, as "
         "`cpu_pool.deployment`; merged over Blitz's defaults (below)")

@@ -1,6 +1,2 @@
 """Where a model's files come from and where they are kept: the on-disk model cache
-(``model_cache``) and object-storage sources downloaded into it (``storage``).
-
-May import ``blitz.runtime`` and the top-level leaf modules (``blitz.errors``,
-``blitz.timing``, ``blitz.codecs``); nothing else in ``blitz``.
-"""
+(``model_cache``) and object-storage sources downloaded into it (``storage``)."""

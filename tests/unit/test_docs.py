@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-README_MAX_LINES = 600
+README_MAX_LINES = 300
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 CHECKED = [README, ROOT / "BENCHMARKS.md", *DOCS]
 
