@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ray import serve
@@ -19,18 +17,17 @@ from ray.serve.exceptions import (
 )
 from ray.serve.handle import DeploymentHandle
 
-from blitz import timing
 from blitz.encoders.base import Encoded
 from blitz.errors import Overloaded, Unavailable
 from blitz.grpc_api.servicer import TeiServicer
-from blitz.hop_messages import priority_of, units_of, with_priority
 from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
 from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
+from blitz.ingress.queues import PoolQueues, QueueObservers, timed
 from blitz.ingress.service import EmbeddingService
+from blitz.ingress.services import Services
 from blitz.ingress.tokenizing import TokenService
-from blitz.pool.batching import Batcher
 from blitz.pool.local_hop import HopLost
 from blitz.pool.mixed_batch import Job
 from blitz.runtime import collector, tracing
@@ -59,19 +56,6 @@ from deployments.replicas import PoolWaker, running_replicas, watch
 
 logger = logging.getLogger("ray.serve")
 
-# pool calls in flight per (pool, model) and pool replica before requests wait to be
-# merged: at least two keep a replica busy while the ingress gathers the next (with
-# `workers: 2`, both compute at once; three cost throughput, as more small calls share
-# the cores: docs/benchmarks-history.md), and one per worker so that every worker of a
-# bigger replica has a batch
-CALLS_IN_FLIGHT_PER_REPLICA = 2
-
-
-def calls_in_flight(workers: int, replicas: int) -> int:
-    """Pool calls one ingress batcher keeps in flight to a pool of ``replicas`` replicas with
-    ``workers`` worker threads each."""
-    return max(CALLS_IN_FLIGHT_PER_REPLICA, workers) * max(1, replicas)
-
 # Plain pickle both ways on the handle hop: cloudpickle (Serve's default) costs more per
 # object, and jobs, results and Blitz's errors are importable classes on both sides
 # (docs/ray-notes.md, "Request path cost").
@@ -86,23 +70,27 @@ except ImportError:  # pragma: no cover - grpc ships with ray[serve]
 REPLICA_FAILURES = (ReplicaUnavailableError, DeploymentUnavailableError, _RpcError, RayError)
 
 
+QUEUE_OBSERVERS = QueueObservers(
+    rejected=lambda: metrics.rejected.inc(tags={"hop": "ingress"}),
+    waiting=lambda pool, model_id: metrics.waiting("ingress", pool, model_id),
+    waited=lambda pool: metrics.waited("ingress", pool))
+
+
 class ServeDispatcher:
     """Runs jobs on pool replicas, passing the model id on every hop.
 
-    Concurrent jobs of every kind for one pool and model go through one ``Batcher``, this
-    hop's one queue: they become one pool call (``run_jobs``) that answers each job on its
-    own, bounded in texts waiting and in calls in flight, and timed by ``pool_timeout_s``;
-    higher priorities first, aged by the pool's ``priority_aging_s``. A replica
-    that dies mid-call is retried once (embedding and scoring are idempotent), then
-    answered 503 with Retry-After; a full queue is a 503 at once. What a replica raised
-    arrives as Ray's ``RayTaskError`` and is passed on: ``as_blitz_error`` answers its cause.
+    Jobs wait in the ingress's queue table (``blitz.ingress.queues.PoolQueues``: one queue
+    per pool and model, a full one a 503 at once); each pool call goes over the local hop
+    or Serve's handle. A replica that dies mid-call is retried once (embedding and scoring
+    are idempotent), then answered 503 with Retry-After. What a replica raised arrives as
+    Ray's ``RayTaskError`` and is passed on: ``as_blitz_error`` answers its cause.
     """
 
     def __init__(self, settings: BlitzSettings, handles: dict[str, DeploymentHandle]):
         self.settings = settings
         self.handles = handles
         self.pools = frozenset(handles)
-        self._batchers: dict[tuple[str, str], Batcher] = {}
+        self.queues = PoolQueues(settings, self._run_jobs, QUEUE_OBSERVERS)
         self._waker = PoolWaker(handles, settings.ingress.pool_timeout_s)
         self._hops = LocalHops(settings, handles)
         self.placement = PlacementWatch(
@@ -131,7 +119,7 @@ class ServeDispatcher:
         hop = self._hops.client(pool)
         if hop is not None:  # the pool's one replica, on this node: no Serve hop
             try:
-                return await self._timed(lambda: hop.call(model_id, arg))
+                return await timed(lambda: hop.call(model_id, arg))
             except HopLost as exc:  # it died or was replaced: Serve's handle, as below
                 metrics.pool_failures.inc(tags={"pool": pool, "outcome": "retried"})
                 logger.warning("%s pool call over the local hop failed (%s); retrying over "
@@ -142,7 +130,7 @@ class ServeDispatcher:
         for attempt in (1, 2):
             try:
                 await self._await_replica(pool)
-                return await self._timed(lambda: getattr(handle, method).remote(arg))
+                return await timed(lambda: getattr(handle, method).remote(arg))
             except BackPressureError as exc:
                 metrics.rejected.inc(tags={"hop": f"{pool}-serve-queue"})
                 raise Overloaded(f"the {pool} pool is at capacity; retry shortly") from exc
@@ -178,54 +166,14 @@ class ServeDispatcher:
 
     def forget(self, model_id: str) -> None:
         """Drop ``model_id``'s queues (a model the admin API removed; any thread)."""
-        for key in list(self._batchers):
-            if key[1] == model_id:
-                self._batchers.pop(key, None)
-
-    def _batcher(self, pool: str, model_id: str) -> Batcher:
-        """The one queue for ``model_id``'s jobs of every kind on ``pool``."""
-        batcher = self._batchers.get((pool, model_id))
-        if batcher is None:
-            settings = self.settings.pool(pool)
-            call: Callable[[list[Job]], Awaitable[Any]] = functools.partial(
-                self._call, pool, model_id, "run_jobs")
-            if tracing.TRACER is not None:  # traces on: each job's pool call in a hop span
-                call = tracing.hops(call, pool, model_id)
-            batcher = self._batchers[(pool, model_id)] = Batcher(
-                call,
-                max_batch=settings.max_batch_size,
-                max_waiting=self.settings.ingress.max_queued_texts,
-                max_in_flight=calls_in_flight(settings.worker_count, settings.max_replicas),
-                timeout_s=self.settings.ingress.pool_timeout_s,
-                name=f"{pool} pool queue for {model_id!r}",
-                priority=priority_of, promote=with_priority, aging_s=settings.priority_aging_s,
-                size=units_of,
-                on_reject=lambda: metrics.rejected.inc(tags={"hop": "ingress"}),
-                on_waiting=metrics.waiting("ingress", pool, model_id),
-                on_waited=metrics.waited("ingress", pool))
-        return batcher
+        self.queues.forget(model_id)
 
     async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
-        """``job`` through the one queue for ``pool`` and ``model_id``; its
-        ``ingress-queue`` is the time from here to its pool call (``_timed``)."""
-        entered = time.perf_counter()
-        result = await self._batcher(pool, model_id).submit(job)
-        timing.since([result], "ingress-queue", entered)
-        if job.trace is not None:  # traced (blitz.runtime.tracing): that wait as a span
-            tracing.waited(job.trace, "blitz.ingress_queue", entered,
-                           result.timings.get("ingress-queue", 0.0),
-                           {"blitz.pool": pool, "blitz.model": model_id})
-        return result
+        """``job`` through the one queue for ``pool`` and ``model_id``."""
+        return await self.queues.submit(pool, model_id, job)
 
-    @staticmethod
-    async def _timed(call: Callable[[], Awaitable[Any]]) -> Any:
-        """``call()``'s results, each stamped with when the pool call began (the mark
-        ``submit`` turns into ``ingress-queue``) and its round trip (``call``)."""
-        started = time.perf_counter()
-        results = await call()
-        timing.mark(results, "ingress-queue", started)
-        timing.record(results, call=time.perf_counter() - started)
-        return results
+    async def _run_jobs(self, pool: str, model_id: str, jobs: list[Job]) -> Any:
+        return await self._call(pool, model_id, "run_jobs", jobs)
 
 
 class InProcessCpuDispatcher(ServeDispatcher):
@@ -245,7 +193,7 @@ class InProcessCpuDispatcher(ServeDispatcher):
     async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
         if pool != "cpu":
             return await super()._call(pool, model_id, method, arg)
-        return await self._timed(lambda: getattr(self.cpu_pool, f"{method}_for")(model_id, arg))
+        return await timed(lambda: getattr(self.cpu_pool, f"{method}_for")(model_id, arg))
 
 
 class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
@@ -264,16 +212,14 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
     def _serve(self, dispatcher: ServeDispatcher) -> None:
         tracing.configure(self.settings.tracing)  # off unless an OTLP endpoint is set
         self.dispatcher = dispatcher
-        self.service = EmbeddingService(self.settings, dispatcher,
-                                        observer=metrics.observe_request,
-                                        route_observer=metrics.observe_route)
-        self.tokens = TokenService(self.service)
-        self.outputs = OutputService(self.service, self.tokens)
+        services = Services.build(self.settings, dispatcher, observer=metrics.observe_request,
+                                  route_observer=metrics.observe_route)
+        self.service, self.tokens = services.service, services.tokens
+        self.outputs, self.images = services.outputs, services.images
         self.admin = model_admin(self.settings)
         self.model_table = IngressFollower(self.admin, self.service.registry, self._forget,
                                            self.settings.admin.poll_s)
-        self.images = ImageService(self.service)
-        self.api = HttpApi(self.service, self.tokens, self.outputs, self.admin, self.images)
+        self.api = HttpApi(services, admin=self.admin)
         self.drain = self.api.drain  # gRPC and handle calls counted in flight too
         self.drain_watch = DrainWatch(self.drain, app_name(), replica_name())
         try:  # the async constructor runs on the replica's loop; else check_health starts it

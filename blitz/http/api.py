@@ -58,6 +58,7 @@ from blitz.ingress import status
 from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.ingress.services import Services
 from blitz.ingress.tokenizing import TokenService
 from blitz.settings.kinds import kind_of
 
@@ -67,15 +68,14 @@ MODEL_HEADERS = ("serve_multiplexed_model_id", "serve-multiplexed-model-id")
 
 
 class HttpApi:
-    def __init__(self, service: EmbeddingService, tokens: TokenService | None = None,
+    def __init__(self, service: Services | EmbeddingService, tokens: TokenService | None = None,
                  outputs: OutputService | None = None, admin: ModelAdmin | None = None,
                  images: ImageService | None = None):
-        self.service = service
-        self.service_images = images or ImageService(service)
+        services = Services.of(service, tokens, outputs, images)  # built in one place
+        self.service, self.tokens, self.outputs = services.service, services.tokens, services.outputs
+        self.service_images = services.images
         self._images = ImageRoutes(self)
-        self.tokens = tokens or TokenService(service)
-        self.outputs = outputs or OutputService(service, self.tokens)
-        self.settings = service.settings
+        self.settings = self.service.settings
         # a request body holds about one list or object per text (token-id rows, Cohere
         # documents, numpy arrays): more than this is refused before it is built
         limits = self.settings.limits
@@ -128,7 +128,7 @@ class HttpApi:
         self._docs = openapi.docs_page(self._openapi)
         router = Router([*self.routes, *public])
         self._app = RequestMiddleware(router, [r.path for r in self.routes],
-                                      self.settings.auth, service.observe,
+                                      self.settings.auth, self.service.observe,
                                       self.settings.ingress.server_timing)
         self.drain = self._app.drain  # the replica's stop (deployments/draining.py)
 

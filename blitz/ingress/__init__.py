@@ -4,5 +4,6 @@ options (``service``), a request's cost budget (``limits``), long inputs and the
 outputs (``other_outputs``), images embedded, reranked and scored against a text
 (``images``), ``/tokenize`` and ``/decode`` (``tokenizing``) on the models' tokenizers
 (``tokenizers``), ``/ready``, ``/models`` and ``/info`` (``status``), which pool serves a
-request (``routing``), why a pool replica waits for the cluster (``placement``) and API keys
-for every front (``keys``)."""
+request (``routing``), why a pool replica waits for the cluster (``placement``), API keys
+for every front (``keys``), the queue per pool and model in front of the pool calls
+(``queues``) and the services built in one place for every front (``services``)."""

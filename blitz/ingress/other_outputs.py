@@ -49,11 +49,11 @@ class OutputService:
     checks its inputs against the limits, then runs them through ``service``'s pipeline
     (``EmbeddingService.run``: the model's kind, routing, jobs of the pool's batch size)."""
 
-    def __init__(self, service: EmbeddingService, tokens: TokenService | None = None):
+    def __init__(self, service: EmbeddingService, tokens: TokenService):
         self.service = service
-        # the models' tokenizers on the ingress (shared with /tokenize when given): they
-        # count an /embed_all request's token vectors before any model work
-        self.tokens = tokens or TokenService(service)
+        # the models' tokenizers on the ingress (shared with /tokenize): they count an
+        # /embed_all request's token vectors before any model work
+        self.tokens = tokens
         self._longest: dict[str, int | None] = {}  # model id -> its max input length
 
     def forget(self, model_id: str) -> None:

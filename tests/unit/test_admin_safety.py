@@ -14,7 +14,6 @@ import logging
 import sys
 from collections import OrderedDict
 
-import httpx
 import pytest
 from pydantic import ValidationError
 
@@ -24,12 +23,10 @@ from blitz.admin.table import MAX_PINNED, ModelAdmin
 from blitz.admin.watch import ModelWatch, PinRetries
 from blitz.errors import Conflict, Forbidden, InvalidValue, ModelLoadFailed, ModelTooLarge
 from blitz.hop_messages import EmbedJob
-from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.pool.replica import PoolReplica
 from blitz.settings.config import AdminSettings, BlitzSettings
 from blitz.settings.registry import ModelSpec, Registry
-from tests.local_dispatcher import LocalDispatcher
+from tests.api_client import api_client
 
 KEY = "admin-secret"
 
@@ -124,12 +121,9 @@ def test_a_package_source_is_checked_by_metadata_and_never_imported(tmp_path, mo
 async def test_each_change_is_one_audit_line_naming_the_key(caplog):
     config = settings(api_keys=["first", KEY], allowed_sources=["fake:"])
     store = MemoryStore()
-    service = EmbeddingService(config, LocalDispatcher(config))
-    api = HttpApi(service, admin=ModelAdmin(config, store))
     headers = {"authorization": f"Bearer {KEY}"}
     caplog.set_level(logging.INFO, logger="blitz.admin")
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as client:
+    async with api_client(config, admin=ModelAdmin(config, store)) as client:
         added = await client.post("/admin/models", headers=headers,
                                   json={"model": {"id": "new", "source": "fake:16"}})
         code = await client.post("/admin/models", headers=headers, json={"model": {
@@ -353,10 +347,14 @@ async def test_a_removed_models_queues_and_counts_are_pruned():
 
 
 def test_the_ingress_drops_a_removed_models_queues():
-    from deployments.ingress import ServeDispatcher
+    from blitz.ingress.queues import PoolQueues
 
-    dispatcher = ServeDispatcher.__new__(ServeDispatcher)
-    dispatcher._batchers = {("cpu", "new"): object(), ("gpu", "new"): object(),
-                            ("cpu", "base"): object()}
-    dispatcher.forget("new")
-    assert list(dispatcher._batchers) == [("cpu", "base")]
+    async def never(pool, model_id, jobs):
+        raise AssertionError("no pool call")
+
+    queues = PoolQueues(BlitzSettings.from_args({"models": [{"id": "base", "source": "fake:4"}]}),
+                        never)
+    for key in (("cpu", "new"), ("gpu", "new"), ("cpu", "base")):
+        queues.batcher(*key)
+    queues.forget("new")
+    assert queues.keys() == [("cpu", "base")]

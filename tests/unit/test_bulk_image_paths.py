@@ -140,9 +140,9 @@ def test_the_allow_urls_flag_takes_prefixes_that_end_in_a_slash(tmp_path):
 
 
 def test_the_job_hands_its_readers_the_url_checks_only_with_allow_urls():
+    from blitz.bulk.plan import job_payloads
     from blitz.bulk.units import Unit
     from blitz.settings.registry import ModelSpec
-    from deployments.bulk import job_payloads
 
     units = [Unit(index=0, file="/in/t.csv", url="/in/t.csv", kind="csv",
                   directory="/out/t", fingerprint={"size": 1, "version": "e"})]

@@ -212,10 +212,10 @@ def test_the_job_s_task_payloads_hold_no_secret(monkeypatch):
     secret or token may be in it. Workers open storage with their own credentials."""
     import cloudpickle
 
+    from blitz.bulk.plan import job_payloads
     from blitz.settings.bulk import BulkSettings
     from blitz.settings.registry import ModelSpec
     from blitz.sources.storage import filesystem_for
-    from deployments.bulk import job_payloads
 
     secrets = {"AWS_ACCESS_KEY_ID": "AKIDSECRETKEY123", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value",
                "AWS_SESSION_TOKEN": "session-token-xyz"}

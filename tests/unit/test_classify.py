@@ -9,12 +9,10 @@ import httpx
 import numpy as np
 import pytest
 
-from blitz.http.api import HttpApi
 from blitz.ingress.other_outputs import probabilities
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
+from tests.api_client import api_client
 from tests.error_body import error_body
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import CLASSIFIER_LABELS, build_tiny_classifier
 
 TEXTS = ["I like this a lot", "terrible, never again", "it is a chair"]
@@ -46,8 +44,7 @@ def make_client(tiny, backend: str = "torch", cache_dir=None) -> httpx.AsyncClie
                    {"id": "emb", "source": "fake:8"}],
         **({"cache_dir": str(cache_dir)} if cache_dir else {}),
         "cpu_pool": {"max_batch_size": 2}})  # three inputs: two pool calls
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(api), base_url="http://blitz")
+    return api_client(settings)
 
 
 @pytest.fixture

@@ -10,9 +10,8 @@ import pytest
 
 from blitz.client import AsyncClient, BlitzHTTPError, Client
 from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
-from tests.local_dispatcher import LocalDispatcher
+from tests.api_client import api_for, api_transport
 
 KEY = "sk-client-test"
 
@@ -26,14 +25,14 @@ def api() -> HttpApi:
                    {"id": "fake8", "source": "fake:8"}],
         "auth": {"api_keys": [KEY]},
     })
-    return HttpApi(EmbeddingService(settings, LocalDispatcher(settings)))
+    return api_for(settings)
 
 
 class BlockingASGITransport(httpx.BaseTransport):
     """httpx's ASGITransport for a blocking client: each request runs on a portal's loop."""
 
     def __init__(self, app: HttpApi, portal: anyio.from_thread.BlockingPortal):
-        self._transport = httpx.ASGITransport(app)
+        self._transport = api_transport(app)
         self._portal = portal
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -56,7 +55,7 @@ def client(api):
 @pytest.fixture
 async def async_client(api):
     async with AsyncClient("http://blitz", api_key=KEY,
-                           transport=httpx.ASGITransport(api)) as c:
+                           transport=api_transport(api)) as c:
         yield c
 
 

@@ -19,7 +19,6 @@ from pydantic import ValidationError
 
 from blitz.errors import Overloaded
 from blitz.hop_messages import EmbedJob, ImageEmbedJob, image_units, units_of
-from blitz.http.api import HttpApi
 from blitz.ingress.limits import BUDGET, Window, count_windows, in_jobs, windows_of
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizers import open_tokenizer
@@ -27,6 +26,7 @@ from blitz.loading.load import load_encoder
 from blitz.pool.batching import Batcher
 from blitz.settings.config import BlitzSettings, Limits
 from blitz.settings.registry import ModelSpec
+from tests.api_client import api_client
 from tests.error_body import error_body
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_hybrid import build_tiny_hybrid
@@ -67,8 +67,7 @@ class Served:
 
         self.dispatcher.submit = recorded  # type: ignore[method-assign]
         self.service = EmbeddingService(settings, self.dispatcher)
-        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(self.service)),
-                                      base_url="http://blitz")
+        self.http = api_client(self.service)
 
 
 def served(models: list[dict], **limits) -> Served:

@@ -7,18 +7,14 @@ two plain checkpoints served with ``pooling: lasttoken``."""
 from __future__ import annotations
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 
 from blitz.grpc_api import rpc_table
 from blitz.grpc_api import tei_pb2 as pb
-from blitz.grpc_api.servicer import TeiServicer
-from blitz.http.api import HttpApi
-from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
-from blitz.ingress.tokenizing import TokenService
 from blitz.settings.config import BlitzSettings
+from tests.api_client import api_client, tei_servicer
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_decoders import INSTRUCTION_TEMPLATE, PROMPTS, build_decoder
 from tests.unit.test_grpc_api import bridge
@@ -54,8 +50,7 @@ def served(tmp_path_factory):
 @pytest.fixture
 async def client(served):
     service, _ = served
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(service)),
-                                 base_url="http://blitz") as c:
+    async with api_client(service) as c:
         yield c
 
 
@@ -129,7 +124,7 @@ async def test_an_instruction_beside_a_prompt_name_is_refused(client):
 
 async def test_grpc_embed_answers_the_references_vectors_with_a_prompt(served):
     service, references = served
-    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    tei = tei_servicer(service)
     server = grpc.aio.server()
     for name in rpc_table.SERVICES:
         getattr(rpc_table, f"add_{name}Servicer_to_server")(bridge(tei), server)

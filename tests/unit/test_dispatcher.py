@@ -71,7 +71,7 @@ async def _merged(handle, texts, rerank=()):
     merge into one call. Returns the in-flight bound and every job's result."""
     handle.gate = asyncio.Event()
     d = dispatcher(handle)
-    bound = d._batcher("cpu", "m").max_in_flight
+    bound = d.queues.batcher("cpu", "m").max_in_flight
     first = asyncio.gather(*(d.submit("cpu", "m", EmbedJob(texts=[str(k)]))
                              for k in range(bound)))
     for _ in range(10):  # the held calls reach the handle
@@ -109,7 +109,7 @@ async def test_a_rerank_job_is_bounded_by_the_same_queue_as_embedding_jobs():
                                                  "ingress": {"max_queued_texts": 4}}),
                         {"cpu": handle})
     held = [asyncio.ensure_future(d.submit("cpu", "m", EmbedJob(texts=["x"])))
-            for _ in range(d._batcher("cpu", "m").max_in_flight)]
+            for _ in range(d.queues.batcher("cpu", "m").max_in_flight)]
     queued = asyncio.ensure_future(d.submit("cpu", "m", EmbedJob(texts=["a", "b", "c"])))
     for _ in range(10):
         await asyncio.sleep(0)
@@ -122,7 +122,7 @@ async def test_a_rerank_job_is_bounded_by_the_same_queue_as_embedding_jobs():
 
 @pytest.mark.parametrize("error", [Overloaded("full"), ModelLoadFailed("gone", model="m")])
 async def test_a_failed_merged_call_is_not_retried_per_request(error):
-    bound = dispatcher(FakeHandle([]))._batcher("cpu", "m").max_in_flight
+    bound = dispatcher(FakeHandle([])).queues.batcher("cpu", "m").max_in_flight
     handle = FakeHandle([None] * bound + [RayTaskError("run_jobs", "tb", error)])
     _, results = await _merged(handle, ["a", "b", "c"])
     assert handle.calls == [1] * bound + [3]  # no second round of three single calls

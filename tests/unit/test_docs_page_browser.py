@@ -11,10 +11,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
-from tests.local_dispatcher import LocalDispatcher
+from tests.api_client import api_for
 from tests.served import served
 
 # what a headless Chromium needs on a closed network, as root (docs of this machine kind)
@@ -44,7 +42,7 @@ async def run_browser(browser: str, url: str, tmp_path: Path, *args: str) -> byt
 async def test_the_docs_page_renders_every_route_in_headless_chromium(tmp_path):
     browser = chromium()
     settings = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:16"}]})
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings)))
+    api = api_for(settings)
     shot = tmp_path / "docs.png"
     async with served(api) as base:
         dom = (await run_browser(browser, f"{base}/docs", tmp_path, "--dump-dom")).decode()

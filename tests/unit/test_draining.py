@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import httpx
 import pytest
 
 from blitz.http.api import HttpApi
@@ -25,6 +24,7 @@ from blitz.ingress.service import EmbeddingService
 from blitz.runtime.draining import Drain
 from blitz.settings.config import BlitzSettings
 from deployments import draining
+from tests.api_client import api_client, api_for
 from tests.local_dispatcher import LocalDispatcher
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ class GatedDispatcher(LocalDispatcher):
 def gated_api() -> tuple[HttpApi, GatedDispatcher]:
     settings = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:8"}]})
     dispatcher = GatedDispatcher(settings)
-    return HttpApi(EmbeddingService(settings, dispatcher)), dispatcher
+    return api_for(settings, dispatcher), dispatcher
 
 
 def test_a_stopping_drain_refuses_and_counts():
@@ -67,8 +67,7 @@ def test_a_stopping_drain_refuses_and_counts():
 
 async def test_requests_during_the_stop_get_503_with_retry_after_while_in_flight_ones_finish():
     api, dispatcher = gated_api()
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as client:
+    async with api_client(api) as client:
         in_flight = asyncio.ensure_future(client.post("/embed", json={"texts": ["a b"]}))
         await dispatcher.entered.wait()
         assert api.drain.in_flight == 1

@@ -4,16 +4,13 @@ Blitz's msgpack layouts; models without them refused."""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
 from blitz import codecs
-from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
+from tests.api_client import api_client
 from tests.error_body import error_body
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import build_tiny_bi_encoder
 
 TEXTS = ["short", "a somewhat longer text with more tokens in it", "mid length one"]
@@ -37,9 +34,7 @@ async def client(tiny):
         "models": [{"id": "tiny", "source": str(tiny), "cpu_backend": "torch"},
                    {"id": "fake", "source": "fake:8"}],
         "cpu_pool": {"max_batch_size": 2}})  # three texts: two pool calls
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as c:
+    async with api_client(settings) as c:
         yield c
 
 

@@ -5,16 +5,13 @@ and Blitz's msgpack layouts; ``dtype``/``dimensions`` and wrong kinds refused.""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
 from blitz import codecs
-from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
+from tests.api_client import api_client
 from tests.error_body import error_body
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import build_tiny_splade
 
 TEXTS = ["hybrid search with sparse vectors", "a", "bm25 meets neural retrieval models"]
@@ -47,9 +44,7 @@ async def client(tiny):
         "models": [{"id": "splade", "source": str(tiny), "kind": "sparse"},
                    {"id": "emb", "source": "fake:8"}],
         "cpu_pool": {"max_batch_size": 2}})
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as c:
+    async with api_client(settings) as c:
         yield c
 
 

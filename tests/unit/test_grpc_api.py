@@ -23,10 +23,9 @@ from blitz.errors import (
 from blitz.grpc_api import rpc_table
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.servicer import TeiServicer, status_code
-from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
-from blitz.ingress.tokenizing import TokenService
 from blitz.settings.config import BlitzSettings
+from tests.api_client import tei_servicer
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import minilm_dir
 
@@ -47,7 +46,7 @@ def make_servicer(auth: dict | None = None, observed: list | None = None,
         lambda record, status, seconds: observed.append((record.route, record.model, status)))
     service = EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"})),
                                observer=observer)
-    return TeiServicer(service, TokenService(service), OutputService(service))
+    return tei_servicer(service)
 
 
 def bridge(tei: TeiServicer) -> SimpleNamespace:

@@ -11,8 +11,8 @@ import pytest
 
 from blitz import codecs, timing
 from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
+from tests.api_client import api_client, api_for
 from tests.error_body import error_body
 from tests.local_dispatcher import LocalDispatcher
 
@@ -39,14 +39,12 @@ def make_api(extra: dict | None = None, pools=frozenset({"cpu"})) -> HttpApi:
                    "max_body_bytes": 2048, "max_top_n": 3},
         **(extra or {}),
     })
-    return HttpApi(EmbeddingService(settings, PoolRecordingDispatcher(settings, pools)))
+    return api_for(settings, PoolRecordingDispatcher(settings, pools))
 
 
 def make_client(extra: dict | None = None, pools=frozenset({"cpu"}),
                 root_path: str = "") -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        transport=httpx.ASGITransport(make_api(extra, pools), root_path=root_path),
-        base_url="http://blitz" + root_path)
+    return api_client(make_api(extra, pools), root_path=root_path)
 
 
 @pytest.fixture
@@ -248,8 +246,7 @@ async def test_model_header_wins_over_body(client):
 async def test_routes_to_gpu_pool_when_present():
     api = make_api({"routing": {"gpu_min_batch": 3}}, pools=frozenset({"cpu", "gpu"}))
     asked = api.service.dispatcher.pools_asked
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as c:
+    async with api_client(api) as c:
         r = await c.post("/embed", json={"texts": ["a", "b"]})
         assert r.headers["x-blitz-pool"] == "cpu" and asked == ["cpu"]
         r = await c.post("/v1/embeddings", json={"input": [[1]] * 4, "model": "fake"})
@@ -265,8 +262,7 @@ async def test_jobs_of_every_kind_are_routed_and_sent_alike(tiny_dir):
                                {"id": "cls", "source": "fake:3", "kind": "classifier"}],
                     "routing": {"gpu_min_batch": 3}}, pools=frozenset({"cpu", "gpu"}))
     asked = api.service.dispatcher.pools_asked
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as c:
+    async with api_client(api) as c:
         r = await c.post("/embed_all", json={"inputs": ["a b"], "model": "tiny"})
         assert r.status_code == 200, r.text
         assert r.headers["x-blitz-pool"] == "cpu" and asked == ["cpu"]
@@ -287,9 +283,7 @@ class TimedDispatcher(LocalDispatcher):
 
 async def test_every_reply_says_where_its_time_went():
     settings = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:16"}]})
-    api = HttpApi(EmbeddingService(settings, TimedDispatcher(settings, frozenset({"cpu"}))))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as c:
+    async with api_client(settings, TimedDispatcher(settings, frozenset({"cpu"}))) as c:
         r = await c.post("/embed", json={"texts": ["a", "b"]})
         hops = timing.parse_header(r.headers["server-timing"])
         assert list(hops) == [e for e in timing.ENTRIES if e != "cache"]  # no cache here

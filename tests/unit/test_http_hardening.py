@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import httpx
 import numpy as np
 import orjson
 import pytest
@@ -13,10 +12,10 @@ import pytest
 from blitz import codecs
 from blitz.encoders.base import Encoded
 from blitz.errors import ModelLoadFailed
-from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
-from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.ingress.service import RequestRecord
 from blitz.settings.config import AuthSettings, BlitzSettings
+from tests.api_client import api_client
 from tests.local_dispatcher import LocalDispatcher
 
 MSGPACK = {"content-type": "application/msgpack"}
@@ -49,8 +48,7 @@ def build(extra: dict | None = None, fail: Exception | None = None):
         observed.append((record.route, record.model, record.pool, status, record.texts))
 
     dispatcher = CountingDispatcher(settings, fail)
-    api = HttpApi(EmbeddingService(settings, dispatcher, observer=observer))
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(api), base_url="http://blitz")
+    client = api_client(settings, dispatcher, observer=observer)
     return client, observed, dispatcher
 
 
@@ -237,9 +235,7 @@ class RemoteModelDispatcher(CountingDispatcher):
 async def test_a_bad_accept_layout_and_too_many_dimensions_are_refused_before_the_model():
     settings = BlitzSettings.from_args({"models": [{"id": "remote", "source": "hf:org/remote"}]})
     dispatcher = RemoteModelDispatcher(settings)
-    api = HttpApi(EmbeddingService(settings, dispatcher))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as client:
+    async with api_client(settings, dispatcher) as client:
         r = await client.post("/embed", json={"texts": ["a"]},
                               headers={"accept": "application/msgpack; layout=nope"})
         assert r.status_code == 400 and dispatcher.calls == 0

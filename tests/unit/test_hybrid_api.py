@@ -5,18 +5,15 @@ numpy and portable layouts; wrong models and empty ``outputs`` refused."""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
 from blitz import codecs
-from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.loading.load import load_encoder
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
+from tests.api_client import api_client
 from tests.error_body import error_body
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_hybrid import build_tiny_hybrid
 
 TEXTS = ["the quick brown fox", "a", "paris is the capital of france and a city"]
@@ -38,9 +35,7 @@ async def client(tiny):
         "models": [{"id": "m3", "source": str(tiny), "kind": "hybrid"},
                    {"id": "emb", "source": "fake:8"}],
         "cpu_pool": {"max_batch_size": 2}})
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as c:
+    async with api_client(settings) as c:
         yield c
 
 

@@ -12,7 +12,6 @@ import io
 import threading
 import weakref
 
-import httpx
 import pytest
 from PIL import Image
 
@@ -20,13 +19,13 @@ import blitz.images.decode as decode_module
 import blitz.pool.image_prep as image_prep
 from blitz.errors import InvalidValue, PayloadTooLarge
 from blitz.hop_messages import ImageEmbedJob
-from blitz.http.api import HttpApi
 from blitz.images.dual_encoder import DualEncoder
 from blitz.images.inputs import jobs_of, sized_images
 from blitz.ingress.images import ImageService
 from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
 from blitz.settings.images import ImageSettings
+from tests.api_client import api_client
 from tests.error_body import error_body
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_vision import build_tiny_dual_encoder
@@ -73,10 +72,8 @@ async def test_a_request_of_bombs_over_http_is_a_413_naming_the_image(bomb, clip
         return await submit(pool, model_id, job)
 
     dispatcher.submit = spy
-    api = HttpApi(EmbeddingService(settings, dispatcher))
     body = [base64.b64encode(bomb).decode()] * 24  # ~160 KB of JSON
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as client:
+    async with api_client(settings, dispatcher) as client:
         reply = await client.post("/embed", json={"images": body, "model": "clip"})
     assert reply.status_code == 413, reply.text
     error = error_body(reply)

@@ -19,16 +19,14 @@ from PIL import Image
 
 from blitz import codecs
 from blitz.hop_messages import EmbedJob, ImageEmbedJob
-from blitz.http.api import HttpApi
 from blitz.images.inputs import SizedImage, allowed, jobs_of
 from blitz.ingress.routing import choose_pool
-from blitz.ingress.service import EmbeddingService
 from blitz.pool.image_prep import PreparedImages
 from blitz.pool.replica import PoolReplica
 from blitz.settings.config import BlitzSettings, RoutingSettings
 from blitz.settings.images import ImageSettings
+from tests.api_client import api_client
 from tests.error_body import error_body
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_vision import build_tiny_dual_encoder, random_images
 from tests.unit.test_dual_encoder import reference
 from tests.unit.test_image_decode import png_declaring
@@ -108,9 +106,7 @@ def settings_for(path, file_server: str = "http://127.0.0.1:9") -> BlitzSettings
 @pytest.fixture
 async def client(tiny, file_server):
     settings = settings_for(tiny[0], file_server)
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as c:
+    async with api_client(settings) as c:
         yield c
 
 

@@ -11,21 +11,18 @@ import importlib
 from pathlib import Path
 from typing import get_args
 
-import httpx
 import pytest
 
 from blitz.encoders.base import METHODS, Encoder, refusal
 from blitz.encoders.fake import FakeEncoder
 from blitz.errors import InvalidValue
-from blitz.http.api import HttpApi
 from blitz.ingress.limits import KIND_COSTS
-from blitz.ingress.service import EmbeddingService
 from blitz.loading.opening import OPENERS
 from blitz.settings.config import BlitzSettings
 from blitz.settings.kinds import CAPABILITIES, KINDS, SERVICES, Kind, serving
 from blitz.settings.registry import ModelSpec
+from tests.api_client import api_client
 from tests.error_body import error_body
-from tests.local_dispatcher import LocalDispatcher
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -154,9 +151,7 @@ ROUTES = {  # service -> (path, body)
 async def client():
     settings = BlitzSettings.from_args({"models": [
         {"id": kind, "source": "fake:8", "kind": kind} for kind in KINDS]})
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as c:
+    async with api_client(settings) as c:
         yield c
 
 

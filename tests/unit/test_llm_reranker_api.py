@@ -6,18 +6,14 @@ cross-encoder; ``/info`` and ``/models`` call it a reranker."""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
 from blitz import codecs
 from blitz.grpc_api import tei_pb2 as pb
-from blitz.grpc_api.servicer import TeiServicer
-from blitz.http.api import HttpApi
-from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
-from blitz.ingress.tokenizing import TokenService
 from blitz.settings.config import BlitzSettings
+from tests.api_client import api_client, tei_servicer
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_llm_rerankers import build_tiny_qwen3_reranker, reference_scores
 from tests.unit.test_grpc_api import call, served
@@ -51,9 +47,7 @@ def make_service(folder) -> EmbeddingService:
 
 @pytest.fixture
 async def client(folder):
-    api = HttpApi(make_service(folder))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as c:
+    async with api_client(make_service(folder)) as c:
         yield c
 
 
@@ -131,7 +125,7 @@ async def test_the_handles_rerank_is_the_services(folder, expected):
 
 async def test_grpc_rerank_gives_the_model_cards_scores(folder, expected):
     service = make_service(folder)
-    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    tei = tei_servicer(service)
     async with served(tei) as channel:
         reply = await call(channel, "Rerank")(
             pb.RerankRequest(query=QUERY, texts=DOCUMENTS, return_text=True, truncate=True),

@@ -19,14 +19,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from blitz import codecs
-from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
 from loadtest.apis import API_NAMES
 from loadtest.http_client import HTTP_CLIENTS
 from loadtest.runner import ConfigError, LoadConfig, run_load, run_sweep
+from tests.api_client import api_for
 from tests.loadtest_fakes import DIM, fake_vectors
-from tests.local_dispatcher import LocalDispatcher
 from tests.ports import free_port
 
 
@@ -44,7 +42,7 @@ def blitz_transport(api_keys: list[str] | None = None,
         "models": [{"id": "fake", "source": "fake:16"}],
         "auth": {"api_keys": api_keys or []},
     })
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings)))
+    api = api_for(settings)
     seen: list[str] = []
 
     async def app(scope, receive, send):

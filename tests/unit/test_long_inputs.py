@@ -4,16 +4,13 @@ and the vector equals one computed directly from ids cut by hand."""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
-from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.loading.load import load_encoder
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
-from tests.local_dispatcher import LocalDispatcher
+from tests.api_client import api_client, api_for
 from tests.tiny_models import build_tiny_bi_encoder
 
 MAX = 16
@@ -81,12 +78,11 @@ def test_truncate_false_still_refuses_an_over_long_text_with_a_side_set(tiny):
 async def test_the_http_api_cuts_at_the_models_side(tiny):
     settings = BlitzSettings.from_args({"models": [
         {"id": "tiny", "source": str(tiny), "cpu_backend": "torch", "truncation_side": "left"}]})
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
+    api = api_for(settings)
     enc = encoder(tiny, None)
     room = MAX - enc.tokens.specials
     direct = enc.embed_tokens([content_ids(enc, LONG)[-room:]], normalize=True).values
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as client:
+    async with api_client(api) as client:
         r = await client.post("/embed", json={"inputs": [LONG], "model": "tiny"})
     assert r.status_code == 200, r.text
     assert np.allclose(np.array(r.json(), dtype=np.float32), direct, atol=1e-5)
@@ -97,9 +93,7 @@ async def right_client(tiny):
     """The tiny model cutting at the right by default, over HTTP in process."""
     settings = BlitzSettings.from_args({"models": [
         {"id": "tiny", "source": str(tiny), "cpu_backend": "torch", "truncation_side": "right"}]})
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as client:
+    async with api_client(settings) as client:
         yield client
 
 
@@ -183,10 +177,8 @@ async def test_the_http_api_answers_a_chunked_text_with_its_chunks_mean_and_coun
         {"id": "tiny", "source": str(tiny), "cpu_backend": "torch", "long_inputs": "chunk",
          "chunk_overlap": 2}],
         "cpu_pool": {"max_batch_size": 2}})
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
     direct = chunker(tiny, "chunk", 2).embed([LONG, SHORT, LONG + " more"], normalize=True)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as client:
+    async with api_client(settings) as client:
         r = await client.post("/v1/embeddings", json={
             "input": [LONG, SHORT, LONG + " more"], "model": "tiny"})
     assert r.status_code == 200, r.text

@@ -6,7 +6,6 @@ embedded alone."""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
@@ -14,14 +13,11 @@ from blitz import codecs
 from blitz.client import AsyncClient
 from blitz.encoders.bi_encoder import TextJob
 from blitz.grpc_api import tei_pb2 as pb
-from blitz.grpc_api.servicer import TeiServicer
-from blitz.http.api import HttpApi
-from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
-from blitz.ingress.tokenizing import TokenService
 from blitz.loading.load import load_encoder
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
+from tests.api_client import api_client, tei_servicer
 from tests.error_body import error_body
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_hybrid import build_tiny_hybrid
@@ -59,9 +55,7 @@ def settings_of(tiny, **spec) -> BlitzSettings:
 @pytest.fixture
 async def client(tiny):
     settings = settings_of(tiny)
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as http:
+    async with api_client(settings) as http:
         yield http
 
 
@@ -249,9 +243,7 @@ async def test_refusals_name_the_field(client, route, body, status, param, words
 
 async def test_a_request_truncates_a_model_that_chunks(tiny, enc):
     settings = settings_of(tiny, long_inputs="chunk")
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as http:
+    async with api_client(settings) as http:
         chunked = (await http.post("/embed", json={"texts": [LONG]})).json()
         cut = (await http.post("/embed", json={"texts": [LONG], "long_inputs": "truncate"}))
         refused = await http.post("/embed", json={"texts": [LONG], "long_inputs": "error"})
@@ -266,7 +258,7 @@ async def test_a_request_truncates_a_model_that_chunks(tiny, enc):
 async def test_grpc_left_truncation_is_the_http_left_vector(tiny, client):
     settings = settings_of(tiny)
     service = EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"})))
-    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    tei = tei_servicer(service)
     http_left = (await client.post("/embed", json={"inputs": [LONG],
                                                    "truncation_direction": "left"})).json()[0]
     http_right = (await client.post("/embed", json={"inputs": [LONG]})).json()[0]

@@ -8,7 +8,6 @@ import asyncio
 import json
 from collections import OrderedDict
 
-import httpx
 import numpy as np
 import pytest
 
@@ -24,9 +23,9 @@ from blitz.admin.watch import (
     load_states,
 )
 from blitz.errors import Conflict, InvalidValue, UnknownModel
-from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
+from tests.api_client import api_client
 from tests.local_dispatcher import LocalDispatcher
 
 KEY = "admin-secret"
@@ -200,8 +199,7 @@ async def admin_client(config: BlitzSettings, store: MemoryStore):
     admin = ModelAdmin(config, store)
     watch = ModelWatch(store, service.registry)
     admin.on_change = watch.poll  # as the ingress's follower does
-    return httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(service, admin=admin)),
-                             base_url="http://blitz")
+    return api_client(service, admin=admin)
 
 
 async def test_the_admin_http_api_needs_its_own_key():

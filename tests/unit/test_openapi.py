@@ -11,9 +11,8 @@ from starlette.routing import Route
 from blitz import codecs
 from blitz.http import openapi
 from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
-from tests.local_dispatcher import LocalDispatcher
+from tests.api_client import api_client, api_for
 from tests.tiny_hybrid import build_tiny_hybrid
 from tests.tiny_models import build_tiny_classifier, build_tiny_splade, minilm_dir
 from tests.tiny_vision import build_tiny_dual_encoder
@@ -68,11 +67,11 @@ def models(tmp_path_factory) -> list[dict]:
 def make_api(models: list[dict], keys: list[str] | None = None) -> HttpApi:
     settings = BlitzSettings.from_args({"models": models,
                                         **({"auth": {"api_keys": keys}} if keys else {})})
-    return HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
+    return api_for(settings)
 
 
 def client_of(api: HttpApi) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(api), base_url="http://blitz")
+    return api_client(api)
 
 
 def operations(doc: dict) -> set[tuple[str, str]]:

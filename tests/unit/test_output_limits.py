@@ -23,12 +23,12 @@ from blitz.errors import PayloadTooLarge
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.servicer import TeiServicer
 from blitz.http import reply_bodies, responses
-from blitz.http.api import HttpApi
 from blitz.ingress import tokenizing
-from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
+from blitz.ingress.services import Services
 from blitz.ingress.tokenizing import TokenService
 from blitz.settings.config import BlitzSettings, PoolSettings
+from tests.api_client import api_client, tei_servicer
 from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import build_tiny_bi_encoder, build_tiny_splade, minilm_dir
 
@@ -60,8 +60,7 @@ def make_service(limits: dict, models: list | None = None) -> EmbeddingService:
 
 
 def servicer(service: EmbeddingService) -> TeiServicer:
-    tokens = TokenService(service)
-    return TeiServicer(service, tokens, OutputService(service, tokens))
+    return tei_servicer(service)
 
 
 class Context:
@@ -85,8 +84,7 @@ class Context:
 
 
 async def client(service: EmbeddingService) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(service)),
-                             base_url="http://blitz")
+    return api_client(service)
 
 
 def count(reference, texts: list[str], specials: bool = True) -> int:
@@ -317,7 +315,7 @@ async def test_embed_all_counts_truncated_texts_at_the_models_length(tiny):
             r = await c.post("/embed_all", json={"inputs": texts, "model": "tiny"})
             assert r.status_code == status, r.text
     service = embed_all_service(tiny, 96)
-    outputs = OutputService(service)
+    outputs = Services.of(service).outputs
     await outputs.embed_all(texts, model="tiny")
     assert outputs.tokens.tokenizers._held == {}  # 3 x 32 <= 96: nothing to count
 
@@ -344,7 +342,7 @@ async def test_a_model_the_ingress_cannot_count_is_held_to_it_on_the_pools_reply
         return Encoded(np.zeros((n, 4), np.float32), np.full(len(job), 5, np.int64), n)
 
     service.dispatcher.submit = pool  # "fake" has no tokenizer on the ingress
-    outputs = OutputService(service)
+    outputs = Services.of(service).outputs
     assert len((await outputs.embed_all(["a", "b"], model="fake")).embeddings) == 2
     with pytest.raises(PayloadTooLarge, match="max_token_vectors_per_request is 10"):
         await outputs.embed_all(["a", "b", "c"], model="fake")

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import base64
 
-import httpx
 import numpy as np
 import pytest
 
 from blitz import codecs
-from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
-from tests.local_dispatcher import LocalDispatcher
+from tests.api_client import api_client
 
 TEXTS = ["a small text", "another, longer text than that"]
 
@@ -27,8 +24,7 @@ def make_client(models: list[dict] | None = None, keys: list[str] | None = None)
         "limits": {"max_texts_per_request": 8, "max_top_n": 4},
         **({"auth": {"api_keys": keys}} if keys else {}),
     })
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(api), base_url="http://blitz")
+    return api_client(settings)
 
 
 @pytest.fixture

@@ -20,9 +20,8 @@ import pytest
 
 from blitz import codecs
 from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
-from tests.local_dispatcher import LocalDispatcher
+from tests.api_client import api_client, api_for
 from tests.served import served
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,13 +34,12 @@ DTYPES = {"float32": ("<f4", 16), "float16": ("<f2", 16), "int8": ("|i1", 16),
 
 def make_api() -> HttpApi:
     settings = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:16"}]})
-    return HttpApi(EmbeddingService(settings, LocalDispatcher(settings)))
+    return api_for(settings)
 
 
 @pytest.fixture
 async def client():
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(make_api()),
-                                 base_url="http://blitz") as c:
+    async with api_client(make_api()) as c:
         yield c
 
 

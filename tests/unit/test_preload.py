@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 from pydantic import ValidationError
 
-from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
+from tests.api_client import api_client, api_for
 from tests.local_dispatcher import LocalDispatcher
 from tests.waiting import wait_until_async
 
@@ -69,9 +67,8 @@ async def test_impatient_probes_get_answers_during_start_up_and_ready_follows_th
     probe that left behind stays stuck, and no probe calls a model."""
     config = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:8"}]})
     dispatcher = StartingDispatcher(config)
-    api = HttpApi(EmbeddingService(config, dispatcher))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api), base_url="http://blitz",
-                                 timeout=0.5) as client:
+    api = api_for(config, dispatcher)
+    async with api_client(api, timeout=0.5) as client:
         starting = await asyncio.gather(*(client.get("/ready") for _ in range(8)))
         assert {r.status_code for r in starting} == {503}
         assert all(r.headers["retry-after"] for r in starting)
@@ -91,9 +88,7 @@ async def test_a_cpu_pool_that_scales_to_zero_is_ready_without_a_replica():
     config = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:8"}],
                                       "cpu_pool": {"deployment": {
                                           "autoscaling_config": {"min_replicas": 0}}}})
-    api = HttpApi(EmbeddingService(config, StartingDispatcher(config)))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as client:
+    async with api_client(config, StartingDispatcher(config)) as client:
         assert (await client.get("/ready")).status_code == 200
 
 
@@ -111,10 +106,8 @@ async def test_with_api_keys_ready_tells_a_caller_without_a_key_only_its_status(
     config = BlitzSettings.from_args({"models": [{"id": "secret-model", "source": "fake:8"}],
                                       "auth": {"api_keys": ["k1", "k2"]}})
     dispatcher = UnplacedDispatcher(config)
-    api = HttpApi(EmbeddingService(config, dispatcher))
     key = {"authorization": "Bearer k2"}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as client:
+    async with api_client(config, dispatcher) as client:
         for headers in ({}, {"authorization": "Bearer wrong"}):
             r = await client.get("/ready", headers=headers)
             assert (r.status_code, r.json()) == (503, {"status": "not_ready"})

@@ -12,7 +12,6 @@ import contextlib
 import pickle
 
 import grpc
-import httpx
 import pytest
 
 from blitz.client import AsyncClient
@@ -29,7 +28,6 @@ from blitz.hop_messages import (
     priority_of,
     with_priority,
 )
-from blitz.http.api import HttpApi
 from blitz.ingress.keys import key_id
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.pool.batching import Batcher
@@ -38,6 +36,7 @@ from blitz.runtime.draining import Drain
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
 from deployments.ingress import Ingress
+from tests.api_client import api_client, api_transport, tei_servicer
 from tests.local_dispatcher import LocalDispatcher
 from tests.waiting import wait_until_async
 
@@ -143,8 +142,7 @@ async def test_handle_calls_take_a_priority_and_are_observed_once():
 @contextlib.asynccontextmanager
 async def http_on(settings: BlitzSettings):
     service, levels, _ = service_and_levels(settings)
-    transport = httpx.ASGITransport(HttpApi(service))
-    async with httpx.AsyncClient(transport=transport, base_url="http://blitz") as client:
+    async with api_client(service) as client:
         client.levels = levels  # type: ignore[attr-defined]
         yield client
 
@@ -276,8 +274,7 @@ async def test_a_self_declared_high_no_longer_sheds_other_clients_queued_work(ke
     settings = BlitzSettings.from_args({**ARGS, "cpu_pool": {"max_batch_size": 8},
                                         "auth": KEYED.auth.model_dump()})
     dispatcher = QueueingDispatcher(settings, max_waiting=8)
-    transport = httpx.ASGITransport(HttpApi(EmbeddingService(settings, dispatcher)))
-    async with httpx.AsyncClient(transport=transport, base_url="http://blitz") as http:
+    async with api_client(settings, dispatcher) as http:
         def embed(texts: int, key: str, priority: str = "normal"):
             return asyncio.ensure_future(http.post(
                 "/embed", json={"texts": ["t"] * texts, "model": "fake"},
@@ -332,7 +329,7 @@ async def test_a_bad_priority_is_a_422_naming_where_it_came_from(http, headers, 
 
 async def test_the_python_client_sends_its_priority():
     service, levels, _ = service_and_levels(ANYONE_HIGH)
-    transport = httpx.ASGITransport(HttpApi(service))
+    transport = api_transport(service)
     async with AsyncClient("http://blitz", transport=transport, priority="low") as bulk:
         await bulk.embed(["a"], model="fake")
         await bulk.embed(["a"], model="fake", priority="high")  # a call's own wins
@@ -346,13 +343,10 @@ async def test_the_python_client_sends_its_priority():
 
 async def test_grpc_metadata_names_the_priority():
     from blitz.grpc_api import tei_pb2 as pb
-    from blitz.grpc_api.servicer import TeiServicer
-    from blitz.ingress.other_outputs import OutputService
-    from blitz.ingress.tokenizing import TokenService
     from tests.unit.test_grpc_api import call, served
 
     service, levels, _ = service_and_levels(ANYONE_HIGH)
-    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    tei = tei_servicer(service)
     async with served(tei) as channel:
         embed = call(channel, "Embed")
         await embed(pb.EmbedRequest(inputs="a"), metadata=(("x-blitz-priority", "low"),))
@@ -374,9 +368,6 @@ async def test_grpc_metadata_names_the_priority():
 
 async def test_grpc_metadata_is_held_to_the_keys_ceiling_unless_a_gateway_is_trusted():
     from blitz.grpc_api import tei_pb2 as pb
-    from blitz.grpc_api.servicer import TeiServicer
-    from blitz.ingress.other_outputs import OutputService
-    from blitz.ingress.tokenizing import TokenService
     from tests.unit.test_grpc_api import call, served
 
     trusted = BlitzSettings.from_args({**ARGS, "auth": {
@@ -384,7 +375,7 @@ async def test_grpc_metadata_is_held_to_the_keys_ceiling_unless_a_gateway_is_tru
     for settings, expected in ((KEYED, [NORMAL, HIGH, LOW, LOW]),
                                (trusted, [HIGH, HIGH, HIGH, LOW])):
         service, levels, _ = service_and_levels(settings)
-        tei = TeiServicer(service, TokenService(service), OutputService(service))
+        tei = tei_servicer(service)
         async with served(tei) as channel:
             embed = call(channel, "Embed")
             for key, asked in ((OTHER, "high"), (SEARCH, "high"), (BATCH, "high"),

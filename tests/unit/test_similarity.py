@@ -3,15 +3,12 @@ to each sentence from one embedding call, limits and wrong kinds refused."""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
-from blitz.http.api import HttpApi
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
+from tests.api_client import api_client
 from tests.error_body import error_body
-from tests.local_dispatcher import LocalDispatcher
 
 SENTENCES = ["what is deep learning", "a recipe for soup", "neural networks"]
 
@@ -22,9 +19,7 @@ async def client():
         "models": [{"id": "emb", "source": "fake:16", "prompts": {"query": "q: "}},
                    {"id": "ce", "source": "fake:4", "kind": "cross-encoder"}],
         "limits": {"max_texts_per_request": 4}})
-    api = HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as c:
+    async with api_client(settings) as c:
         yield c
 
 

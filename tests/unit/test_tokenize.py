@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
 
 from blitz import codecs
 from blitz.http.api import HttpApi
 from blitz.ingress import tokenizers, tokenizing
-from blitz.ingress.service import EmbeddingService
 from blitz.settings.config import BlitzSettings
+from tests.api_client import api_client, api_for
 from tests.error_body import error_body
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import minilm_dir
 
 TEXTS = ["Hello, world!", "naïve café — 東京 tokens"]
@@ -29,13 +27,12 @@ def make_api(limits: dict | None = None) -> HttpApi:
         "limits": {"max_texts_per_request": 4, "max_chars_per_text": 200,
                    "max_token_ids_per_request": 50, **(limits or {})},
     })
-    return HttpApi(EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"}))))
+    return api_for(settings)
 
 
 @pytest.fixture
 async def client():
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(make_api()),
-                                 base_url="http://blitz") as c:
+    async with api_client(make_api()) as c:
         yield c
 
 

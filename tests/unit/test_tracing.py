@@ -25,16 +25,13 @@ import httpx
 import pytest
 
 from blitz.grpc_api import tei_pb2 as pb
-from blitz.grpc_api.servicer import TeiServicer
 from blitz.hop_messages import EmbedJob, RerankJob
-from blitz.http.api import HttpApi
-from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
-from blitz.ingress.tokenizing import TokenService
 from blitz.pool.local_hop import LocalHopClient
 from blitz.pool.replica import PoolReplica
 from blitz.runtime import tracing
 from blitz.settings.config import BlitzSettings, TracingSettings
+from tests.api_client import api_client, tei_servicer
 from tests.traced_pool import ARGS, MODEL, in_memory, plain, serve_pool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,8 +108,7 @@ def service_on(pool: Any = None, handles: dict | None = None) -> EmbeddingServic
 
 
 async def embed(service: EmbeddingService, headers: dict[str, str]) -> httpx.Response:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(service)),
-                                 base_url="http://blitz") as client:
+    async with api_client(service) as client:
         reply = await client.post("/embed", json={"texts": ["a", "b"]},
                                   headers={"accept": "application/json", **headers})
     assert reply.status_code == 200, reply.text
@@ -226,8 +222,7 @@ def test_the_local_decision_is_a_draw_under_the_ratio(spans):
 async def test_a_request_whose_key_is_refused_makes_no_span(spans):
     settings = BlitzSettings.from_args({**ARGS, "auth": {"api_keys": ["right"]}})
     service = EmbeddingService(settings, service_on().dispatcher)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(service)),
-                                 base_url="http://blitz") as client:
+    async with api_client(service) as client:
         for key, status in (("wrong", 401), (None, 401), ("right", 200)):
             reply = await client.post(
                 "/embed", json={"texts": ["a"]},
@@ -237,7 +232,7 @@ async def test_a_request_whose_key_is_refused_makes_no_span(spans):
     found = [plain(span) for span in spans.get_finished_spans()]
     ingress = [span for span in found if span["name"] == "POST /embed"]
     assert [span["attributes"]["http.response.status_code"] for span in ingress] == [200]
-    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    tei = tei_servicer(service)
     context = GrpcContext([("traceparent", TRACEPARENT), ("authorization", "Bearer wrong")])
     await tei.unary("Embed", pb.EmbedRequest(inputs="hello"), context)
     assert context.code is not None and context.code.name == "UNAUTHENTICATED"
@@ -316,7 +311,7 @@ class GrpcContext(SimpleNamespace):
 
 async def test_a_grpc_call_takes_its_traceparent_from_the_metadata(spans):
     service = service_on()
-    tei = TeiServicer(service, TokenService(service), OutputService(service))
+    tei = tei_servicer(service)
     reply = await tei.unary("Embed", pb.EmbedRequest(inputs="hello"),
                             GrpcContext([("traceparent", TRACEPARENT)]))
     assert len(reply.embeddings) == 4
@@ -330,8 +325,7 @@ async def test_a_grpc_call_takes_its_traceparent_from_the_metadata(spans):
 
 
 async def test_a_failed_request_ends_its_span_with_the_errors_kind(spans):
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(service_on())),
-                                 base_url="http://blitz") as client:
+    async with api_client(service_on()) as client:
         reply = await client.post("/embed", json={"texts": ["a"], "model": "nope"})
     assert reply.status_code == 404
     (span,) = [plain(span) for span in spans.get_finished_spans()]
@@ -398,7 +392,8 @@ def test_with_traces_off_the_request_path_imports_no_opentelemetry():
                     return [("traceparent",
                              "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]
 
-            tei = TeiServicer(service, TokenService(service), OutputService(service))
+            tokens = TokenService(service)
+            tei = TeiServicer(service, tokens, OutputService(service, tokens))
             assert (await tei.unary("Embed", pb.EmbedRequest(inputs="x"), Context())).embeddings
 
         asyncio.run(main())

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import sys
 
-import httpx
 import numpy as np
 import pytest
 
 from blitz import codecs, timing
 from blitz.errors import InputTooLong
-from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.vector_cache import ENTRY_OVERHEAD, Key, VectorCache, fingerprint
 from blitz.settings.config import BlitzSettings
+from tests.api_client import api_client, tei_servicer
 from tests.local_dispatcher import LocalDispatcher
 
 
@@ -83,9 +82,7 @@ async def test_token_id_inputs_bypass_the_cache():
 
 async def test_the_record_counts_hits_and_misses_and_the_header_says_so():
     service, _ = make()
-    api = HttpApi(service)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as client:
+    async with api_client(service) as client:
         await client.post("/embed", json={"texts": ["a", "b"], "model": "fake"})
         r = await client.post("/embed", json={"texts": ["a", "b", "c"], "model": "fake"},
                               headers={"accept": "application/json"})
@@ -120,13 +117,11 @@ async def test_with_api_keys_each_key_hits_only_the_texts_its_own_clients_sent()
     # saved): a shared cache would tell one key's client which texts another key's sent
     service, dispatcher = make(models=[{"id": "fake", "source": "fake:16"}])
     service.settings.auth.api_keys = ["key-a", "key-b"]
-    api = HttpApi(service)
 
     def as_key(key: str) -> dict:
         return {"authorization": f"Bearer {key}", "accept": "application/json"}
 
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(api),
-                                 base_url="http://blitz") as client:
+    async with api_client(service) as client:
         async def cache_note(key: str) -> str:
             r = await client.post("/embed", json={"texts": ["private text"]},
                                   headers=as_key(key))
@@ -142,16 +137,12 @@ async def test_with_api_keys_each_key_hits_only_the_texts_its_own_clients_sent()
 
 async def test_a_key_shares_its_cache_entries_across_http_and_grpc_but_not_with_others():
     from blitz.grpc_api import tei_pb2 as pb
-    from blitz.grpc_api.servicer import TeiServicer
-    from blitz.ingress.other_outputs import OutputService
-    from blitz.ingress.tokenizing import TokenService
     from tests.unit.test_grpc_api import call, served
 
     service, dispatcher = make(models=[{"id": "fake", "source": "fake:16"}])
     service.settings.auth.api_keys = ["key-a", "key-b"]
-    tei = TeiServicer(service, TokenService(service), OutputService(service))
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(service)),
-                                 base_url="http://blitz") as client:
+    tei = tei_servicer(service)
+    async with api_client(service) as client:
         r = await client.post("/embed", json={"texts": ["private text"]},
                               headers={"authorization": "Bearer key-a"})
         assert r.status_code == 200
@@ -174,8 +165,7 @@ async def test_off_by_default():
     settings = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:16"}]})
     service = EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"})))
     assert service.vectors is None
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(HttpApi(service)),
-                                 base_url="http://blitz") as client:
+    async with api_client(service) as client:
         r = await client.post("/embed", content=codecs.pack({"texts": ["a"]}),
                               headers={"content-type": "application/msgpack"})
     assert "cache" not in timing.parse_header(r.headers[timing.HEADER])
