@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
 from blitz.encoders.base import Encoded, Encoder, TextJob
 from blitz.errors import InvalidValue, echo
+
+if TYPE_CHECKING:
+    from blitz.encoders.postprocess import OutputDtype
 
 # ---- priority (docs/operations.md, "Priorities: interactive ahead of bulk") ---------------
 
@@ -109,6 +112,36 @@ def priority_of(job: object) -> int:
     """A job's priority level (``Batcher``'s ``priority``); normal for anything else."""
     level = getattr(job, "priority", NORMAL)
     return level if isinstance(level, int) and HIGH <= level <= LOW else NORMAL
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    """An embedding request's options, one value from the body (HTTP's, gRPC's, a handle
+    call's) through the service and the vector cache's key to the job. None: the model's."""
+
+    normalize: bool | None = None  # unit-length rows
+    truncate: bool = True  # cut an over-long input (False: refuse it)
+    truncation_side: str | None = None  # left | right
+    long_inputs: str | None = None  # truncate | error | chunk
+    return_chunks: bool = False  # chunked, with each window's vector and offsets too
+    dimensions: int | None = None  # Matryoshka: keep the first N
+    dtype: OutputDtype = "float32"
+    prompt_name: str | None = None  # a prompt of the model's spec
+    instruction: str | None = None  # a free-form task in the model's instruction_template
+
+    def normalized(self, default: bool) -> bool:
+        """Whether to normalize: as asked, or the model's ``default``."""
+        return default if self.normalize is None else self.normalize
+
+    def keywords(self) -> dict[str, Any]:
+        """As ``EmbeddingService.embed``'s keywords (its handle face)."""
+        return dataclasses.asdict(self)
+
+    def job(self, texts: list[str], default_normalize: bool) -> EmbedJob:
+        """The pool call of ``texts`` (one chunk of the request's) with these options."""
+        return EmbedJob(texts=texts, normalize=self.normalized(default_normalize),
+                        truncate=self.truncate, truncation_side=self.truncation_side,
+                        long_inputs=self.long_inputs, return_chunks=self.return_chunks)
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,12 @@ options and docstring, so the handle cannot drift from ``POST /embed`` and the r
 place of the service's internal ``record`` a method takes ``priority=`` (high | normal |
 low; docs/operations.md, "Priorities"): the queues' order for the model work it sends.
 
-Each entry of ``HANDLE_METHODS`` names the service the ingress holds (``service``,
-``outputs``, ``tokens`` or ``images``) and the function called; ``info`` is a function of the service
-(``blitz.ingress.status.info``), the others its methods. As ``deployments/grpc_methods.py``
-does for gRPC, each becomes a method of ``HandleMethods``, mixed into both ingresses.
+``HANDLE_METHODS`` is derived from the HTTP route table (``blitz.http.routes.table``): what a
+handle offers is the service calls the routes make, each named as its function is, with
+the service the ingress holds (``service``, ``outputs``, ``tokens`` or ``images``);
+``info`` is a function of the service (``blitz.ingress.status.info``), the others its
+methods. As ``deployments/grpc_methods.py`` does for gRPC, each becomes a method of
+``HandleMethods``, mixed into both ingresses.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from blitz.hop_messages import priority_level
-from blitz.ingress import status
+from blitz.http.routes.table import service_calls
 from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
@@ -27,20 +29,7 @@ from blitz.runtime.draining import Drain
 INTERNAL = "record"  # the services' parameter that the handle does not offer
 PRIORITY = "priority"  # what it offers in its place: high | normal | low (default normal)
 HANDLE_METHODS: dict[str, tuple[str, Callable[..., Any]]] = {
-    "embed": ("service", EmbeddingService.embed),
-    "rerank": ("service", EmbeddingService.rerank),
-    "embed_all": ("outputs", OutputService.embed_all),
-    "embed_sparse": ("outputs", OutputService.embed_sparse),
-    "embed_hybrid": ("outputs", OutputService.embed_hybrid),
-    "similarity": ("outputs", OutputService.similarity),
-    "classify": ("outputs", OutputService.classify),
-    "tokenize": ("tokens", TokenService.tokenize),
-    "decode": ("tokens", TokenService.decode),
-    "info": ("service", status.info),
-    "embed_images": ("images", ImageService.embed_images),
-    "rerank_images": ("images", ImageService.rerank_images),
-    "similarity_images": ("images", ImageService.similarity_images),
-}
+    function.__name__: (holder, function) for holder, function in service_calls()}
 
 
 def _method(name: str, holder: str, function: Callable[..., Any]) -> Callable[..., Any]:

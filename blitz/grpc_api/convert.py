@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from blitz.errors import InvalidValue
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.rpc_table import Malformed
+from blitz.hop_messages import EmbedOptions
 from blitz.ingress import status
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService, RequestRecord
@@ -67,13 +68,18 @@ async def info(s: Services, request: Any, model: str | None,
         max_client_batch_size=facts["max_client_batch_size"], tokenization_workers=0)
 
 
+def embed_options(request: Any) -> EmbedOptions:
+    """An Embed message's options (an ``EmbedStream``'s messages of equal options share one
+    call: ``blitz.grpc_api.grouping``)."""
+    return EmbedOptions(normalize=optional(request, "normalize"), truncate=request.truncate,
+                        truncation_side=side(request), dimensions=optional(request, "dimensions"),
+                        prompt_name=optional(request, "prompt_name"))
+
+
 async def embed(s: Services, request: Any, model: str | None,
                 record: RequestRecord) -> Any:
-    result = await s.service.embed(
-        request.inputs, model=model, normalize=optional(request, "normalize"),
-        truncate=request.truncate, dimensions=optional(request, "dimensions"),
-        prompt_name=optional(request, "prompt_name"), truncation_side=side(request),
-        record=record)
+    result = await s.service.embed(request.inputs, model=model,
+                                   **embed_options(request).keywords(), record=record)
     return pb.EmbedResponse(embeddings=result.embeddings[0].tolist())
 
 

@@ -26,7 +26,7 @@ from blitz.errors import ClientError, as_blitz_error
 from blitz.grpc_api import convert
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.rpc_table import BY_METHOD, Malformed, end_span
-from blitz.hop_messages import NORMAL
+from blitz.hop_messages import NORMAL, EmbedOptions
 from blitz.ingress.service import EmbeddingService, RequestRecord, record_failure
 from blitz.pool.batching import Batcher
 
@@ -34,13 +34,11 @@ Alone = Callable[[Any], Awaitable[tuple[Any, Exception | None]]]
 """Answers one message as a call of its own: (reply, None) or (None, its error)."""
 
 
-def _options(request: Any) -> tuple[Any, ...] | None:
+def _options(request: Any) -> EmbedOptions | None:
     """What must be equal for messages to share one call; None: never shared."""
     if isinstance(request, Malformed):
         return None
-    return (request.truncate, convert.optional(request, "normalize"),
-            convert.optional(request, "dimensions"), convert.optional(request, "prompt_name"),
-            convert.side(request))
+    return convert.embed_options(request)
 
 
 def runs(requests: list[Any]) -> list[list[Any]]:
@@ -94,12 +92,9 @@ class EmbedGroups:
             record.trace = BY_METHOD["EmbedStream"].span(self.traced)
         started = time.perf_counter()
         try:
-            result = await self.service.embed(
-                [r.inputs for r in run], model=self.model,
-                normalize=convert.optional(first, "normalize"), truncate=first.truncate,
-                dimensions=convert.optional(first, "dimensions"),
-                prompt_name=convert.optional(first, "prompt_name"),
-                truncation_side=convert.side(first), record=record)
+            result = await self.service.embed([r.inputs for r in run], model=self.model,
+                                              **convert.embed_options(first).keywords(),
+                                              record=record)
         except Exception as exc:
             error = as_blitz_error(exc)
             if isinstance(error, ClientError):  # whose? each alone says

@@ -1,7 +1,11 @@
-"""The HTTP API over the ingress's services: the routes (``api``), the peers' own routes,
-Cohere's and TEI's ``POST /`` (``peers``), images on the routes texts use (``images``),
-``/embed_hybrid`` (``hybrid``), the model admin routes (``admin``), the request bodies
-(``bodies``) and what they say of long inputs (``long_inputs``), the reply bodies
-(``reply_bodies``), the one middleware (``middleware``), requests whose client left
-(``disconnect``), response classes (``responses``) and the OpenAPI document and its page
-(``openapi``)."""
+"""The HTTP API over the ingress's services: the app (``api``: ``HttpApi``), its routes
+declared once and cut by API family (``routes/``: the table, the request kit, Blitz's,
+TEI's, OpenAI's, Infinity's and Cohere's routes, images), the request bodies
+(``bodies``, ``long_inputs``), the reply bodies (``reply_bodies``), response classes
+(``responses``), the one middleware (``middleware``), requests whose client left
+(``disconnect``), the OpenAPI document and page (``openapi``) and the admin API
+(``admin``).
+
+May import ``blitz.ingress`` and every floor below it; only ``blitz.cli`` and
+``blitz.client`` sit above it.
+"""

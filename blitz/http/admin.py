@@ -41,7 +41,7 @@ class AdminApi:
 
     def routes(self, read: Any) -> list[Route]:
         """The routes; ``read`` wraps a ``(request, payload)`` handler into an endpoint that
-        reads the body within the API's limits (``HttpApi._read``)."""
+        reads the body within the API's limits (``blitz.http.routes.kit``)."""
         return [Route(PREFIX, self.listing, methods=["GET"]),
                 Route(PREFIX, read(self.add), methods=["POST"]),
                 Route(PREFIX + "/{model_id}", self.remove, methods=["DELETE"]),

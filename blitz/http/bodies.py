@@ -26,7 +26,7 @@ from pydantic import (
 from blitz.codecs import ArrayLayout
 from blitz.encoders.postprocess import OutputDtype
 from blitz.errors import BadRequest, InvalidValue, echo
-from blitz.hop_messages import PRIORITY_HELP, PriorityName
+from blitz.hop_messages import PRIORITY_HELP, EmbedOptions, PriorityName
 from blitz.http.long_inputs import LongInputs, TruncationSide
 from blitz.ingress.limits import check_count, check_token_total
 
@@ -165,9 +165,13 @@ class EmbedRequest(_Request, TruncationSide, LongInputs):
         """``texts`` as ``(texts, None)`` or ``(None, token-id rows)``."""
         return _split_texts_or_ids(self.texts)
 
-    def side(self) -> str | None:
-        """Where an over-long input is cut: ``truncation_side``, else TEI's direction."""
-        return self.truncation_side or self.truncation_direction
+    def options(self) -> EmbedOptions:
+        """The options, as the service takes them (the side: ``truncation_side``, else TEI's
+        ``truncation_direction``)."""
+        return EmbedOptions(self.normalize, self.truncate, self.truncation_side
+                            or self.truncation_direction, self.long_inputs,
+                            self.return_chunks, self.dimensions, self.dtype,
+                            self.prompt_name, self.instruction)
 
 
 class OpenAIEmbeddingRequest(_Request, LongInputs):
@@ -182,7 +186,7 @@ class OpenAIEmbeddingRequest(_Request, LongInputs):
     dimensions: StrictInt | None = Field(None, gt=0)
     user: str | None = None
     modality: str = Field("text", description="Infinity's: text, or image (a dual "
-                          "encoder's images: blitz.http.images)")
+                          "encoder's images: blitz.http.routes.images)")
     prompt_name: str | None = Field(None, description="Blitz's: a prompt from the model's spec")
     instruction: str | None = Field(None, description="Blitz's: " + _INSTRUCTION)
     return_chunks: Any = None

@@ -1,10 +1,10 @@
 """The API's own description: an OpenAPI 3.1 document (``GET /openapi.json``) and a page
-that shows it (``GET /docs``), both built once from the routes, the request models
-(``blitz.http.bodies``, ``peers``) and the error bodies (``blitz.errors``). The page
-is self-contained HTML (nothing fetched): a server without internet access shows it whole.
+that shows it (``GET /docs``), both built once from the route table
+(``blitz.http.routes.table``: per route a summary, the request model, the reply's formats
+and what the reply is) and the error bodies (``blitz.errors``). The page is
+self-contained HTML (nothing fetched): a server without internet access shows it whole.
 
-``OPERATIONS`` is the one table written by hand: per (method, path) a summary, the request
-model, the reply's formats and what the reply is. A route with no entry fails the build
+``OPERATIONS`` is that table by (method, path). A route with no entry fails the build
 (``document`` raises), so no route goes undocumented.
 """
 
@@ -13,120 +13,15 @@ from __future__ import annotations
 import html
 import inspect
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import AliasChoices, BaseModel
 from pydantic.json_schema import models_json_schema
 
-from blitz import codecs
-from blitz.http import bodies, images, peers
-from blitz.http.hybrid import EmbedHybridRequest
+from blitz.http.routes.table import JSON, MSGPACK, ROUTES, RouteSpec
 
-JSON, MSGPACK, RAW = "application/json", "application/msgpack", codecs.RAW_TYPE
 REF = "#/components/schemas/{model}"
-
-
-class Operation(NamedTuple):
-    summary: str
-    body: type[BaseModel] | None  # the request body's model; None: no body
-    reply: str  # what a 200 answers
-    formats: tuple[str, ...] = (JSON,)  # the reply's media types (Accept picks)
-    public: bool = False  # answered without an API key
-
-
-_ANY = (JSON, MSGPACK)
-_ROOT = ("The route of the default model's kind, as Hugging Face TEI serves it: an embedding "
-         "model embeds (TEI's [[float]]) or, for {inputs: {source_sentence, sentences}}, "
-         "scores similarity; a cross-encoder or LLM reranker reranks, a classifier predicts, a "
-         "sparse model answers /embed_sparse's reply.")
-_HEALTH = "{status: \"ok\", unix: seconds since the epoch}."
-OPERATIONS: dict[tuple[str, str], Operation] = {
-    ("POST", "/embed"): Operation(
-        "Embed texts or token ids (Blitz's texts, or Hugging Face TEI's inputs); images "
-        "(`images`, a dual encoder's: blitz.http.images.EmbedImagesRequest)",
-        bodies.EmbedRequest, "texts: {model, embeddings, shape, dtype, usage} (msgpack: the "
-        "array in the numpy or portable layout; application/octet-stream: the little-endian "
-        "array, its shape and dtype in x-blitz-shape and x-blitz-dtype). TEI's inputs on "
-        "JSON: a bare [[float]].", (JSON, MSGPACK, RAW)),
-    ("POST", "/v1/embeddings"): Operation(
-        "Embed texts (OpenAI's embeddings API), or images with modality image (Infinity's)",
-        bodies.OpenAIEmbeddingRequest,
-        "OpenAI's {object: \"list\", data: [{object: \"embedding\", index, embedding}], "
-        "model, usage}; embedding is floats, or base64 of little-endian float32."),
-    ("POST", "/embeddings"): Operation(
-        "Embed texts (Infinity's and TEI's OpenAI-style route)",
-        bodies.OpenAIEmbeddingRequest, "As POST /v1/embeddings."),
-    ("POST", "/rerank"): Operation(
-        "Rerank documents against a query (Infinity's documents, or TEI's texts; `images` "
-        "in their place: a dual encoder's images scored against the query)",
-        bodies.RerankRequest, "TEI's texts: [{index, text?, score}] best first. Infinity's "
-        "documents: {object: \"rerank\", results: [{relevance_score, index, document?}], "
-        "model, usage, id, created}. msgpack: Cohere's v1 shape.", _ANY),
-    ("POST", "/v1/rerank"): Operation(
-        "Rerank documents against a query (Cohere's v1 and Jina's)", bodies.RerankRequest,
-        "{model, results: [{index, relevance_score, document?}], usage, id, meta}.", _ANY),
-    ("POST", "/v2/rerank"): Operation(
-        "Rerank documents against a query (Cohere's v2)", peers.CohereRerankRequest,
-        "Cohere's {id, results: [{index, relevance_score}], meta}."),
-    ("POST", "/v1/embed"): Operation(
-        "Embed texts (Cohere's v1)", peers.CohereEmbedRequest, "Cohere's {id, texts, "
-        "embeddings, meta}: by type, or bare floats without embedding_types."),
-    ("POST", "/v2/embed"): Operation(
-        "Embed texts (Cohere's v2)", peers.CohereEmbedRequest,
-        "Cohere's {id, texts, embeddings: {float?, int8?, ..., base64?}, meta}."),
-    ("POST", "/"): Operation("Hugging Face TEI's model-kind route", bodies.EmbedRequest,
-                             _ROOT, _ANY),
-    ("POST", "/invocations"): Operation("SageMaker's: as POST /", bodies.EmbedRequest, _ROOT,
-                                        _ANY),
-    ("POST", "/embed_all"): Operation(
-        "Per-token vectors (Hugging Face TEI's)", bodies.EmbedAllRequest,
-        "JSON: TEI's list, per text per token a list of floats. msgpack: {model, "
-        "embeddings: [array per text], usage} in the numpy or portable layout.", _ANY),
-    ("POST", "/embed_sparse"): Operation(
-        "Sparse (SPLADE) vectors (Hugging Face TEI's)", bodies.EmbedSparseRequest,
-        "JSON: TEI's list, per text its {index, value} entries in vocabulary order. "
-        "msgpack: {model, dimension, embeddings: [{indices, values}], usage}.", _ANY),
-    ("POST", "/embed_hybrid"): Operation(
-        "A hybrid (bge-m3) model's dense, sparse and ColBERT outputs", EmbedHybridRequest,
-        "{model, dense?, dimension?, sparse?, colbert?, usage}: the outputs asked for; "
-        "msgpack: arrays in the numpy or portable layout.", _ANY),
-    ("POST", "/embeddings_image"): Operation(
-        "Embed images (Infinity's)", images.OpenAIImagesRequest, "As POST /v1/embeddings."),
-    ("POST", "/similarity"): Operation(
-        "Cosine similarity of sentences to a source sentence (Hugging Face TEI's)",
-        bodies.SimilarityRequest, "One cosine per sentence: [float].", _ANY),
-    ("POST", "/predict"): Operation(
-        "Classify texts or text pairs (Hugging Face TEI's)", bodies.PredictRequest,
-        "Per input a list of {score, label} best first (a flat list for one input).", _ANY),
-    ("POST", "/classify"): Operation("Classify texts (Infinity's)", bodies.ClassifyRequest,
-        "{object: \"classify\", data, model, usage, id, created}.", _ANY),
-    ("POST", "/tokenize"): Operation("Tokenize texts (Hugging Face TEI's)",
-        bodies.TokenizeRequest, "Per text a list of {id, text, special, start, stop}.", _ANY),
-    ("POST", "/decode"): Operation("Token ids back to text (Hugging Face TEI's)",
-        bodies.DecodeRequest, "A list of texts, one per row of ids.", _ANY),
-    ("GET", "/models"): Operation("The served models (Infinity's list)", None,
-        "{object: \"list\", data: [model]}: each model's id, kind, dimension, limits."),
-    ("GET", "/info"): Operation(
-        "One model's facts (Hugging Face TEI's /info, then Blitz's)", None,
-        "TEI's fields for the default model (or ?model=), then every model and each pool's "
-        "limits."),
-    ("GET", "/v1/models"): Operation(
-        "The served models (OpenAI's list)", None,
-        "{object: \"list\", data: [{id, object: \"model\", created, owned_by, kind, "
-        "dimension, max_seq_length}]}."),
-    ("GET", "/health"): Operation("Liveness", None, _HEALTH, public=True),
-    ("GET", "/ready"): Operation(
-        "Readiness: whether the default model can be served now", None,
-        "200 with the facts when ready, else 503 (Retry-After); without a valid key while "
-        "keys are on, the status alone.", public=True),
-    ("GET", "/"): Operation("Liveness (Hugging Face TEI's)", None, _HEALTH, public=True),
-    ("GET", "/ping"): Operation("Liveness (SageMaker's)", None, _HEALTH, public=True),
-    ("GET", "/openapi.json"): Operation("This document", None, "OpenAPI 3.1, as JSON.",
-                                        public=True),
-    ("GET", "/docs"): Operation("This document as a page", None, "Self-contained HTML.",
-                                ("text/html",), public=True),
-}
-
+OPERATIONS: dict[tuple[str, str], RouteSpec] = {(r.method, r.path): r for r in ROUTES}
 _NULLABLE = {"type": ["string", "null"]}
 _ERRORS = {  # the error bodies (blitz.errors.BlitzError.to_shape), one per API's shape
     "Error": {"type": "object", "required": ["error"], "description": "OpenAI's (the default)",
@@ -186,7 +81,7 @@ def _alias_choices(model: type[BaseModel], schema: dict[str, Any]) -> None:
         del schema["required"]
 
 
-def _operation(method: str, path: str, op: Operation, endpoint: Any,
+def _operation(method: str, path: str, op: RouteSpec, endpoint: Any,
                refs: dict[str, str]) -> dict[str, Any]:
     doc = inspect.getdoc(endpoint) or ""
     out: dict[str, Any] = {
@@ -219,8 +114,8 @@ def document(routes: Sequence[Any], title: str = "Blitz",
     missing = [f"{m} {r.path}" for r in routes for m in sorted(r.methods or ())
                if m != "HEAD" and (m, r.path) not in OPERATIONS]
     if missing:
-        raise LookupError(f"routes with no entry in blitz.http.openapi.OPERATIONS: "
-                          f"{', '.join(missing)}; document them there")
+        raise LookupError(f"routes with no entry in blitz.http.routes.table.ROUTES: "
+                          f"{', '.join(missing)}; declare them there")
     bodies = list(dict.fromkeys(op.body for op in OPERATIONS.values() if op.body))
     schemas, refs = _schemas(bodies)
     paths: dict[str, dict[str, Any]] = {}

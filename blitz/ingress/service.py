@@ -32,6 +32,7 @@ from blitz.errors import (
 from blitz.hop_messages import (
     NORMAL,
     EmbedJob,
+    EmbedOptions,
     EmbedResult,
     RerankHit,
     RerankJob,
@@ -302,6 +303,17 @@ class EmbeddingService:
 
         ``record`` is the HTTP request's record; without one (a handle call) the call is
         observed here as route ``handle.embed``."""
+        return await self.embed_with(texts, model, EmbedOptions(
+            normalize=normalize, truncate=truncate, truncation_side=truncation_side,
+            long_inputs=long_inputs, return_chunks=return_chunks, dimensions=dimensions,
+            dtype=dtype, prompt_name=prompt_name, instruction=instruction),
+            token_ids=token_ids, record=record)
+
+    async def embed_with(self, texts: str | list[str] | None, model: str | None,
+                         options: EmbedOptions, *, token_ids: list[list[int]] | None = None,
+                         record: RequestRecord | None = None) -> EmbedResult:
+        """``embed``, its options one value (as the HTTP and gRPC routes build them)."""
+        o = options
         with self.recorded(record, "handle.embed") as record:
             record.texts = (len(token_ids) if token_ids is not None else
                             1 if isinstance(texts, str) else len(texts or ()))
@@ -311,44 +323,41 @@ class EmbeddingService:
 
             def inputs(spec: ModelSpec) -> list[Any]:
                 nonlocal prefix, chunks
-                check_long_inputs(long_inputs, return_chunks, token_ids=token_ids is not None)
-                self._check_dimensions(spec, dimensions)
+                check_long_inputs(o.long_inputs, o.return_chunks, token_ids=token_ids is not None)
+                self._check_dimensions(spec, o.dimensions)
                 if token_ids is not None:
                     check_token_ids(token_ids, limits)
                     return token_ids
                 given = [texts] if isinstance(texts, str) else list(texts or [])
                 check_texts(given, limits)
-                chunks = chunked(spec, long_inputs, return_chunks)
-                if prompt_name is None and instruction is None:
+                chunks = chunked(spec, o.long_inputs, o.return_chunks)
+                if o.prompt_name is None and o.instruction is None:
                     return given
-                prefix = len(apply_prompt(spec, [""], prompt_name, instruction)[0])
-                check_prompted(given, prefix, limits, instruction=instruction)
-                return apply_prompt(spec, given, prompt_name, instruction)
+                prefix = len(apply_prompt(spec, [""], o.prompt_name, o.instruction)[0])
+                check_prompted(given, prefix, limits, instruction=o.instruction)
+                return apply_prompt(spec, given, o.prompt_name, o.instruction)
 
             async def cost(spec: ModelSpec, items: list[Any]) -> list[int] | None:
                 return await self.windows.units(spec, items, limits) if chunks else None
 
             def job(spec: ModelSpec, chunk: list[Any]) -> EmbedJob:
                 if token_ids is not None:
-                    return EmbedJob(token_ids=chunk, normalize=_normalized(spec, normalize),
-                                    truncate=truncate and long_inputs != "error")
-                return EmbedJob(texts=chunk, normalize=_normalized(spec, normalize),
-                                truncate=truncate, truncation_side=truncation_side,
-                                long_inputs=long_inputs, return_chunks=return_chunks)
+                    return EmbedJob(token_ids=chunk, normalize=o.normalized(spec.normalize),
+                                    truncate=o.truncate and o.long_inputs != "error")
+                return o.job(chunk, spec.normalize)
 
-            cached = (self.vectors.through(record, lambda spec: _normalized(spec, normalize),
-                                           truncate, truncation_side or "", long_inputs or "")
-                      if self.vectors is not None and token_ids is None and not return_chunks
+            cached = (self.vectors.through(record, o)
+                      if self.vectors is not None and token_ids is None and not o.return_chunks
                       else None)
             spec, pool, parts = await self.run(record, model, inputs, job, serves="embed",
                                                other_kind="use /rerank for it", through=cached,
                                                cost=cost)
             values = joined(parts)[0]
             self._dimensions[spec.id] = int(values.shape[1])  # known now, if it was not
-            normalized = _normalized(spec, normalize)
-            values = quantize(truncate_dimensions(values, dimensions, normalized), dtype)
+            normalized = o.normalized(spec.normalize)
+            values = quantize(truncate_dimensions(values, o.dimensions, normalized), o.dtype)
             return EmbedResult(values, spec.id, Usage.of(record.tokens), pool, text_chunks(
-                parts, prefix, dimensions, normalized, dtype) if return_chunks else None)
+                parts, prefix, o.dimensions, normalized, o.dtype) if o.return_chunks else None)
 
     def dimension_of(self, spec: ModelSpec) -> int | None:
         """``spec``'s vector size (a sparse model's: its vocabulary), once known: from the
@@ -387,10 +396,3 @@ class EmbeddingService:
             hits = [RerankHit(int(i), float(scores[i]),
                               documents[i] if return_documents else None) for i in order]
             return RerankResult(hits, spec.id, Usage.of(record.tokens), pool)
-
-
-
-def _normalized(spec: ModelSpec, normalize: bool | None) -> bool:
-    """Whether to normalize: as asked, or the model's default."""
-    return spec.normalize if normalize is None else normalize
-

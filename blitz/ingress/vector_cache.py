@@ -35,6 +35,7 @@ import numpy as np
 from blitz import timing
 from blitz.encoders.base import Encoded
 from blitz.errors import InputTooLong
+from blitz.hop_messages import EmbedOptions
 from blitz.settings.registry import ModelSpec
 
 ENTRY_OVERHEAD = 240  # bytes per entry besides its vector and text: key tuple, dict slot
@@ -123,13 +124,12 @@ class CachedEmbedder:
         """Key ``model_id``'s texts by its spec anew (the admin API changed it)."""
         self._fingerprints.pop(model_id, None)
 
-    def through(self, record: Any, normalized: Callable[[ModelSpec], bool], truncate: bool,
-                side: str, long_inputs: str) -> Callable[
+    def through(self, record: Any, options: EmbedOptions) -> Callable[
             [ModelSpec, str, list[str], Callable[[list[str]], Awaitable[list[Encoded]]]],
             Awaitable[list[Encoded]]]:
         """The cache between an embedding request's texts and its pool
         (``blitz.ingress.service.Through``), keyed by the model's spec, the pool and the
-        request's options: its parts are one, the texts' rows in order, timed with the
+        request's ``options`` that change a row: its parts are one, the texts' rows in order, timed with the
         pool's slowest part and the cache's own ``cache``."""
         async def through(spec: ModelSpec, pool: str, texts: list[str],
                           send: Callable[[list[str]], Awaitable[list[Encoded]]]
@@ -139,8 +139,8 @@ class CachedEmbedder:
 
             print_ = (self._fingerprints.get(spec.id)
                       or self._fingerprints.setdefault(spec.id, fingerprint(spec)))
-            key = Key(print_, pool, normalized(spec), truncate, "", record.api_key, side,
-                      long_inputs)
+            key = Key(print_, pool, options.normalized(spec.normalize), options.truncate, "",
+                      record.api_key, options.truncation_side or "", options.long_inputs or "")
             values, counts, parts, cache_s = await self.embed(key, texts, rows, record)
             return [Encoded(values, counts,
                             timings={**timing.slowest(parts), "cache": cache_s})]

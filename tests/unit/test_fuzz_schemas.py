@@ -26,9 +26,9 @@ from blitz.http.bodies import (
     SimilarityRequest,
     TokenizeRequest,
 )
-from blitz.http.hybrid import EmbedHybridRequest
-from blitz.http.images import EmbedImagesRequest, OpenAIImagesRequest, RerankImagesRequest
-from blitz.http.peers import CohereEmbedRequest, CohereRerankRequest
+from blitz.http.routes.blitz_api import EmbedHybridRequest
+from blitz.http.routes.cohere import CohereEmbedRequest, CohereRerankRequest
+from blitz.http.routes.images import EmbedImagesRequest, OpenAIImagesRequest, RerankImagesRequest
 from blitz.images.inputs import image_bytes
 from blitz.settings.config import Limits
 from blitz.settings.images import ImageSettings

@@ -1,0 +1,147 @@
+"""Images on the HTTP API, on the routes texts use, with the reply texts get: the image
+variant of a route (``blitz.http.routes.table``, ``Images``) answers a body that asks for
+images.
+
+- ``POST /embed`` with ``images`` (Blitz's): the vectors, in Blitz's reply, JSON, msgpack
+  or raw as for texts. In msgpack each image is its file's bytes; in JSON, base64 or a
+  data URL.
+- ``POST /v1/embeddings`` and ``/embeddings`` with ``modality: "image"`` (Infinity's), and
+  Infinity's ``POST /embeddings_image``: OpenAI's reply.
+- ``POST /rerank`` with ``images`` in place of ``documents``: the images scored against
+  the query, in the reply a text rerank gets (Infinity's JSON, or Blitz's msgpack).
+- ``POST /similarity`` with ``inputs: {source_sentence, images}``: TEI's list of scores.
+
+An ``http(s)`` URL is fetched only under ``images.url_allow``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import Field, StrictBool, StrictInt
+from starlette.requests import Request
+from starlette.responses import Response
+
+from blitz.codecs import ArrayLayout
+from blitz.encoders.postprocess import OutputDtype
+from blitz.http import reply_bodies
+from blitz.http.bodies import _Request
+from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
+from blitz.http.routes.kit import (
+    Kit,
+    Payload,
+    model_id,
+    plain,
+    record,
+    reply_format,
+    request_id,
+)
+
+_IMAGES = "each an image file: its bytes (msgpack), base64, a data URL, or an http(s) URL " \
+          "under images.url_allow"
+
+
+class EmbedImagesRequest(_Request):
+    """``POST /embed`` with ``images``."""
+
+    images: list[Any] = Field(min_length=1, description=_IMAGES)
+    model: str | None = Field(None, description="a dual-encoder model id; header or default")
+    normalize: StrictBool | None = Field(None, description="unit-length rows; default per model")
+    dimensions: StrictInt | None = Field(None, gt=0, description="Matryoshka: keep the first N")
+    dtype: OutputDtype = Field("float32", description="float32|float16|int8|uint8|binary|ubinary")
+    layout: ArrayLayout | None = Field(None, description="msgpack reply's array layout")
+
+
+class OpenAIImagesRequest(_Request):
+    """``POST /v1/embeddings`` with ``modality: "image"`` (Infinity's), ``/embeddings_image``."""
+
+    input: str | list[Any] = Field(description=_IMAGES)
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = Field(None, ge=0, description="0: the model's own")
+    user: str | None = None
+    modality: Literal["image"] = "image"
+
+
+class RerankImagesRequest(_Request):
+    """``POST /rerank`` with ``images`` in place of ``documents``."""
+
+    query: str
+    images: list[Any] = Field(min_length=1, description=_IMAGES)
+    model: str | None = None
+    top_n: StrictInt | None = Field(None, gt=0)
+
+
+class SimilarityImagesInputs(_Request):
+    source_sentence: str
+    images: list[Any] = Field(min_length=1, description=_IMAGES)
+
+
+class SimilarityImagesRequest(_Request):
+    """``POST /similarity`` with ``inputs: {source_sentence, images}``."""
+
+    inputs: SimilarityImagesInputs
+    model: str | None = None
+
+
+def has_images(payload: Payload) -> bool:
+    """``/embed``'s and ``/rerank``'s bodies ask for images with ``images``."""
+    return isinstance(payload, dict) and "images" in payload
+
+
+def image_modality(payload: Payload) -> bool:
+    """OpenAI's embeddings bodies ask for images with ``modality: "image"`` (Infinity's)."""
+    return isinstance(payload, dict) and payload.get("modality") == "image"
+
+
+def has_image_inputs(payload: Payload) -> bool:
+    """``/similarity``'s bodies ask for images with ``inputs: {source_sentence, images}``."""
+    inputs = payload.get("inputs") if isinstance(payload, dict) else None
+    return isinstance(inputs, dict) and "images" in inputs
+
+
+async def embed(kit: Kit, request: Request, payload: Payload) -> Response:
+    fmt, accept_layout = reply_format(request)  # before work
+    req = EmbedImagesRequest.parse(payload)
+    result = await kit.images.embed_images(
+        req.images, model=model_id(request, req.model), normalize=req.normalize,
+        dimensions=req.dimensions, dtype=req.dtype, record=record(request))
+    if fmt == "raw":
+        return RawArrayResponse(result.embeddings)
+    if fmt == "json":
+        return JSONBytesResponse(reply_bodies.embed_reply(result, None))
+    return MsgpackResponse(reply_bodies.embed_reply(
+        result, req.layout or accept_layout or "numpy"))
+
+
+async def openai_embeddings(kit: Kit, request: Request, payload: Payload) -> Response:
+    req = OpenAIImagesRequest.parse(payload)
+    result = await kit.images.embed_images(
+        [req.input] if isinstance(req.input, str) else req.input,
+        model=model_id(request, req.model), dimensions=req.dimensions or None,
+        record=record(request))
+    return JSONBytesResponse(reply_bodies.openai_embeddings_reply(result,
+                                                                  req.encoding_format))
+
+
+async def rerank(kit: Kit, request: Request, payload: Payload) -> Response:
+    fmt = reply_format(request)[0]  # before work
+    req = RerankImagesRequest.parse(payload)
+    result = await kit.images.rerank_images(
+        req.query, req.images, model=model_id(request, req.model),
+        top_n=req.top_n, record=record(request))
+    rid = request_id(request)
+    if fmt == "msgpack":
+        return MsgpackResponse(reply_bodies.rerank_reply(result, rid))
+    return JSONBytesResponse(reply_bodies.infinity_rerank_reply(result, rid,
+                                                                int(time.time())))
+
+
+async def similarity(kit: Kit, request: Request, payload: Payload) -> Response:
+    fmt = reply_format(request)[0]  # before work
+    req = SimilarityImagesRequest.parse(payload)
+    result = await kit.images.similarity_images(
+        req.inputs.source_sentence, req.inputs.images,
+        model=model_id(request, req.model), record=record(request))
+    return plain(reply_bodies.similarity_reply(result), fmt)

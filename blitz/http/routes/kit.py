@@ -1,0 +1,120 @@
+"""What every route uses: the services (``Kit``), the body read within limits, and per
+request the model id, the reply's format, the request record and id.
+
+A route is a plain function ``async def route(kit, request, payload) -> Response`` (a GET
+route: ``route(kit, request)``); ``blitz.http.routes.table`` lists them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from blitz import codecs
+from blitz.errors import ErrorShape, Overloaded, PayloadTooLarge, RequestTimeout
+from blitz.http.middleware import record_of, request_id_of, speaks
+from blitz.http.responses import JSONBytesResponse, MsgpackResponse
+from blitz.ingress.service import RequestRecord
+from blitz.ingress.services import Services
+
+Payload = Any  # a decoded request body (blitz.codecs.decode_body)
+
+MODEL_HEADERS = ("serve_multiplexed_model_id", "serve-multiplexed-model-id")
+
+
+class Kit:
+    """The services the routes call, and the reading of request bodies within limits
+    (one per HTTP app: it counts the bytes being read on this replica)."""
+
+    def __init__(self, services: Services):
+        self.service, self.tokens = services.service, services.tokens
+        self.outputs, self.images = services.outputs, services.images
+        self.settings = self.service.settings
+        # a request body holds about one list or object per text (token-id rows, Cohere
+        # documents, numpy arrays): more than this is refused before it is built
+        limits = self.settings.limits
+        self.max_containers = 2 * limits.max_texts_per_request + 64
+        # and about one value per token id (codecs.loads_json: a decode stays a small
+        # multiple of the body)
+        self.max_values = limits.max_token_ids_per_request + 2 * self.max_containers + 64
+        self.buffered = 0  # bytes of request bodies being read now (max_buffered_bytes)
+        auth = self.settings.auth
+        # sources name buckets and paths: shown to callers with a key, or when asked for
+        self.show_sources = auth.show_model_sources or bool(auth.resolved_keys())
+        self.openapi: dict[str, Any] = {}  # this API's document and page (set by HttpApi)
+        self.docs = ""
+
+    async def body(self, request: Request) -> Any:
+        """The decoded body. Bodies are read whole before decoding; all those being read
+        on this replica together stay under ``limits.max_buffered_bytes`` (past it: 503),
+        and every byte is given back when the request ends, however it ends."""
+        limits = self.settings.limits
+        limit = limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"body is {declared} bytes; the limit max_body_bytes is "
+                                  f"{limit}")
+        chunks: list[bytes] = []
+        held = 0  # bytes of this body counted in self.buffered
+        try:
+            try:
+                async with asyncio.timeout(limits.body_timeout_s):  # the client cannot lift it
+                    async for chunk in request.stream():
+                        held += len(chunk)
+                        self.buffered += len(chunk)
+                        if held > limit:
+                            raise PayloadTooLarge(f"body is over {limit} bytes; the limit "
+                                                  f"max_body_bytes is {limit}")
+                        if self.buffered > limits.max_buffered_bytes:
+                            raise Overloaded("this server is reading too many large bodies "
+                                             "at once; retry shortly")
+                        chunks.append(chunk)
+            except TimeoutError as exc:
+                raise RequestTimeout(f"the body did not arrive within "
+                                     f"{limits.body_timeout_s:g} s (limits.body_timeout_s); "
+                                     "send it whole, faster", param="body") from exc
+            return codecs.decode_body(b"".join(chunks), request.headers.get("content-type"),
+                                      limit, self.max_containers, self.max_values)
+        finally:
+            self.buffered -= held
+
+
+def model_id(request: Request, body_model: str | None) -> str | None:
+    """The model the request names: a header wins over the body; None is the default."""
+    for name in MODEL_HEADERS:
+        value = request.headers.get(name)
+        if value:
+            return value
+    return body_model
+
+
+def reply_format(request: Request) -> tuple[codecs.ReplyFormat, codecs.ArrayLayout | None]:
+    """The reply's format and msgpack layout: what Accept names, else the body's own
+    format (a msgpack body gets msgpack, anything else JSON). Decided from the headers,
+    before any work."""
+    own: codecs.ReplyFormat = ("msgpack" if codecs.is_msgpack(
+        request.headers.get("content-type")) else "json")
+    return codecs.choose_reply(request.headers.get("accept"), own)
+
+
+def record(request: Request) -> RequestRecord:
+    """The request's record (the middleware's): its priority, key, timings."""
+    return record_of(request.scope)
+
+
+def request_id(request: Request) -> str:
+    return request_id_of(request.scope)
+
+
+def speaking(request: Request, shape: ErrorShape) -> None:
+    """The request speaks ``shape``'s dialect: its errors are answered in that shape."""
+    speaks(request.scope, shape)
+
+
+def plain(body: Any, fmt: str) -> Response:
+    """A reply with no arrays (the same in either msgpack layout): msgpack when asked for,
+    else JSON."""
+    return MsgpackResponse(body) if fmt == "msgpack" else JSONBytesResponse(body)

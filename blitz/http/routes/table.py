@@ -1,0 +1,209 @@
+"""Every route of the HTTP API, declared once (``ROUTES``): its method and path, the
+function that answers it, its request body's model, the service calls it makes, its reply's
+formats and the words that document it. The router (``blitz.http.api``), the OpenAPI
+document (``blitz.http.openapi``), the handle methods (``deployments/handle_methods.py``,
+``handle_calls``) and the client's check read this table; a route added here is routed,
+documented and, when it calls a new service method, offered on the handle.
+
+Order is the router's: the hot routes first. ``tei`` routes (Hugging Face TEI's own paths)
+answer errors in TEI's shape unless the reply is msgpack (Blitz's own). A route with an
+``images`` variant hands a body that asks for images (``Images.asks``) to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel
+
+from blitz import codecs
+from blitz.http import bodies
+from blitz.http.routes import blitz_api, cohere, images, infinity, openai, tei
+from blitz.ingress import status
+from blitz.ingress.images import ImageService
+from blitz.ingress.other_outputs import OutputService
+from blitz.ingress.service import EmbeddingService
+from blitz.ingress.tokenizing import TokenService
+
+JSON, MSGPACK, RAW = "application/json", "application/msgpack", codecs.RAW_TYPE
+ANY = (JSON, MSGPACK)
+
+# A service call: the service the ingress holds (service, outputs, tokens or images) and the
+# function called (its method, or blitz.ingress.status.info, a function of the service).
+Call = tuple[str, Callable[..., Any]]
+
+
+class Images(NamedTuple):
+    """A route's image variant: the body asks for images (``asks``), ``run`` answers it
+    (its body's model: ``body``)."""
+
+    asks: Callable[[Any], bool]
+    run: Callable[..., Any]
+    body: type[BaseModel]
+    calls: tuple[Call, ...]
+
+
+class RouteSpec(NamedTuple):
+    method: str
+    path: str
+    run: Callable[..., Any]  # route(kit, request, payload); a GET route: route(kit, request)
+    summary: str
+    body: type[BaseModel] | None  # the request body's model; None: no body
+    reply: str  # what a 200 answers
+    formats: tuple[str, ...] = (JSON,)  # the reply's media types (Accept picks)
+    calls: tuple[Call, ...] = ()  # the service calls it makes (what a handle offers)
+    tei: bool = False  # errors in TEI's shape
+    images: Images | None = None
+    public: bool = False  # answered without an API key
+    aside: bool = False  # a probe's alias or the description: not among HttpApi.routes,
+    # and counted as "other" in the metrics
+
+
+EMBED = ("service", EmbeddingService.embed)
+RERANK = ("service", EmbeddingService.rerank)
+CLASSIFY = ("outputs", OutputService.classify)
+EMBED_IMAGES = Images(images.has_images, images.embed, images.EmbedImagesRequest,
+                      (("images", ImageService.embed_images),))
+OPENAI_IMAGES = Images(images.image_modality, images.openai_embeddings,
+                       images.OpenAIImagesRequest, (("images", ImageService.embed_images),))
+
+_ROOT = ("The route of the default model's kind, as Hugging Face TEI serves it: an embedding "
+         "model embeds (TEI's [[float]]) or, for {inputs: {source_sentence, sentences}}, "
+         "scores similarity; a cross-encoder or LLM reranker reranks, a classifier predicts, a "
+         "sparse model answers /embed_sparse's reply.")
+_ROOT_CALLS = (EMBED, RERANK, CLASSIFY, ("outputs", OutputService.embed_sparse),
+               ("outputs", OutputService.similarity))
+_HEALTH = "{status: \"ok\", unix: seconds since the epoch}."
+
+ROUTES: tuple[RouteSpec, ...] = (
+    RouteSpec(
+        "POST", "/embed", blitz_api.embed,
+        "Embed texts or token ids (Blitz's texts, or Hugging Face TEI's inputs); images "
+        "(`images`, a dual encoder's: blitz.http.routes.images.EmbedImagesRequest)",
+        bodies.EmbedRequest, "texts: {model, embeddings, shape, dtype, usage} (msgpack: the "
+        "array in the numpy or portable layout; application/octet-stream: the little-endian "
+        "array, its shape and dtype in x-blitz-shape and x-blitz-dtype). TEI's inputs on "
+        "JSON: a bare [[float]].", (JSON, MSGPACK, RAW), (EMBED,), images=EMBED_IMAGES),
+    RouteSpec(
+        "POST", "/v1/embeddings", openai.openai_embeddings,
+        "Embed texts (OpenAI's embeddings API), or images with modality image (Infinity's)",
+        bodies.OpenAIEmbeddingRequest,
+        "OpenAI's {object: \"list\", data: [{object: \"embedding\", index, embedding}], "
+        "model, usage}; embedding is floats, or base64 of little-endian float32.",
+        calls=(EMBED,), images=OPENAI_IMAGES),
+    RouteSpec(
+        "POST", "/rerank", infinity.rerank,
+        "Rerank documents against a query (Infinity's documents, or TEI's texts; `images` "
+        "in their place: a dual encoder's images scored against the query)",
+        bodies.RerankRequest, "TEI's texts: [{index, text?, score}] best first. Infinity's "
+        "documents: {object: \"rerank\", results: [{relevance_score, index, document?}], "
+        "model, usage, id, created}. msgpack: Cohere's v1 shape.", ANY, (RERANK,),
+        images=Images(images.has_images, images.rerank, images.RerankImagesRequest,
+                      (("images", ImageService.rerank_images),))),
+    RouteSpec(
+        "POST", "/v1/rerank", cohere.cohere_v1_rerank,
+        "Rerank documents against a query (Cohere's v1 and Jina's)", bodies.RerankRequest,
+        "{model, results: [{index, relevance_score, document?}], usage, id, meta}.", ANY,
+        (RERANK,)),
+    RouteSpec("POST", "/", tei.tei_root, "Hugging Face TEI's model-kind route",
+              bodies.EmbedRequest, _ROOT, ANY, _ROOT_CALLS),
+    RouteSpec(
+        "POST", "/embeddings", openai.openai_embeddings,
+        "Embed texts (Infinity's and TEI's OpenAI-style route)",
+        bodies.OpenAIEmbeddingRequest, "As POST /v1/embeddings.", calls=(EMBED,),
+        images=OPENAI_IMAGES),
+    RouteSpec(
+        "POST", "/v1/embed", cohere.cohere_embed_v1, "Embed texts (Cohere's v1)",
+        cohere.CohereEmbedRequest, "Cohere's {id, texts, embeddings, meta}: by type, or bare "
+        "floats without embedding_types.", calls=(EMBED,)),
+    RouteSpec(
+        "POST", "/v2/embed", cohere.cohere_embed_v2, "Embed texts (Cohere's v2)",
+        cohere.CohereEmbedRequest,
+        "Cohere's {id, texts, embeddings: {float?, int8?, ..., base64?}, meta}.",
+        calls=(EMBED,)),
+    RouteSpec(
+        "POST", "/v2/rerank", cohere.cohere_v2_rerank,
+        "Rerank documents against a query (Cohere's v2)", cohere.CohereRerankRequest,
+        "Cohere's {id, results: [{index, relevance_score}], meta}.", calls=(RERANK,)),
+    RouteSpec(
+        "POST", "/embed_all", tei.embed_all, "Per-token vectors (Hugging Face TEI's)",
+        bodies.EmbedAllRequest,
+        "JSON: TEI's list, per text per token a list of floats. msgpack: {model, "
+        "embeddings: [array per text], usage} in the numpy or portable layout.", ANY,
+        (("outputs", OutputService.embed_all),), tei=True),
+    RouteSpec(
+        "POST", "/embed_sparse", tei.embed_sparse,
+        "Sparse (SPLADE) vectors (Hugging Face TEI's)", bodies.EmbedSparseRequest,
+        "JSON: TEI's list, per text its {index, value} entries in vocabulary order. "
+        "msgpack: {model, dimension, embeddings: [{indices, values}], usage}.", ANY,
+        (("outputs", OutputService.embed_sparse),), tei=True),
+    RouteSpec(
+        "POST", "/embed_hybrid", blitz_api.embed_hybrid,
+        "A hybrid (bge-m3) model's dense, sparse and ColBERT outputs",
+        blitz_api.EmbedHybridRequest,
+        "{model, dense?, dimension?, sparse?, colbert?, usage}: the outputs asked for; "
+        "msgpack: arrays in the numpy or portable layout.", ANY,
+        (("outputs", OutputService.embed_hybrid),)),
+    RouteSpec(
+        "POST", "/similarity", tei.similarity,
+        "Cosine similarity of sentences to a source sentence (Hugging Face TEI's)",
+        bodies.SimilarityRequest, "One cosine per sentence: [float].", ANY,
+        (("outputs", OutputService.similarity),), tei=True,
+        images=Images(images.has_image_inputs, images.similarity,
+                      images.SimilarityImagesRequest,
+                      (("images", ImageService.similarity_images),))),
+    RouteSpec(
+        "POST", "/predict", tei.predict, "Classify texts or text pairs (Hugging Face TEI's)",
+        bodies.PredictRequest,
+        "Per input a list of {score, label} best first (a flat list for one input).", ANY,
+        (CLASSIFY,), tei=True),
+    RouteSpec("POST", "/classify", infinity.classify, "Classify texts (Infinity's)",
+              bodies.ClassifyRequest,
+              "{object: \"classify\", data, model, usage, id, created}.", ANY, (CLASSIFY,)),
+    RouteSpec("POST", "/tokenize", tei.tokenize, "Tokenize texts (Hugging Face TEI's)",
+              bodies.TokenizeRequest, "Per text a list of {id, text, special, start, stop}.",
+              ANY, (("tokens", TokenService.tokenize),), tei=True),
+    RouteSpec("POST", "/decode", tei.decode, "Token ids back to text (Hugging Face TEI's)",
+              bodies.DecodeRequest, "A list of texts, one per row of ids.", ANY,
+              (("tokens", TokenService.decode),), tei=True),
+    RouteSpec("POST", "/invocations", tei.tei_root, "SageMaker's: as POST /",
+              bodies.EmbedRequest, _ROOT, ANY, _ROOT_CALLS),
+    RouteSpec("POST", "/embeddings_image", images.openai_embeddings, "Embed images (Infinity's)",
+              images.OpenAIImagesRequest, "As POST /v1/embeddings.",
+              calls=(("images", ImageService.embed_images),)),
+    RouteSpec("GET", "/models", infinity.models, "The served models (Infinity's list)", None,
+              "{object: \"list\", data: [model]}: each model's id, kind, dimension, limits."),
+    RouteSpec("GET", "/info", blitz_api.info,
+              "One model's facts (Hugging Face TEI's /info, then Blitz's)", None,
+              "TEI's fields for the default model (or ?model=), then every model and each "
+              "pool's limits.", calls=(("service", status.info),)),
+    RouteSpec("GET", "/v1/models", openai.openai_models, "The served models (OpenAI's list)",
+              None, "{object: \"list\", data: [{id, object: \"model\", created, owned_by, "
+              "kind, dimension, max_seq_length}]}."),
+    RouteSpec("GET", "/health", blitz_api.health, "Liveness", None, _HEALTH, public=True),
+    RouteSpec("GET", "/ready", blitz_api.ready,
+              "Readiness: whether the default model can be served now", None,
+              "200 with the facts when ready, else 503 (Retry-After); without a valid key "
+              "while keys are on, the status alone.", public=True),
+    # TEI answers GET / and GET /ping as /health: public like it (POST / takes a key); and
+    # this API's description, public like TEI's /docs
+    RouteSpec("GET", "/", blitz_api.health, "Liveness (Hugging Face TEI's)", None, _HEALTH,
+              public=True, aside=True),
+    RouteSpec("GET", "/ping", blitz_api.health, "Liveness (SageMaker's)", None, _HEALTH,
+              public=True, aside=True),
+    RouteSpec("GET", "/openapi.json", blitz_api.openapi, "This document", None,
+              "OpenAPI 3.1, as JSON.", public=True, aside=True),
+    RouteSpec("GET", "/docs", blitz_api.docs, "This document as a page", None,
+              "Self-contained HTML.", ("text/html",), public=True, aside=True),
+)
+
+
+def service_calls(routes: tuple[RouteSpec, ...] = ROUTES) -> Iterator[Call]:
+    """Every service call the routes make (their image variants' too), each once."""
+    seen: set[Callable[..., Any]] = set()
+    for route in routes:
+        for holder, function in (*route.calls, *(route.images.calls if route.images else ())):
+            if function not in seen:
+                seen.add(function)
+                yield holder, function
