@@ -1,18 +1,15 @@
 """What crosses a hop, defined once: the jobs an ingress sends a pool replica, and the
 results the ingress answers with.
 
-- ``EmbedJob``, ``RerankJob``, ``TokenEmbedJob``, ``SparseEmbedJob``, ``ClassifyJob``:
-  ingress -> pool, over Serve's handle or the local hop,
-  pickled either way; never larger than the pool's batch limit. Each carries its
-  request's ``priority`` (``PRIORITIES``), which both queues it waits in honour, and
-  ``trace``: None, or while tracing is on its request's span context
-  (``blitz.runtime.tracing``).
-- ``EmbedResult`` (with ``TextChunks``), ``RerankResult`` (with ``RerankHit``, ``Usage``),
-  ``TokenEmbeddingsResult``, ``SparseResult`` (``SparseVector``), ``SimilarityResult``,
-  ``ClassifyResult``
-  (``Prediction``), ``TokenizeResult``
-  (``Token``), ``DecodeResult``: what ``handle.embed.remote(...)``, ``handle.rerank``,
-  ``handle.tokenize`` and ``handle.decode`` return, and what the HTTP routes write on
+- Jobs (``EmbedJob``, ``ImageEmbedJob``, ``RerankJob``, ``TokenEmbedJob``,
+  ``SparseEmbedJob``, ``HybridEmbedJob``, ``ClassifyJob``): ingress -> pool, over Serve's
+  handle or the local hop, pickled either way; never larger than the pool's batch limit.
+  Each carries its request's ``priority`` (``PRIORITIES``) and ``trace`` (its request's
+  span context while tracing is on: ``blitz.runtime.tracing``), and runs itself on its
+  model's encoder (``run``; text jobs share one call: ``text_job``, ``blitz.pool.mixed_batch``).
+- Results (``EmbedResult``, ``RerankResult``, ``TokenEmbeddingsResult``, ``SparseResult``,
+  ``HybridResult``, ``SimilarityResult``, ``ClassifyResult``, ``TokenizeResult``,
+  ``DecodeResult``): what the handle methods return, and what the HTTP routes write on
   the wire (``blitz.http.reply_bodies``).
 
 Plain dataclasses, pickled by reference to this module: a rolling redeploy runs two
@@ -28,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
+from blitz.encoders.base import Encoded, Encoder, TextJob
 from blitz.errors import InvalidValue, echo
 
 if TYPE_CHECKING:
@@ -69,6 +67,21 @@ class _Job:
 
     priority: int = dataclasses.field(default=NORMAL, kw_only=True)
     units: int = dataclasses.field(default=0, kw_only=True)  # 0: len(job)
+
+    def text_job(self) -> TextJob | None:
+        """Its texts, when it runs them with the batch's other texts in one padded call
+        (``Encoder.embed_many_sided``: one vector per text whatever the batch); else None."""
+        return None
+
+    def run(self, encoder: Encoder) -> Encoded:
+        """The job, run on its model's ``encoder`` (a worker thread's turn)."""
+        raise NotImplementedError(type(self).__name__)
+
+
+def _long(encoder: Encoder, long_inputs: str | None) -> dict[str, str]:
+    """A request's ``long_inputs`` for an encoder that takes it (``long_inputs``)."""
+    return {"long_inputs": long_inputs} if long_inputs and (
+        "long_inputs" in encoder.capabilities) else {}
 
 
 J = TypeVar("J", bound=_Job)
@@ -147,6 +160,17 @@ class EmbedJob(_Job):
     def __len__(self) -> int:
         return len(self.texts if self.texts is not None else self.token_ids or ())
 
+    def text_job(self) -> TextJob | None:
+        return None if self.texts is None else TextJob(
+            self.texts, self.normalize, self.truncate, self.truncation_side, self.long_inputs,
+            self.return_chunks)
+
+    def run(self, encoder: Encoder) -> Encoded:
+        """Its token ids' vectors (its texts run with the batch's: ``text_job``)."""
+        assert self.token_ids is not None
+        return encoder.embed_tokens(self.token_ids, normalize=self.normalize,
+                                    truncate=self.truncate)
+
 
 @dataclass(frozen=True)
 class ImageEmbedJob(_Job):
@@ -165,6 +189,9 @@ class ImageEmbedJob(_Job):
     def __len__(self) -> int:
         return len(self.images)
 
+    def run(self, encoder: Encoder) -> Encoded:
+        return encoder.embed_image_bytes(self.images, normalize=self.normalize)
+
 
 @dataclass(frozen=True)
 class RerankJob(_Job):
@@ -175,6 +202,9 @@ class RerankJob(_Job):
 
     def __len__(self) -> int:
         return len(self.documents)
+
+    def run(self, encoder: Encoder) -> Encoded:
+        return encoder.score(self.query, self.documents, truncate=self.truncate)
 
 
 @dataclass(frozen=True)
@@ -190,6 +220,10 @@ class TokenEmbedJob(_Job):
     def __len__(self) -> int:
         return len(self.texts)
 
+    def run(self, encoder: Encoder) -> Encoded:
+        return encoder.embed_all(self.texts, truncate=self.truncate,
+                                 **_long(encoder, self.long_inputs))
+
 
 @dataclass(frozen=True)
 class SparseEmbedJob(_Job):
@@ -202,6 +236,10 @@ class SparseEmbedJob(_Job):
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def run(self, encoder: Encoder) -> Encoded:
+        return encoder.embed_sparse(self.texts, truncate=self.truncate,
+                                    **_long(encoder, self.long_inputs))
 
 
 @dataclass(frozen=True)
@@ -217,6 +255,9 @@ class HybridEmbedJob(_Job):
     def __len__(self) -> int:
         return len(self.texts)
 
+    def run(self, encoder: Encoder) -> Encoded:
+        return encoder.embed_hybrid(self.texts, self.outputs, truncate=self.truncate)
+
 
 @dataclass(frozen=True)
 class ClassifyJob(_Job):
@@ -229,6 +270,9 @@ class ClassifyJob(_Job):
 
     def __len__(self) -> int:
         return len(self.inputs)
+
+    def run(self, encoder: Encoder) -> Encoded:
+        return encoder.classify(self.inputs, truncate=self.truncate)
 
 
 # ---- results (handle API and HTTP replies) -----------------------------------------------

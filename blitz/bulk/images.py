@@ -43,6 +43,7 @@ import pyarrow as pa
 from blitz.bulk.read import ID_POSITION, ID_STR, ROWS, Rows, iter_lines, read_rows
 from blitz.errors import BlitzError, ClientError, InvalidValue
 from blitz.settings.images import ImageSettings
+from blitz.settings.kinds import kind_of
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp")
 LIST_SUFFIXES = (".txt",)
@@ -66,7 +67,7 @@ def image_job(kind: str, image_column: str | None, prompt_name: str | None,
     pictures = [f for f in files if is_image(f) or is_list(f)]
     tables = [f for f in files if not (is_image(f) or is_list(f))]
     images = bool(image_column or pictures)
-    if images and kind != "dual-encoder":
+    if images and "embed_images" not in kind_of(kind).serves:
         raise InvalidValue(f"images need a dual-encoder model (CLIP, SigLIP); this one is a "
                            f"{kind}", param="model")
     if not image_column and pictures and tables:

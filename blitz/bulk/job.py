@@ -48,6 +48,7 @@ from blitz.loading.facts import read_dimension
 from blitz.loading.load import backend_for, load_encoder
 from blitz.settings.bulk import BulkSettings
 from blitz.settings.images import ImageSettings
+from blitz.settings.kinds import kind_of, serving
 from blitz.settings.registry import ModelSpec, apply_prompt
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
@@ -160,10 +161,12 @@ def _hidden(file: str, base: str) -> bool:
 
 def check_options(spec: ModelSpec, options: BulkSettings) -> None:
     """Refuse a job whose options the model cannot honour, before any data is read."""
-    if spec.kind not in ("embedding", "dual-encoder"):
-        raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; only embedding and "
-                           "dual-encoder models can embed a corpus", param="model")
-    if options.image_column and spec.kind != "dual-encoder":
+    serves = kind_of(spec.kind).serves
+    if "bulk" not in serves:
+        raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; only "
+                           f"{' and '.join(serving('bulk'))} models can embed a corpus",
+                           param="model")
+    if options.image_column and "embed_images" not in serves:
         raise InvalidValue(f"--image-column needs a dual-encoder model (CLIP, SigLIP); "
                            f"{spec.id!r} is a {spec.kind}", param="image_column")
     apply_prompt(spec, [], options.prompt_name)  # raises for an unknown prompt name

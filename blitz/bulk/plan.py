@@ -23,6 +23,7 @@ from blitz.errors import InvalidValue
 from blitz.settings.bulk import BulkSettings
 from blitz.settings.config import BlitzSettings
 from blitz.settings.images import ImageSettings
+from blitz.settings.kinds import kind_of
 from blitz.settings.registry import ModelSpec
 from blitz.sources.storage import filesystem_for, location_env
 
@@ -69,7 +70,7 @@ class BulkPlan:
         in_fs, in_path = filesystem_for(input)
         out_fs, out_path = filesystem_for(output)
         out_path = out_path.rstrip("/")
-        dual = spec.kind == "dual-encoder"
+        dual = "embed_images" in kind_of(spec.kind).serves  # image files and lists are inputs
         base, files = list_inputs(in_fs, in_path, image_files=dual and not options.image_column,
                                   lists=dual)
         images = bulk_images.image_job(spec.kind, options.image_column, options.prompt_name,

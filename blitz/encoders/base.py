@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from blitz.errors import InputTooLong, InvalidValue
+from blitz.settings.kinds import CAPABILITIES, Capability
 
 
 @dataclass(frozen=True)
@@ -38,14 +39,75 @@ class Encoded:
     outputs: dict[str, Encoded] | None = None
 
 
+class TextJob(NamedTuple):
+    """One request's texts for ``Encoder.embed_many_sided``."""
+
+    texts: list[str]
+    normalize: bool
+    truncate: bool
+    side: str | None = None  # left | right; None: the model's truncation_side
+    long_inputs: str | None = None  # truncate | error | chunk; None: the model's
+    each: bool = False  # chunked, with every window's own vector and offsets too
+
+
+METHODS: dict[Capability, tuple[str, ...]] = {
+    "embed": ("embed",), "embed_tokens": ("embed_tokens",), "embed_all": ("embed_all",),
+    "embed_sparse": ("embed_sparse",), "embed_hybrid": ("embed_hybrid",),
+    "classify": ("classify",), "score": ("score",),
+    "embed_images": ("embed_image_bytes", "prepare_images", "embed_prepared"),
+    "long_inputs": ("embed_many_sided",)}
+"""The encoder methods of each capability (``blitz.settings.kinds.CAPABILITIES``)."""
+
+_REFUSALS: dict[str, tuple[str, str]] = {  # score: Encoder.score, by its vectors
+    "embed": ("model {id!r} is a {kind} and cannot embed; use /rerank", "model"),
+    "embed_tokens": ("model {id!r} does not take token ids", "input"),
+    "embed_all": ("model {id!r} ({kind}, {backend}) does not give per-token embeddings; use "
+                  "an embedding model", "model"),
+    "embed_images": ("model {id!r} is a {kind} model; images need a dual-encoder (CLIP, "
+                     "SigLIP)", "model"),
+    "embed_sparse": ("model {id!r} is a {kind}, not a sparse model; use a model of kind "
+                     "sparse", "model"),
+    "embed_hybrid": ("model {id!r} is a {kind}, not a hybrid model; use a model of kind "
+                     "hybrid", "model"),
+    "classify": ("model {id!r} is a {kind}, not a classifier; use a model of kind "
+                 "classifier", "model"),
+    "long_inputs": ("this model cannot chunk its inputs (it is not a bi-encoder); leave "
+                    "long_inputs chunk and return_chunks out", "long_inputs"),
+}
+_SPARSE_ONLY = ("model {id!r} gives sparse embeddings; use /embed_sparse", "model")
+
+
+def refusal(encoder: Encoder, capability: Capability) -> InvalidValue:
+    """The one refusal of a call ``encoder`` does not answer (a 422 naming the model, or
+    the field the call needs): what every encoder says, whatever its kind."""
+    message, param = (_SPARSE_ONLY if capability == "embed" and "embed_sparse" in
+                      encoder.capabilities else _REFUSALS[capability])
+    return InvalidValue(message.format(id=encoder.model_id, kind=encoder.kind,
+                                       backend=encoder.backend), param=param)
+
+
 class Encoder(ABC):
-    """A loaded model. ``kind`` says which of ``embed`` and ``score`` it answers."""
+    """A loaded model. ``capabilities`` says which calls it answers (``METHODS``); every
+    other call is refused alike (``refusal``): a subclass that does not declare a
+    capability gets this class's refusing methods back, whatever it inherits."""
 
     kind: str = "embedding"
+    capabilities: frozenset[Capability] = frozenset()
     device: str = "cpu"
     backend: str = "torch"  # what serves it: a cpu_backend, "fake", or "auto(<winner>)"
     # cpu_backend auto: the winner, its rates, "cached" or "measured", when (blitz/loading/auto.py)
     auto_choice: dict[str, Any] | None = None
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        unknown = set(cls.capabilities) - set(CAPABILITIES)
+        if unknown:
+            raise TypeError(f"{cls.__name__} declares {sorted(unknown)}: not in CAPABILITIES")
+        for capability, names in METHODS.items():
+            if capability not in cls.capabilities:
+                for name in names:  # what a parent answers, this class may not
+                    if getattr(cls, name) is not getattr(Encoder, name):
+                        setattr(cls, name, getattr(Encoder, name))
 
     def __init__(self, model_id: str, max_seq_length: int):
         self.model_id = model_id
@@ -56,59 +118,54 @@ class Encoder(ABC):
     def dimension(self) -> int | None:
         """Embedding size (None for cross-encoders)."""
 
+    def refusal(self, capability: Capability) -> InvalidValue:
+        """This encoder's refusal of ``capability`` (``blitz.encoders.base.refusal``)."""
+        return refusal(self, capability)
+
+    # ---- the calls: each refuses here, answered where a subclass declares it ----------
+
     def embed(self, texts: list[str], *, normalize: bool, truncate: bool = True) -> Encoded:
         """Embeddings for ``texts``, float32, shape (len(texts), dimension)."""
-        raise InvalidValue(
-            f"model {self.model_id!r} is a {self.kind} and cannot embed; use /rerank",
-            param="model",
-        )
+        raise self.refusal("embed")
 
     def embed_tokens(self, ids: list[list[int]], *, normalize: bool,
                      truncate: bool = True) -> Encoded:
         """Embeddings for pre-tokenized inputs (the model's own token ids, no specials)."""
-        raise InvalidValue(
-            f"model {self.model_id!r} does not take token ids", param="input")
+        raise self.refusal("embed_tokens")
 
-    def embed_all(self, texts: list[str], *, truncate: bool = True) -> Encoded:
+    def embed_all(self, texts: list[str], *, truncate: bool = True,
+                  long_inputs: str | None = None) -> Encoded:
         """Per-token vectors: ``values`` holds each text's tokens' rows one text after the
         other (special tokens included, no padding), ``token_counts`` how many per text."""
-        raise InvalidValue(
-            f"model {self.model_id!r} ({self.kind}, {self.backend}) does not give per-token "
-            "embeddings; use an embedding model", param="model")
+        raise self.refusal("embed_all")
 
     def embed_image_bytes(self, images: list[bytes], *, normalize: bool) -> Encoded:
-        """Encoded images' vectors (a dual encoder's); other kinds refuse."""
-        raise self._no_images()
+        """Encoded images' vectors (a dual encoder's)."""
+        raise self.refusal("embed_images")
 
     def prepare_images(self, images: list[Any]) -> Any:
         """Decoded images (``PIL.Image``) as this model's input, resized and normalized:
-        run off the model call's thread (``blitz.pool.image_prep``); other kinds refuse."""
-        raise self._no_images()
+        run off the model call's thread (``blitz.pool.image_prep``)."""
+        raise self.refusal("embed_images")
 
     def embed_prepared(self, prepared: Any, *, normalize: bool) -> Encoded:
         """The vectors of ``prepare_images``' output (its rows, in order)."""
-        raise self._no_images()
+        raise self.refusal("embed_images")
 
-    def _no_images(self) -> InvalidValue:
-        return InvalidValue(f"model {self.model_id!r} is a {self.kind} model; images need a "
-                            "dual-encoder (CLIP, SigLIP)", param="model")
-
-    def embed_sparse(self, texts: list[str], *, truncate: bool = True) -> Encoded:
+    def embed_sparse(self, texts: list[str], *, truncate: bool = True,
+                     long_inputs: str | None = None) -> Encoded:
         """A sparse (SPLADE) model's non-zero vocabulary weights per text (``indices``,
         ``rows`` set)."""
-        raise InvalidValue(f"model {self.model_id!r} is a {self.kind}, not a sparse model; "
-                           "use a model of kind sparse", param="model")
+        raise self.refusal("embed_sparse")
 
     def embed_hybrid(self, texts: list[str], outputs: tuple[str, ...], *,
                      truncate: bool = True) -> Encoded:
         """A hybrid (bge-m3) model's ``outputs`` of ``texts`` from one forward pass."""
-        raise InvalidValue(f"model {self.model_id!r} is a {self.kind}, not a hybrid model; "
-                           "use a model of kind hybrid", param="model")
+        raise self.refusal("embed_hybrid")
 
     def classify(self, inputs: list[list[str]], *, truncate: bool = True) -> Encoded:
         """A classifier's raw logits per input (one text or a pair), ``labels`` set."""
-        raise InvalidValue(f"model {self.model_id!r} is a {self.kind}, not a classifier; "
-                           "use a model of kind classifier", param="model")
+        raise self.refusal("classify")
 
     def score(self, query: str, documents: list[str], *, truncate: bool = True) -> Encoded:
         """Relevance of each document to ``query``; embedding models use cosine similarity."""
@@ -132,9 +189,21 @@ class Encoder(ABC):
                 results.append(exc)
         return results
 
+    def embed_many_sided(self, jobs: list[tuple]) -> list[Encoded | Exception]:
+        """Several requests' texts (``TextJob``s) in one go, each cut at its own side or
+        chunked as it asks: answered by the encoders that declare ``long_inputs``. Here,
+        ``embed_many`` of them all, truncating unless a request's ``long_inputs`` is
+        error, and a request that asks for windows (chunk, ``each``) refused alone."""
+        texts = [TextJob(*job) for job in jobs]
+        return [self.refusal("long_inputs") if job.each or job.long_inputs == "chunk"
+                else result for job, result in zip(texts, self.embed_many(
+                    [(job.texts, job.normalize, job.truncate and job.long_inputs != "error")
+                     for job in texts]), strict=True)]
+
     def warmup(self) -> None:
-        """Run one small batch so the first request does not pay for lazy initialisation."""
-        if self.kind == "embedding":
+        """Run one small batch so the first request does not pay for lazy initialisation:
+        an embedding, or where the model does not embed, a score."""
+        if "embed" in self.capabilities:
             self.embed(["warm up"], normalize=True)
         else:
             self.score("warm up", ["warm up"])

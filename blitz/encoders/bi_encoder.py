@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from blitz.encoders.base import Encoded, Encoder, check_lengths, l2_normalize
+from blitz.encoders.base import Encoded, Encoder, TextJob, check_lengths, l2_normalize
 from blitz.encoders.token_ids import TokenIds
 from blitz.errors import InvalidValue
 
@@ -38,6 +38,7 @@ class BiEncoder(Encoder):
     """An embedding model: ``tokens`` turns texts into ids, ``_forward`` ids into vectors."""
 
     kind = "embedding"
+    capabilities = frozenset({"embed", "embed_tokens", "embed_all", "score", "long_inputs"})
 
     def __init__(self, model_id: str, tokens: TokenIds, *, max_seq_length: int,
                  dimension: int, device: str, token_budget: int, rows_per_call: int = 0):
@@ -280,17 +281,6 @@ class BiEncoder(Encoder):
 
 
 exc_placeholder = RuntimeError("not computed")
-
-
-class TextJob(NamedTuple):
-    """One request's texts for ``BiEncoder.embed_many_sided``."""
-
-    texts: list[str]
-    normalize: bool
-    truncate: bool
-    side: str | None = None  # left | right; None: the model's truncation_side
-    long_inputs: str | None = None  # truncate | error | chunk; None: the model's
-    each: bool = False  # chunked, with every window's own vector and offsets too
 
 
 class Windows(NamedTuple):

@@ -20,6 +20,7 @@ from blitz.runtime import model_threads
 
 class CrossEncoderEncoder(Encoder):
     kind = "cross-encoder"
+    capabilities = frozenset({"score"})
 
     def __init__(self, model_id: str, model: Any, *, max_seq_length: int | None = None,
                  batch_size: int = 32):
@@ -83,6 +84,7 @@ class ClassifierEncoder(CrossEncoderEncoder):
     out. The labels are the model config's ``id2label``."""
 
     kind = "classifier"
+    capabilities = frozenset({"score", "classify"})
 
     def __init__(self, model_id: str, model: Any, *, max_seq_length: int | None = None,
                  batch_size: int = 32):

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from blitz.encoders.base import Encoded, Encoder, check_lengths, l2_normalize
+from blitz.settings.kinds import KINDS
 
 
 class FakeEncoder(Encoder):
@@ -25,10 +26,17 @@ class FakeEncoder(Encoder):
     """
 
     backend = "fake"
+    capabilities = frozenset({"embed", "embed_tokens", "embed_sparse", "classify", "score",
+                              "embed_images"})
+    """What a fake of any kind answers; images only where its kind takes them."""
 
     def __init__(self, model_id: str, dimension: int, max_seq_length: int = 128,
-                 batch_s: float = 0.0, batches_at_once: int | None = None):
+                 batch_s: float = 0.0, batches_at_once: int | None = None,
+                 kind: str = "embedding"):
         super().__init__(model_id, max_seq_length)
+        self.kind = kind
+        if "embed_images" not in KINDS[kind].capabilities:
+            self.capabilities = type(self).capabilities - {"embed_images"}
         self._dimension = dimension
         self._batch_s = batch_s
         self._device = (threading.BoundedSemaphore(batches_at_once)
@@ -53,8 +61,8 @@ class FakeEncoder(Encoder):
 
     def prepare_images(self, images: list[Any]) -> Any:
         """A fake dual encoder's "pixels": each image's size and pixels, hashed."""
-        if self.kind != "dual-encoder":
-            raise self._no_images()
+        if "embed_images" not in self.capabilities:
+            raise self.refusal("embed_images")
         return [f"image:{i.size}:{hashlib.sha256(i.tobytes()).hexdigest()}" for i in images]
 
     def embed_prepared(self, prepared: Any, *, normalize: bool) -> Encoded:
@@ -74,7 +82,7 @@ class FakeEncoder(Encoder):
 
     @property
     def labels(self) -> tuple[str, ...]:
-        """As a classifier (``kind`` classifier): one label per dimension."""
+        """As a classifier: one label per dimension."""
         return tuple(f"LABEL_{i}" for i in range(self._dimension))
 
     def classify(self, inputs: list[list[str]], *, truncate: bool = True) -> Encoded:
@@ -82,8 +90,10 @@ class FakeEncoder(Encoder):
         out = self.embed([" ".join(item) for item in inputs], normalize=False, truncate=truncate)
         return dataclasses.replace(out, labels=self.labels)
 
-    def embed_sparse(self, texts: list[str], *, truncate: bool = True) -> Encoded:
-        """As a sparse model: each text's fake vector's positive entries, log1p'd."""
+    def embed_sparse(self, texts: list[str], *, truncate: bool = True,
+                     long_inputs: str | None = None) -> Encoded:
+        """As a sparse model: each text's fake vector's positive entries, log1p'd (it takes
+        no ``long_inputs``: never handed one)."""
         dense = self.embed(texts, normalize=False, truncate=truncate)
         rows, cols = np.nonzero(dense.values > 0)
         return dataclasses.replace(

@@ -95,6 +95,7 @@ class PromptStyle:
 
 class LlmRerankerEncoder(Encoder):
     kind = "llm-reranker"
+    capabilities = frozenset({"score"})
 
     def __init__(self, model_id: str, model: Any, tokenizer: Any, *, style: str,
                  instruction: str | None = None, yes_token: str | None = None,

@@ -25,7 +25,6 @@ from blitz.encoders.base import Encoded, l2_normalize
 from blitz.encoders.bi_encoder import BiEncoder
 from blitz.encoders.sentence_transformer import padded
 from blitz.encoders.token_ids import HfTokenIds
-from blitz.errors import InvalidValue
 from blitz.runtime import model_threads
 
 
@@ -51,6 +50,7 @@ class SparseEncoder(BiEncoder):
     """A SPLADE model: ``embed_sparse`` gives each text's non-zero vocabulary weights."""
 
     kind = "sparse"
+    capabilities = frozenset({"embed_tokens", "embed_sparse", "long_inputs"})  # no dense
 
     def __init__(self, model_id: str, model: Any, tokenizer: Any, *,
                  max_seq_length: int | None, device: str, token_budget: int):
@@ -100,10 +100,6 @@ class SparseEncoder(BiEncoder):
                        dense.padded_tokens, indices=cols.astype(np.int32),
                        rows=np.bincount(rows, minlength=len(texts)).astype(np.int64))
 
-    def embed(self, texts: list[str], *, normalize: bool, truncate: bool = True) -> Encoded:
-        raise InvalidValue(f"model {self.model_id!r} gives sparse embeddings; use "
-                           "/embed_sparse", param="model")
-
     def warmup(self) -> None:
         self.embed_sparse(["warm up"])
 
@@ -133,6 +129,8 @@ class HybridEncoder(BiEncoder):
     ``embed_sparse`` sparse, ``embed_all`` the ColBERT vectors, ``hybrid`` all three."""
 
     kind = "hybrid"
+    capabilities = frozenset({"embed", "embed_tokens", "embed_all", "embed_sparse",
+                              "embed_hybrid", "score", "long_inputs"})
 
     def __init__(self, model_id: str, model: Any, sparse_linear: Any, colbert_linear: Any,
                  tokenizer: Any, *, max_seq_length: int | None, device: str,

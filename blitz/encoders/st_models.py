@@ -21,7 +21,8 @@ from blitz.encoders.onnx_native import NativeOnnxModel, OnnxEncoder, open_native
 from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
 from blitz.encoders.sparse import SparseEncoder
 from blitz.runtime import model_threads
-from blitz.settings.registry import HEADED_KINDS, ModelSpec
+from blitz.settings.kinds import kind_of
+from blitz.settings.registry import ModelSpec
 
 if TYPE_CHECKING:
     from sentence_transformers import CrossEncoder, SentenceTransformer
@@ -65,14 +66,11 @@ def _wrap(spec: ModelSpec, model: Any, device: str) -> Encoder:
     if isinstance(model, NativeOnnxModel):
         return OnnxEncoder(spec.id, model, max_seq_length=spec.max_seq_length,
                            token_budget=CPU_TOKEN_BUDGET, rows_per_call=rows_per_call)
-    if spec.kind == "classifier":
-        return ClassifierEncoder(
-            spec.id, model, max_seq_length=spec.max_seq_length,
-            batch_size=CPU_PAIRS_PER_BATCH if on_cpu else GPU_PAIRS_PER_BATCH)
-    if spec.kind == "cross-encoder":
-        return CrossEncoderEncoder(
-            spec.id, model, max_seq_length=spec.max_seq_length,
-            batch_size=CPU_PAIRS_PER_BATCH if on_cpu else GPU_PAIRS_PER_BATCH)
+    kind = kind_of(spec.kind)
+    if kind.opens == "sequence-classification":  # a classifier's head answers labels
+        headed = ClassifierEncoder if "classify" in kind.capabilities else CrossEncoderEncoder
+        return headed(spec.id, model, max_seq_length=spec.max_seq_length,
+                      batch_size=CPU_PAIRS_PER_BATCH if on_cpu else GPU_PAIRS_PER_BATCH)
     return SentenceTransformerEncoder(
         spec.id, model.eval(), max_seq_length=spec.max_seq_length,
         token_budget=CPU_TOKEN_BUDGET if on_cpu else GPU_TOKEN_BUDGET,
@@ -146,7 +144,7 @@ def open_onnx_file(spec: ModelSpec, directory: Path, file_name: str, *,
     from sentence_transformers import CrossEncoder, SentenceTransformer
 
     kwargs = onnx_model_kwargs(file_name)
-    if spec.kind in HEADED_KINDS:
+    if kind_of(spec.kind).opens == "sequence-classification":
         return CrossEncoder(str(directory), backend="onnx", device="cpu", local_files_only=True,
                             model_kwargs=kwargs, trust_remote_code=spec.trust_remote_code)
     return SentenceTransformer(str(directory), backend="onnx", device="cpu",

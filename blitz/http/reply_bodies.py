@@ -59,6 +59,7 @@ from blitz.hop_messages import (
     Usage,
 )
 from blitz.http.long_inputs import chunks_body
+from blitz.settings.kinds import KINDS
 
 
 def usage_body(usage: Usage) -> dict[str, int]:
@@ -161,9 +162,8 @@ def cohere_embed_reply(by_type: dict[str, np.ndarray | list[str]] | np.ndarray,
             "response_type": "embeddings_floats" if floats else "embeddings_by_type"}
 
 
-# Infinity's capability names, by Blitz's model kind
-_CAPABILITIES = {"embedding": ["embed"], "cross-encoder": ["rerank"], "llm-reranker": ["rerank"],
-                 "classifier": ["classify"], "sparse": ["embed"]}
+# Infinity's capability names, by Blitz's model kind (its row's ``infinity``)
+_CAPABILITIES = {name: list(row.infinity) for name, row in KINDS.items()}
 
 
 def infinity_model(described: dict[str, Any], created: int) -> dict[str, Any]:

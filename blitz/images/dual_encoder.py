@@ -29,6 +29,7 @@ class DualEncoderBase(Encoder):
     """A dual encoder's inputs and outputs; a backend runs the two towers."""
 
     kind = "dual-encoder"
+    capabilities = frozenset({"embed", "score", "embed_images"})
     tensors = "pt"  # what the tokenizer and image processor return: "pt" or "np"
 
     def __init__(self, model_id: str, path: str | Path, config: Any,

@@ -32,9 +32,9 @@ from blitz.images.decode import in_image_thread
 from blitz.images.inputs import SizedImage, image_bytes, jobs_of, sized_images
 from blitz.ingress.limits import check_texts
 from blitz.ingress.service import EmbeddingService, RequestRecord, joined
+from blitz.settings.kinds import kind_of
 from blitz.settings.registry import ModelSpec
 
-IMAGE_KINDS = ("dual-encoder",)
 Images = list[bytes] | list[str] | list[Any]
 """Each an encoded image file: bytes, base64, a data URL, or a URL under images.url_allow."""
 
@@ -92,7 +92,7 @@ class ImageService:
         record.model = model or ""
         spec = service.spec(model)
         record.model = spec.id
-        if spec.kind not in IMAGE_KINDS:
+        if "embed_images" not in kind_of(spec.kind).serves:
             raise InvalidValue(f"model {spec.id!r} is of kind {spec.kind}; images need a model of "
                                "kind dual-encoder (CLIP, SigLIP)", param="model")
         service._check_dimensions(spec, dimensions)
@@ -109,7 +109,7 @@ class ImageService:
                                  units=image_units(len(chunk), pixels))
 
         ran = await service.run(
-            record, spec.id, lambda _: sized, job, kind=IMAGE_KINDS,
+            record, spec.id, lambda _: sized, job, serves="embed_images",
             split=lambda items, size: jobs_of(items, size, limits.max_job_bytes,
                                               limits.max_job_pixels))
         return spec, ran.pool, joined(ran.parts)[0]

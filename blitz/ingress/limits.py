@@ -13,7 +13,7 @@ chunked job's units are its windows (``blitz.hop_messages.units_of``).
 The HTTP bodies count their lists with ``check_count`` and ``check_token_total`` before
 validation (``blitz.http.bodies``); the service checks every request's texts and token
 ids with ``check_texts`` and ``check_token_ids``, for HTTP, gRPC and handle calls alike.
-Each model kind's cost is declared in ``KIND_COSTS``.
+Each model kind's cost is its row's ``cost`` in ``blitz.settings.kinds`` (``KIND_COSTS``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from blitz.errors import InvalidValue, PayloadTooLarge
+from blitz.settings.kinds import KINDS, KindCost
 
 if TYPE_CHECKING:
     from blitz.settings.config import Limits
@@ -65,32 +66,9 @@ BUDGET: dict[str, Limit] = {
 """Every request limit, by its setting (``limits.<name>``, or ``images.<name>``);
 docs/reliability.md ("The cost budget") prints this table."""
 
-class KindCost(NamedTuple):
-    """What a request to a model of one kind costs, beyond its texts: whether its texts may
-    be cut into windows (counted: ``count_windows``), whether it answers one vector per
-    token (counted: ``max_token_vectors_per_request``), whether it takes images (their
-    declared pixels: ``images.*``), and what its output holds."""
-
-    inputs: str
-    windows: bool = False
-    token_vectors: bool = False
-    pixels: bool = False
-    output: str = ""
-
-
-KIND_COSTS: dict[str, KindCost] = {
-    "embedding": KindCost("texts", windows=True, token_vectors=True,
-                          output="texts x dimension (+ windows x dimension with return_chunks)"),
-    "sparse": KindCost("texts", windows=True, output="non-zero weights, at most the tokens"),
-    "hybrid": KindCost("texts", windows=True, token_vectors=True,
-                       output="dense and sparse per text, ColBERT one vector per token"),
-    "dual-encoder": KindCost("texts or images", pixels=True, output="inputs x dimension"),
-    "cross-encoder": KindCost("documents (one query-document pair each)", output="scores"),
-    "llm-reranker": KindCost("documents (one prompt each)", output="scores"),
-    "classifier": KindCost("inputs (a text or a pair each)", output="labels x inputs"),
-}
-"""What a request to each model kind costs; a new kind declares its row here, and the
-budget's checks read it."""
+KIND_COSTS: dict[str, KindCost] = {name: row.cost for name, row in KINDS.items()}
+"""What a request to each model kind costs: the ``cost`` column of the kind table
+(``blitz.settings.kinds.KINDS``), which the budget's checks read."""
 
 
 def over(setting: str, have: str, limit: int, param: str) -> PayloadTooLarge:

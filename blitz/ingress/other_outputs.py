@@ -85,7 +85,7 @@ class OutputService:
             spec, pool, parts = await self.service.run(
                 record, model, lambda _: items,
                 lambda _, chunk: TokenEmbedJob(chunk, truncate, long_inputs),
-                kind=("embedding", "hybrid"),
+                serves="embed_all",
                 other_kind="/embed_all takes a model of kind embedding or hybrid")
             limit = self.service.settings.limits.max_token_vectors_per_request
             if record.tokens > limit:  # what the ingress could not count (no tokenizer here)
@@ -137,7 +137,7 @@ class OutputService:
             spec, pool, parts = await self.service.run(
                 record, model, lambda _: items,
                 lambda _, chunk: SparseEmbedJob(chunk, truncate, long_inputs),
-                kind=("sparse", "hybrid"), cost=cost,
+                serves="embed_sparse", cost=cost,
                 other_kind="/embed_sparse takes a model of kind sparse or hybrid")
             vectors: list[SparseVector] = []
             for part in parts:
@@ -162,7 +162,7 @@ class OutputService:
             spec, pool, parts = await self.service.run(
                 record, model, lambda _: items,
                 lambda _, chunk: HybridEmbedJob(chunk, outputs, truncate),
-                kind="hybrid", other_kind="/embed_hybrid takes a model of kind hybrid")
+                serves="embed_hybrid", other_kind="/embed_hybrid takes a model of kind hybrid")
             found: dict[str, list] = {name: [] for name in outputs}
             for part in parts:
                 assert part.outputs is not None
@@ -218,7 +218,7 @@ class OutputService:
             record.texts = len(items)
             spec, pool, parts = await service.run(
                 record, model, lambda _: items, lambda _, chunk: ClassifyJob(chunk, truncate),
-                kind="classifier", other_kind="/predict and /classify takes a model of kind "
+                serves="classify", other_kind="/predict and /classify takes a model of kind "
                 "classifier")
             logits = np.concatenate([p.values for p in parts])
             labels = parts[0].labels or tuple(f"LABEL_{i}" for i in range(logits.shape[1]))

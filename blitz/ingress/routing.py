@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from blitz.settings.config import RoutingSettings
-from blitz.settings.registry import RERANK_KINDS
+from blitz.settings.kinds import kind_of
 
 Pool = Literal["cpu", "gpu"]
 Reason = Literal["no_gpu", "small", "size", "kind", "cold_gpu"]
@@ -42,7 +42,7 @@ def choose_pool(kind: str, n_items: int, pools: Collection[str], running: Collec
     """
     if "gpu" not in pools:
         return Route("cpu", "no_gpu")
-    if kind in RERANK_KINDS:
+    if kind_of(kind).reranks_only:
         route = Route(policy.cross_encoder_pool, "kind")
     elif n_items < (policy.gpu_min_images if images else policy.gpu_min_batch):
         return Route("cpu", "small")

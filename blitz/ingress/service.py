@@ -55,6 +55,7 @@ from blitz.loading.facts import read_dimension
 from blitz.pool.mixed_batch import Job
 from blitz.runtime.tracing import RequestSpan
 from blitz.settings.config import BlitzSettings
+from blitz.settings.kinds import Service, kind_of
 from blitz.settings.registry import ModelSpec, apply_prompt
 
 logger = logging.getLogger("blitz.service")
@@ -213,12 +214,13 @@ class EmbeddingService:
     async def run(self, record: RequestRecord, model: str | None,
                   inputs: Callable[[ModelSpec], list[Any]],
                   make_job: Callable[[ModelSpec, list[Any]], Job], *,
-                  kind: str | tuple[str, ...] | None = None, other_kind: str = "",
+                  serves: Service | None = None, other_kind: str = "",
                   through: Through | None = None, split: Split | None = None,
                   cost: Cost | None = None) -> Ran:
         """The ingress request pipeline, one for every route that runs a model: resolve
-        ``model`` (None: the default) into ``record``; refuse a model not of ``kind`` (one or
-        a tuple; None: any), the error saying ``other_kind``; take ``inputs(spec)``, the
+        ``model`` (None: the default) into ``record``; refuse a model whose kind does not
+        serve ``serves`` (``blitz.settings.kinds``; None: any), the error saying
+        ``other_kind``; take ``inputs(spec)``, the
         request's items, checked, and their ``cost`` (units each, before any work: a chunked
         text's windows); route them; send them in ``make_job(spec, chunk)`` jobs of the
         pool's batch limit in units (images: ``split``'s, routed as images), in parallel
@@ -227,7 +229,7 @@ class EmbeddingService:
         record.model = model or ""  # observed as "other" if it is unknown
         spec = self.spec(model)
         record.model = spec.id
-        if kind is not None and spec.kind not in ((kind,) if isinstance(kind, str) else kind):
+        if serves is not None and serves not in kind_of(spec.kind).serves:
             raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; {other_kind}",
                                param="model")
         items = inputs(spec)
@@ -347,7 +349,7 @@ class EmbeddingService:
             cached = (self.vectors.through(record, o)
                       if self.vectors is not None and token_ids is None and not o.return_chunks
                       else None)
-            spec, pool, parts = await self.run(record, model, inputs, job, kind=DENSE_KINDS,
+            spec, pool, parts = await self.run(record, model, inputs, job, serves="embed",
                                                other_kind="use /rerank for it", through=cached,
                                                cost=cost)
             values = joined(parts)[0]
@@ -394,6 +396,3 @@ class EmbeddingService:
             hits = [RerankHit(int(i), float(scores[i]),
                               documents[i] if return_documents else None) for i in order]
             return RerankResult(hits, spec.id, Usage.of(record.tokens), pool)
-
-
-DENSE_KINDS = ("embedding", "hybrid", "dual-encoder")  # /embed takes (bge-m3: its dense)

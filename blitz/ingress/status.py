@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from blitz.errors import NotReady
 from blitz.loading.facts import model_shape, read_dimension, read_facts
 from blitz.pool.memory_budget import size_model
-from blitz.settings.registry import RERANK_KINDS
+from blitz.settings.kinds import kind_of
 
 if TYPE_CHECKING:
     from blitz.ingress.service import EmbeddingService, RequestRecord
@@ -111,20 +111,15 @@ def info(service: EmbeddingService, model: str | None = None) -> dict[str, objec
                                settings.pool(pool).memory_bytes, shape).max_batch_tokens
               for pool in pools}  # a budget left to a GPU's memory lowers it there only
     facts = read_facts(spec)
-    kind: dict[str, object]
-    if spec.kind in RERANK_KINDS:
-        kind = {"reranker": {}}
-    elif spec.kind == "classifier":
+    row = kind_of(spec.kind)
+    kind: dict[str, object] = {"reranker": {}}
+    if row.model_type == "classifier":
         found = facts.get("id2label")
         id2label: dict[str, str] = found if isinstance(found, dict) else {}
         kind = {"classifier": {"id2label": id2label,
                                "label2id": {v: int(k) for k, v in id2label.items()}}}
-    elif spec.kind == "dual-encoder":  # each tower's own pooling, then its projection
-        kind = {"embedding": {"pooling": "projection"}}
-    elif spec.kind in ("sparse", "hybrid"):  # bge-m3's dense vector is its CLS row
-        kind = {"embedding": {"pooling": "splade" if spec.kind == "sparse" else "cls"}}
-    else:
-        kind = {"embedding": {"pooling": facts["pooling"]}}
+    elif row.model_type == "embedding":  # the kind's pooling, else the model files'
+        kind = {"embedding": {"pooling": row.pooling or facts["pooling"]}}
     return {
         "model_id": spec.id,
         "model_sha": None,

@@ -19,7 +19,8 @@ import numpy as np
 from blitz.encoders.base import l2_normalize
 from blitz.encoders.probes import PROBE_QUERIES, PROBE_TEXTS
 from blitz.errors import LoadProblem
-from blitz.settings.registry import RERANK_KINDS, ModelSpec
+from blitz.settings.kinds import kind_of
+from blitz.settings.registry import ModelSpec
 
 if TYPE_CHECKING:
     from blitz.encoders.base import Encoder
@@ -69,10 +70,11 @@ def probe(encoder: Encoder) -> np.ndarray:
     """``encoder``'s answers on the probe set: normalized embeddings of the probe sentences,
     or a cross-encoder's scores of every probe sentence for each probe query
     (queries, sentences)."""
-    if encoder.kind in RERANK_KINDS:
+    answers = kind_of(encoder.kind).answers
+    if answers == "scores":
         return np.stack([encoder.score(query, list(PROBE_TEXTS)).values
                          for query in PROBE_QUERIES])
-    if encoder.kind == "classifier":  # (labels, sentences): each label's logits over the set
+    if answers == "labels":  # (labels, sentences): each label's logits over the set
         logits = encoder.classify([[t] for t in PROBE_TEXTS]).values
         return np.ascontiguousarray(logits.T)
     return encoder.embed(list(PROBE_TEXTS), normalize=True).values
@@ -99,7 +101,7 @@ def compare_dual(reference: tuple[np.ndarray, np.ndarray],
 
 def compare(kind: str, reference: np.ndarray, candidate: np.ndarray) -> AccuracyReport:
     """How closely ``candidate``'s probe answers follow ``reference``'s (both from ``probe``)."""
-    if kind in (*RERANK_KINDS, "classifier"):
+    if kind_of(kind).answers != "vectors":
         return compare_scores(reference, candidate)
     return compare_embeddings(reference, candidate)
 

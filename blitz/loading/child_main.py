@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from blitz.loading.child_work import CHOICE_MARK
+from blitz.settings.kinds import kind_of
 from blitz.settings.registry import ModelSpec
 
 
@@ -25,7 +26,7 @@ def main(argv: list[str]) -> int:
     kind, spec, path = argv[0], ModelSpec.model_validate_json(argv[1]), Path(argv[2])
     cache_dir = argv[3] or None
     if kind == "build":
-        if spec.kind == "dual-encoder":
+        if kind_of(spec.kind).opens == "two-towers":
             from blitz.loading.dual_export import prepare_dual_onnx
 
             prepare_dual_onnx(spec, path, cache_dir)

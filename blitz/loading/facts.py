@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from blitz.loading.fetch import resolve_source
+from blitz.settings.kinds import kind_of
 from blitz.settings.registry import ModelSpec
 
 GATED = ("llama", "mistral", "qwen", "gemma", "phi3")  # model_type prefixes with a gated MLP
@@ -111,16 +112,17 @@ def read_dimension(spec: ModelSpec) -> int | None:
         return spec.dimension
     if spec.is_fake:
         return spec.fake_params()[0]
-    if spec.kind not in ("embedding", "sparse", "dual-encoder") or not spec.location().is_local:
+    source = kind_of(spec.kind).dimension
+    if source is None or not spec.location().is_local:
         return None
     try:
         path = resolve_source(spec)
-        if spec.kind == "dual-encoder":  # CLIP's projection_dim; SigLIP's text projection
+        if source == "projection":  # CLIP's projection_dim; SigLIP's text projection
             config = read_config(path)
             text = config.get("text_config") or {}
             return int(config.get("projection_dim") or text.get("projection_size")
                        or text["hidden_size"])
-        if spec.kind == "sparse":  # one weight per vocabulary token
+        if source == "vocabulary":  # one weight per vocabulary token
             return int(read_config(path)["vocab_size"])
         modules = read_json(path / "modules.json") or []
         for module in reversed(modules):

@@ -47,7 +47,8 @@ from blitz.loading.accuracy import AccuracyReport, compare, cut, enforce_accurac
 from blitz.loading.facts import model_type
 from blitz.loading.model_trust import check_model_folder
 from blitz.runtime.cpu_features import quantization_target
-from blitz.settings.registry import HEADED_KINDS, ModelSpec
+from blitz.settings.kinds import kind_of
+from blitz.settings.registry import ModelSpec
 from blitz.sources import model_cache
 
 logger = logging.getLogger("blitz.onnx_export")
@@ -166,7 +167,7 @@ def _native_verdict(spec: ModelSpec, directory: Path, file_name: str,
                     say: Progress) -> str | None:
     """None when the build runs on onnxruntime alone exactly as through
     sentence-transformers (``onnx_native.verify``), else why not."""
-    if spec.kind != "embedding":
+    if kind_of(spec.kind).opens != "sentence-transformers":
         return f"a {spec.kind} runs through sentence-transformers"
     say("checking the build on onnxruntime alone against sentence-transformers")
     reference = wrap(spec, open_onnx_file(spec, directory, file_name), "cpu")
@@ -185,7 +186,7 @@ def _build_onnx(spec: ModelSpec, path: Path, tmp: Path, quantization: str | None
     model.save_pretrained(str(tmp))
     del model
     say("running torch fp32 on the probe set")
-    torch_model = (open_torch_cross_encoder if spec.kind in HEADED_KINDS
+    torch_model = (open_torch_cross_encoder if _headed(spec)
                    else open_torch_bi_encoder)(spec, path)
     reference = _probe(spec, torch_model)
     if not quantization:
@@ -245,6 +246,11 @@ def _source_name(spec: ModelSpec) -> str:
 
 # --- export -----------------------------------------------------------------------------
 
+def _headed(spec: ModelSpec) -> bool:
+    """Whether ``spec``'s model is a sequence-classification head (a ``CrossEncoder``)."""
+    return kind_of(spec.kind).opens == "sequence-classification"
+
+
 def _export_onnx(spec: ModelSpec, path: Path) -> Any:
     """The model exported to ONNX by optimum (in memory; ``save_pretrained`` writes it)."""
     from sentence_transformers import CrossEncoder, SentenceTransformer
@@ -252,7 +258,7 @@ def _export_onnx(spec: ModelSpec, path: Path) -> Any:
 
     kwargs = {**onnx_model_kwargs(), "export": True}
     with _quiet_export():
-        if spec.kind in HEADED_KINDS:
+        if _headed(spec):
             return CrossEncoder(str(path), backend="onnx", device="cpu", local_files_only=True,
                                 model_kwargs=kwargs, trust_remote_code=spec.trust_remote_code)
         if (path / "modules.json").exists():

@@ -88,10 +88,8 @@ def open_backend(load: Load, path: Path | None, backend: str) -> Encoder:
 def _fake(spec: ModelSpec, path: None, load: Load) -> Encoder:
     dimension, load_s, batch_s = spec.fake_params()
     time.sleep(load_s)  # a slow load, for fault tests (runs on a loader thread)
-    encoder = FakeEncoder(spec.id, dimension, spec.max_seq_length or 128, batch_s=batch_s,
-                          batches_at_once=spec.fake_batches_at_once())
-    encoder.kind = spec.kind
-    return encoder
+    return FakeEncoder(spec.id, dimension, spec.max_seq_length or 128, batch_s=batch_s,
+                       batches_at_once=spec.fake_batches_at_once(), kind=spec.kind)
 
 
 def _torch_bi_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:

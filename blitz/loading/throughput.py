@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from blitz.encoders.base import Encoder
-from blitz.settings.registry import RERANK_KINDS
+from blitz.settings.kinds import kind_of
 
 
 def measure_throughput(encoder: Encoder, texts: list[str], batch_size: int, *,
@@ -22,9 +22,10 @@ def measure_throughput(encoder: Encoder, texts: list[str], batch_size: int, *,
     """
     def call(start: int) -> None:
         batch = [texts[(start + i) % len(texts)] for i in range(batch_size)]
-        if encoder.kind in RERANK_KINDS:
+        answers = kind_of(encoder.kind).answers
+        if answers == "scores":
             encoder.score(texts[start % len(texts)], batch)
-        elif encoder.kind == "classifier":
+        elif answers == "labels":
             encoder.classify([[t] for t in batch])
         else:
             encoder.embed(batch, normalize=True)

@@ -41,6 +41,9 @@ class PreparedImages(_Job):
     def __len__(self) -> int:
         return self.count
 
+    def run(self, encoder: Encoder) -> Encoded:
+        return encoder.embed_prepared(self.prepared, normalize=self.normalize)
+
 
 Leased = Callable[[Callable[[Encoder], Any]], Awaitable[Any]]
 """Runs a function of the model's encoder in a thread, holding a lease on the model."""

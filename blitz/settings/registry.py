@@ -29,19 +29,9 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from blitz.errors import InvalidValue, UnknownModel, echo
+from blitz.settings.kinds import KINDS, KINDS_DOC, Kind, kind_of
 
-Kind = Literal["embedding", "cross-encoder", "classifier", "sparse", "llm-reranker", "hybrid",
-               "dual-encoder"]
-HEADED_KINDS = ("cross-encoder", "classifier")
-"""Kinds whose models are a sequence-classification head (``AutoModelForSequenceClassification``):
-loaded, exported to ONNX and checked alike."""
-RERANK_KINDS = ("cross-encoder", "llm-reranker")
-"""Kinds that only rerank (a score per (query, document) pair): routed, described and
-checked alike."""
-TORCH_ONLY_KINDS = ("sparse", "hybrid")  # no ONNX build of these is made
-DUAL_ENCODER_BACKENDS = ("torch", "onnx", "onnx-int8")  # both towers exported; no bf16 yet
 RerankerStyle = Literal["qwen3", "bge-gemma"]
-_RERANKER_FIELDS = ("reranker_style", "rerank_instruction", "yes_token", "no_token")
 CpuBackend = Literal["torch", "torch-bf16", "onnx", "onnx-int8", "auto"]
 GpuDtype = Literal["float16", "bfloat16", "float32"]
 OBJECT_STORES = ("s3", "gs", "az", "abfs")
@@ -88,14 +78,7 @@ class ModelSpec(BaseModel):
     id: str = Field(description="the name clients use (header, body `model`, OpenAI `model`)")
     source: str = Field(description="package:<module> | <dir> | hf:<org>/<name>[@<revision>] "
                         "| s3://... | fake:<dim>")
-    kind: Kind = Field("embedding", description="embedding (a bi-encoder: /embed, "
-                       "/v1/embeddings, /embed_all), cross-encoder (/rerank), classifier "
-                       "(a sequence classifier: /predict, /classify), sparse (a SPLADE "
-                       "masked-language model: /embed_sparse; torch), llm-reranker (a "
-                       "causal LM scored by its yes/no logits: /rerank; torch or torch-bf16) "
-                       "hybrid (bge-m3: dense, sparse and ColBERT vectors from one "
-                       "forward pass; torch) or dual-encoder (CLIP, SigLIP: texts and "
-                       "images into one space; torch, onnx or onnx-int8)")
+    kind: Kind = Field("embedding", description=KINDS_DOC)
     cpu_backend: CpuBackend = Field(
         "torch", description="how CPU pools run it; auto (bi-encoders): at load, the fastest "
         "backend that passes the accuracy guard on this CPU, one per model (never per "
@@ -194,16 +177,19 @@ class ModelSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _sparse_runs_on_torch(self) -> ModelSpec:
-        if self.kind in TORCH_ONLY_KINDS and self.cpu_backend != "torch" and (
-                not self.is_fake):
-            raise ValueError(f"model {self.id!r}: {self.kind} models run on torch; set "
-                             "cpu_backend to torch")
-        if self.kind == "dual-encoder" and self.cpu_backend not in DUAL_ENCODER_BACKENDS and (
-                not self.is_fake):
-            raise ValueError(f"model {self.id!r}: dual-encoder models run on torch, onnx or "
-                             f"onnx-int8 (no {self.cpu_backend} yet); set cpu_backend to one "
-                             "of them")
+    def _runs_on_its_kinds_backends(self) -> ModelSpec:
+        """A backend its kind does not run on is refused in the kind's words (a fake runs
+        every kind's; ``auto`` is for the kinds that list it, refused in its own words)."""
+        kind = kind_of(self.kind)
+        if self.cpu_backend in kind.backends:
+            return self
+        if kind.backend_refusal and not self.is_fake:
+            raise ValueError("model " + kind.backend_refusal.format(
+                id=self.id, kind=self.kind, backend=self.cpu_backend))
+        if self.cpu_backend == "auto":
+            raise ValueError("cpu_backend auto is for embedding models; name a cross-encoder's "
+                             "or classifier's backend (torch, torch-bf16, onnx or onnx-int8), "
+                             "or a dual-encoder's (torch, onnx or onnx-int8)")
         return self
 
     @model_validator(mode="after")
@@ -222,26 +208,16 @@ class ModelSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _auto_is_for_bi_encoders(self) -> ModelSpec:
-        if self.cpu_backend == "auto" and self.kind != "embedding":
-            raise ValueError("cpu_backend auto is for embedding models; name a cross-encoder's or "
-                             "classifier's backend (torch, torch-bf16, onnx or onnx-int8), "
-                             "or a dual-encoder's (torch, onnx or onnx-int8)")
-        return self
-
-    @model_validator(mode="after")
-    def _llm_rerankers_run_on_torch(self) -> ModelSpec:
-        if self.kind != "llm-reranker":
-            # a default is no choice (a dumped spec, as replicas get it, has every field)
-            named = [name for name in _RERANKER_FIELDS
-                     if getattr(self, name) != type(self).model_fields[name].default]
+    def _kind_fields_for_their_kind(self) -> ModelSpec:
+        """A field of one kind alone (``own_fields``) set on a model of another kind is
+        refused; a default is no choice (a dumped spec, as replicas get it, has every
+        field)."""
+        for owner in KINDS.values():
+            named = [name for name in owner.own_fields if owner.name != self.kind
+                     and getattr(self, name) != type(self).model_fields[name].default]
             if named:
                 raise ValueError(f"model {self.id!r} is a {self.kind}: {', '.join(named)} "
-                                 "is for kind llm-reranker only")
-        elif self.cpu_backend not in ("torch", "torch-bf16") and not self.is_fake:
-            raise ValueError(f"model {self.id!r}: an llm-reranker runs on torch or torch-bf16; "
-                             f"cpu_backend {self.cpu_backend} (no ONNX build of a causal LM's "
-                             "yes/no scoring is made or checked) is not served")
+                                 f"is for kind {owner.name} only")
         return self
 
     def location(self) -> Location:

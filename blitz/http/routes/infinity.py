@@ -26,6 +26,7 @@ from blitz.http.routes.kit import (
     speaking,
 )
 from blitz.ingress import status
+from blitz.settings.kinds import kind_of
 
 
 async def rerank(kit: Kit, request: Request, payload: Payload) -> Response:
@@ -50,7 +51,7 @@ async def rerank_result(kit: Kit, request: Request, payload: Payload,
     """A rerank body (``body``, TEI's, Infinity's and Cohere's shapes) run: the result."""
     req = body.parse(payload, kit.settings.limits)
     model = model_id(request, req.model)
-    if req.raw_scores and kit.service.spec(model).kind != "embedding":
+    if req.raw_scores and not kind_of(kit.service.spec(model).kind).raw_scores:
         raise InvalidValue("raw_scores is not served for cross-encoders or LLM rerankers: "
                            "scores are the model's activation (a sigmoid of its logit; an "
                            "LLM reranker's as its normalize setting says); leave it out",

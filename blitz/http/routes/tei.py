@@ -24,7 +24,7 @@ from blitz.http.responses import JSONBytesResponse, MsgpackResponse
 from blitz.http.routes.blitz_api import embed
 from blitz.http.routes.infinity import rerank
 from blitz.http.routes.kit import Kit, Payload, model_id, plain, record, reply_format, speaking
-from blitz.settings.registry import RERANK_KINDS
+from blitz.settings.kinds import kind_of
 
 
 async def tei_root(kit: Kit, request: Request, payload: Payload) -> Response:
@@ -36,15 +36,15 @@ async def tei_root(kit: Kit, request: Request, payload: Payload) -> Response:
     the default."""
     speaking(request, "tei")
     body_model = payload.get("model") if isinstance(payload, dict) else None
-    kind = kit.service.spec(model_id(request, body_model)).kind
+    root = kind_of(kit.service.spec(model_id(request, body_model)).kind).tei_root
     inputs = payload.get("inputs") if isinstance(payload, dict) else None
-    if kind in RERANK_KINDS:
+    if root == "rerank":
         return await rerank(kit, request, payload)
-    if kind == "classifier":
+    if root == "predict":
         if isinstance(payload, dict) and isinstance(payload.get("parameters"), dict):
             return await _pipeline_classify(kit, request, payload)
         return await predict(kit, request, payload)
-    if kind == "sparse":
+    if root == "embed_sparse":
         return await embed_sparse(kit, request, payload)
     if isinstance(inputs, dict):
         return await similarity(kit, request, payload)

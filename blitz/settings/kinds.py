@@ -1,0 +1,172 @@
+"""Every model kind, declared once: ``KINDS``, one ``ModelKind`` row a kind.
+
+A row says what a kind's models take and produce, the services (routes) the ingress lets
+them answer (``SERVICES``), the calls their encoder answers (``CAPABILITIES``: an
+encoder declares them, ``blitz.encoders.base.Encoder.capabilities``, and refuses the
+others alike), the backends they run on, how they are opened and how their facts are
+read, what a request to them costs (the budget's units: ``KindCost``,
+``blitz.ingress.limits``) and how their jobs batch. Everything that differs by kind reads
+a column here; nothing else names a kind. Data only: no model code is imported.
+
+A new kind is a row here, an encoder that declares its capabilities, a job and its input
+decoder, and a route (docs/architecture.md, "Where to add a model kind").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, get_args
+
+Kind = Literal["embedding", "cross-encoder", "classifier", "sparse", "llm-reranker", "hybrid",
+               "dual-encoder"]
+"""The kinds by name, in the order of ``KINDS`` (a spec's ``kind``; checked against it)."""
+
+Capability = Literal["embed", "embed_tokens", "embed_all", "embed_sparse", "embed_hybrid",
+                     "classify", "score", "embed_images", "long_inputs"]
+"""An encoder's calls: ``Encoder.embed``, ``embed_tokens``, ``embed_all``,
+``embed_sparse``, ``embed_hybrid``, ``classify``, ``score``, the image calls
+(``embed_images``: ``prepare_images``, ``embed_prepared``, ``embed_image_bytes``) and
+``long_inputs``: a request's truncation side and chunk windows (``embed_many_sided``)."""
+CAPABILITIES: tuple[Capability, ...] = get_args(Capability)
+
+Service = Literal["embed", "embed_all", "embed_sparse", "embed_hybrid", "classify",
+                  "embed_images", "bulk"]
+"""What the ingress refuses a model whose kind does not serve it: ``/embed`` (and every
+route over dense vectors: OpenAI's, Cohere's, ``/similarity``), ``/embed_all``,
+``/embed_sparse``, ``/embed_hybrid``, ``/predict`` and ``/classify``, images, and a bulk
+job. ``/rerank`` serves every kind (an embedding model by cosine), ``/tokenize`` too."""
+SERVICES: tuple[Service, ...] = get_args(Service)
+
+CPU_BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8")
+"""Every named CPU backend (``auto`` chooses among them; ``fake`` plays any kind)."""
+
+
+class KindCost(NamedTuple):
+    """What a request to a model of one kind costs, beyond its texts: whether its texts may
+    be cut into windows (counted: ``count_windows``), whether it answers one vector per
+    token (counted: ``max_token_vectors_per_request``), whether it takes images (their
+    declared pixels: ``images.*``), and what its output holds."""
+
+    inputs: str
+    windows: bool = False
+    token_vectors: bool = False
+    pixels: bool = False
+    output: str = ""
+
+
+@dataclass(frozen=True)
+class ModelKind:
+    """One model kind. ``cost.inputs`` is what it takes, ``cost.output`` what it produces."""
+
+    name: Kind
+    about: str  # what its models are, and the routes they answer (the spec's kind doc)
+    cost: KindCost  # what it takes and produces, and the budget's units (limits.KIND_COSTS)
+    serves: frozenset[Service]  # the ingress services it answers (besides /rerank)
+    capabilities: frozenset[Capability]  # what its (torch) encoder answers
+    encoder: str  # its torch encoder class, dotted (a fake encoder plays any kind)
+    opens: Literal["sentence-transformers", "sequence-classification", "masked-lm",
+                   "bge-m3", "causal-lm", "two-towers"]  # what loads and exports it
+    backends: tuple[str, ...]  # the cpu_backends it runs on (auto: chosen at load)
+    backend_refusal: str | None  # the refusal of another backend ({id} {kind} {backend});
+    # None: every backend but auto, refused as auto is
+    answers: Literal["vectors", "scores", "labels"]  # what the accuracy guard probes
+    dimension: Literal["modules", "vocabulary", "projection"] | None  # read_dimension's
+    # source: sentence-transformers' modules, the vocabulary, the towers' projection; None: none
+    pooling: str | None  # what /info reports as its pooling (None: the model files')
+    model_type: Literal["embedding", "reranker", "classifier"]  # TEI's /info model_type
+    tei_root: Literal["embed", "rerank", "predict", "embed_sparse"]  # TEI's POST / for it
+    infinity: tuple[str, ...]  # Infinity's capability names (GET /models)
+    raw_scores: bool  # whether /rerank may answer raw scores (cosine, not an activation)
+    own_fields: tuple[str, ...]  # spec fields for this kind alone
+    batching: str  # how its jobs share a model call
+
+    @property
+    def reranks_only(self) -> bool:
+        """A model that only reranks: routed to the reranker pool whatever the size."""
+        return self.model_type == "reranker"
+
+
+_TORCH_ONLY = "{id!r}: {kind} models run on torch; set cpu_backend to torch"
+_TEXTS_SHARE = "text jobs share one padded, length-sorted call; others one call each"
+_ONE_CALL = "one call a job, several jobs in one worker turn"
+RERANKER_FIELDS = ("reranker_style", "rerank_instruction", "yes_token", "no_token")
+
+KINDS: dict[str, ModelKind] = {row.name: row for row in (
+    ModelKind(
+        "embedding", "a bi-encoder: /embed, /v1/embeddings, /embed_all",
+        KindCost("texts", windows=True, token_vectors=True,
+                 output="texts x dimension (+ windows x dimension with return_chunks)"),
+        frozenset({"embed", "embed_all", "bulk"}),
+        frozenset({"embed", "embed_tokens", "embed_all", "score", "long_inputs"}),
+        "blitz.encoders.bi_encoder.BiEncoder", "sentence-transformers",
+        (*CPU_BACKENDS, "auto"), None, "vectors", "modules", None, "embedding", "embed",
+        ("embed",), True, (), _TEXTS_SHARE),
+    ModelKind(
+        "cross-encoder", "/rerank",
+        KindCost("documents (one query-document pair each)", output="scores"),
+        frozenset(), frozenset({"score"}),
+        "blitz.encoders.cross_encoder.CrossEncoderEncoder", "sequence-classification",
+        CPU_BACKENDS, None, "scores", None, None, "reranker", "rerank", ("rerank",), False,
+        (), _ONE_CALL),
+    ModelKind(
+        "classifier", "a sequence classifier: /predict, /classify",
+        KindCost("inputs (a text or a pair each)", output="labels x inputs"),
+        frozenset({"classify"}), frozenset({"score", "classify"}),
+        "blitz.encoders.cross_encoder.ClassifierEncoder", "sequence-classification",
+        CPU_BACKENDS, None, "labels", None, None, "classifier", "predict", ("classify",),
+        False, (), _ONE_CALL),
+    ModelKind(
+        "sparse", "a SPLADE masked-language model: /embed_sparse; torch",
+        KindCost("texts", windows=True, output="non-zero weights, at most the tokens"),
+        frozenset({"embed_sparse"}),
+        frozenset({"embed_tokens", "embed_sparse", "long_inputs"}),
+        "blitz.encoders.sparse.SparseEncoder", "masked-lm", ("torch",), _TORCH_ONLY,
+        "vectors", "vocabulary", "splade", "embedding", "embed_sparse", ("embed",), False,
+        (), _ONE_CALL),
+    ModelKind(
+        "llm-reranker", "a causal LM scored by its yes/no logits: /rerank; torch or "
+        "torch-bf16", KindCost("documents (one prompt each)", output="scores"),
+        frozenset(), frozenset({"score"}),
+        "blitz.encoders.llm_reranker.LlmRerankerEncoder", "causal-lm",
+        ("torch", "torch-bf16"),
+        "{id!r}: an llm-reranker runs on torch or torch-bf16; cpu_backend {backend} (no ONNX "
+        "build of a causal LM's yes/no scoring is made or checked) is not served",
+        "scores", None, None, "reranker", "rerank", ("rerank",), False, RERANKER_FIELDS,
+        _ONE_CALL),
+    ModelKind(
+        "hybrid", "bge-m3: dense, sparse and ColBERT vectors from one forward pass; torch",
+        KindCost("texts", windows=True, token_vectors=True,
+                 output="dense and sparse per text, ColBERT one vector per token"),
+        frozenset({"embed", "embed_all", "embed_sparse", "embed_hybrid"}),
+        frozenset({"embed", "embed_tokens", "embed_all", "embed_sparse", "embed_hybrid",
+                   "score", "long_inputs"}),
+        "blitz.encoders.sparse.HybridEncoder", "bge-m3", ("torch",), _TORCH_ONLY, "vectors",
+        None, "cls", "embedding", "embed", (), False, (), _ONE_CALL),
+    ModelKind(
+        "dual-encoder", "CLIP, SigLIP: texts and images into one space; torch, onnx or "
+        "onnx-int8", KindCost("texts or images", pixels=True, output="inputs x dimension"),
+        frozenset({"embed", "embed_images", "bulk"}),
+        frozenset({"embed", "score", "embed_images"}),
+        "blitz.images.dual_encoder.DualEncoder", "two-towers", ("torch", "onnx", "onnx-int8"),
+        "{id!r}: dual-encoder models run on torch, onnx or onnx-int8 (no {backend} yet); set "
+        "cpu_backend to one of them", "vectors", "projection", "projection", "embedding",
+        "embed", (), False, (), "text jobs share one call; images are decoded before the "
+        "queue, one call a job"),
+)}
+"""Every model kind by name; the one place a kind is declared."""
+
+assert tuple(KINDS) == get_args(Kind), "Kind names the rows of KINDS, in order"
+
+_ABOUT = [f"{row.name} ({row.about})" for row in KINDS.values()]
+KINDS_DOC = ", ".join(_ABOUT[:-1]) + " or " + _ABOUT[-1]
+"""Every kind and what it is, as a spec's ``kind`` documents them."""
+
+
+def kind_of(name: str) -> ModelKind:
+    """The row of kind ``name`` (a spec's ``kind``, validated against ``Kind``)."""
+    return KINDS[name]
+
+
+def serving(service: Service) -> tuple[str, ...]:
+    """The kinds that serve ``service``, in table order."""
+    return tuple(name for name, row in KINDS.items() if service in row.serves)
