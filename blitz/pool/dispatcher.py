@@ -12,6 +12,7 @@ for is this one replica (``pools`` names them).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from blitz.encoders.base import Encoded
@@ -36,6 +37,9 @@ class ReplicaDispatcher:
         self.replica = PoolReplica(settings, pool, events, max_models=MAX_MODELS_PER_REPLICA,
                                    table=table, registry=registry)
         self.registry = self.replica.registry
+        # a pool's call (the ingress's queue in front): the replica's own, no wrapper
+        self.run_jobs_for: Callable[[str, list[Job]], Awaitable[list[Encoded | BaseException]]]
+        self.run_jobs_for = self.replica.run_jobs
 
     async def start(self) -> None:
         """The pool's ``preload`` models loaded (a failure raises)."""
@@ -66,9 +70,6 @@ class ReplicaDispatcher:
         self.replica.forget(model_id)
 
     # ---- a pool's call -----------------------------------------------------------------
-
-    async def run_jobs_for(self, model_id: str, jobs: list[Job]) -> list[Encoded | BaseException]:
-        return await self.replica.run_jobs(model_id, jobs)
 
     def problem(self) -> str | None:
         return self.replica.problem()

@@ -146,7 +146,7 @@ class PoolReplica:
     async def _leased(self, model_id: str, fn: Callable[[Encoder], Any]) -> Any:
         """``fn(encoder)`` in a thread of its own (not a worker's), under a lease."""
         for _ in range(LEASE_TRIES):
-            holder = await self.holder(model_id)
+            holder = await self.models.holder(model_id)
             with contextlib.suppress(ModelFreed):
                 return await asyncio.to_thread(holder.call, fn)
         raise Unavailable(f"model {model_id!r} was evicted {LEASE_TRIES} times in a row")
@@ -207,7 +207,7 @@ class PoolReplica:
         what = f"model {model_id!r}"
         for _ in range(LEASE_TRIES):
             self.workers.refuse_if_stuck(what)  # before loading a model for nothing
-            holder = await self.holder(model_id)
+            holder = await self.models.holder(model_id)
             ran: list[float] = []
 
             def work(holder: ModelHolder = holder, ran: list[float] = ran) -> Any:
