@@ -2,7 +2,7 @@
 (``blitz.ingress.services.Services.build``), the API over them, an httpx client on it in
 process (``httpx.ASGITransport``). One place, so every API test runs the same assembly.
 
-    async with api_client(settings) as client:          # a local dispatcher, pool "cpu"
+    async with api_client(settings) as client:          # the replica in process, pool "cpu"
     async with api_client(settings, dispatcher) as c:   # the test's own dispatcher
     async with api_client(service_or_api) as client:    # an EmbeddingService, Services or HttpApi
     tei = tei_servicer(service)                          # TEI's gRPC services, the same way
@@ -19,8 +19,8 @@ from blitz.grpc_api.servicer import TeiServicer
 from blitz.http.api import HttpApi
 from blitz.ingress.service import Dispatcher, EmbeddingService, Observer
 from blitz.ingress.services import Services
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import BlitzSettings
-from tests.local_dispatcher import LocalDispatcher
 
 BASE_URL = "http://blitz"
 CPU = frozenset({"cpu"})
@@ -28,8 +28,9 @@ CPU = frozenset({"cpu"})
 
 def services_for(settings: BlitzSettings, dispatcher: Dispatcher | None = None, *,
                  observer: Observer | None = None, pools: frozenset[str] = CPU) -> Services:
-    """The services over ``dispatcher`` (default: encoders in this process, ``pools``)."""
-    return Services.build(settings, dispatcher or LocalDispatcher(settings, pools),
+    """The services over ``dispatcher`` (default: the production pool replica in this
+    process, ``blitz.pool.dispatcher.ReplicaDispatcher``, answering for ``pools``)."""
+    return Services.build(settings, dispatcher or ReplicaDispatcher(settings, pools=pools),
                           observer=observer)
 
 

@@ -24,11 +24,11 @@ from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizers import open_tokenizer
 from blitz.loading.load import load_encoder
 from blitz.pool.batching import Batcher
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import BlitzSettings, Limits
 from blitz.settings.registry import ModelSpec
 from tests.api_client import api_client
 from tests.error_body import error_body
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_hybrid import build_tiny_hybrid
 from tests.tiny_models import build_tiny_bi_encoder
 
@@ -57,7 +57,7 @@ class Served:
     """The HTTP API over a service whose dispatcher records every job it is given."""
 
     def __init__(self, settings: BlitzSettings):
-        self.dispatcher = LocalDispatcher(settings, frozenset({"cpu"}))
+        self.dispatcher = ReplicaDispatcher(settings)
         self.jobs: list = []
         submit = self.dispatcher.submit
 

@@ -13,9 +13,9 @@ import pytest
 from blitz.grpc_api import rpc_table
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.ingress.service import EmbeddingService
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import BlitzSettings
 from tests.api_client import api_client, tei_servicer
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_decoders import INSTRUCTION_TEMPLATE, PROMPTS, build_decoder
 from tests.unit.test_grpc_api import bridge
 
@@ -43,7 +43,7 @@ def served(tmp_path_factory):
                       "instruction_template": INSTRUCTION_TEMPLATE})
         references[model_id] = SentenceTransformer(str(built.st), device="cpu")
     settings = BlitzSettings.from_args({"models": specs, "cache_dir": str(root / "cache")})
-    service = EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"})))
+    service = EmbeddingService(settings, ReplicaDispatcher(settings))
     return service, references
 
 

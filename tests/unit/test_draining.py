@@ -21,20 +21,20 @@ import pytest
 
 from blitz.http.api import HttpApi
 from blitz.ingress.service import EmbeddingService
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.runtime.draining import Drain
 from blitz.settings.config import BlitzSettings
 from deployments import draining
 from tests.api_client import api_client, api_for
-from tests.local_dispatcher import LocalDispatcher
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-class GatedDispatcher(LocalDispatcher):
+class GatedDispatcher(ReplicaDispatcher):
     """Holds every job until ``gate`` opens: a request in flight during the stop."""
 
     def __init__(self, settings):
-        super().__init__(settings, frozenset({"cpu"}))
+        super().__init__(settings)
         self.gate = asyncio.Event()
         self.entered = asyncio.Event()
 

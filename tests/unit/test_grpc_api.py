@@ -24,9 +24,9 @@ from blitz.grpc_api import rpc_table
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.grpc_api.servicer import TeiServicer, status_code
 from blitz.ingress.service import EmbeddingService
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import BlitzSettings
 from tests.api_client import tei_servicer
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import minilm_dir
 
 TEXT = "naïve café — 東京 tokens"
@@ -44,7 +44,7 @@ def make_servicer(auth: dict | None = None, observed: list | None = None,
         **({"auth": auth} if auth else {})})
     observer = None if observed is None else (
         lambda record, status, seconds: observed.append((record.route, record.model, status)))
-    service = EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"})),
+    service = EmbeddingService(settings, ReplicaDispatcher(settings),
                                observer=observer)
     return tei_servicer(service)
 

@@ -11,19 +11,19 @@ import pytest
 
 from blitz import codecs, timing
 from blitz.http.api import HttpApi
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import BlitzSettings
 from tests.api_client import api_client, api_for
 from tests.error_body import error_body
-from tests.local_dispatcher import LocalDispatcher
 
 KEY = "sk-test-123"
 
 
-class PoolRecordingDispatcher(LocalDispatcher):
-    """Runs every job on the local encoders and records which pool each was sent to."""
+class PoolRecordingDispatcher(ReplicaDispatcher):
+    """Runs every job on the replica in process and records which pool each was sent to."""
 
     def __init__(self, settings, pools):
-        super().__init__(settings, pools)
+        super().__init__(settings, pools=pools)
         self.pools_asked: list[str] = []
 
     async def submit(self, pool, model_id, job):
@@ -214,7 +214,8 @@ async def test_unexpected_errors_are_500_with_request_id_and_no_internal_text(cl
     def explode(*args, **kwargs):
         raise RuntimeError("secret internal detail")
 
-    monkeypatch.setattr(FakeEncoder, "embed", explode)
+    assert (await client.post("/embed", json={"texts": ["a"]})).status_code == 200  # loaded
+    monkeypatch.setattr(FakeEncoder, "embed", explode)  # then its model call fails
     with caplog.at_level(logging.ERROR, logger="blitz.http"):
         r = await client.post("/embed", json={"texts": ["a"]}, headers={"x-request-id": "req-42"})
     error = error_of(r, 500)
@@ -271,7 +272,7 @@ async def test_jobs_of_every_kind_are_routed_and_sent_alike(tiny_dir):
         assert r.headers["x-blitz-pool"] == "gpu" and asked == ["cpu", "gpu"]
 
 
-class TimedDispatcher(LocalDispatcher):
+class TimedDispatcher(ReplicaDispatcher):
     """Stamps what the Serve dispatcher and a pool replica would measure."""
 
     async def submit(self, pool, model_id, job):
@@ -283,7 +284,7 @@ class TimedDispatcher(LocalDispatcher):
 
 async def test_every_reply_says_where_its_time_went():
     settings = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:16"}]})
-    async with api_client(settings, TimedDispatcher(settings, frozenset({"cpu"}))) as c:
+    async with api_client(settings, TimedDispatcher(settings)) as c:
         r = await c.post("/embed", json={"texts": ["a", "b"]})
         hops = timing.parse_header(r.headers["server-timing"])
         assert list(hops) == [e for e in timing.ENTRIES if e != "cache"]  # no cache here

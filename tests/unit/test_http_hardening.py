@@ -14,15 +14,15 @@ from blitz.encoders.base import Encoded
 from blitz.errors import ModelLoadFailed
 from blitz.http.middleware import warn_if_open
 from blitz.ingress.service import RequestRecord
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import AuthSettings, BlitzSettings
 from tests.api_client import api_client
-from tests.local_dispatcher import LocalDispatcher
 
 MSGPACK = {"content-type": "application/msgpack"}
 JSON = "application/json"
 
 
-class CountingDispatcher(LocalDispatcher):
+class CountingDispatcher(ReplicaDispatcher):
     """Counts model calls; ``fail`` makes every call raise it."""
 
     def __init__(self, settings, fail: Exception | None = None):

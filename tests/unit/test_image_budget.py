@@ -23,11 +23,11 @@ from blitz.images.dual_encoder import DualEncoder
 from blitz.images.inputs import jobs_of, sized_images
 from blitz.ingress.images import ImageService
 from blitz.ingress.service import EmbeddingService
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import BlitzSettings
 from blitz.settings.images import ImageSettings
 from tests.api_client import api_client
 from tests.error_body import error_body
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_vision import build_tiny_dual_encoder
 
 
@@ -63,7 +63,7 @@ def test_a_request_of_bombs_is_refused_by_its_declared_pixels(bomb):
 async def test_a_request_of_bombs_over_http_is_a_413_naming_the_image(bomb, clip_path):
     settings = BlitzSettings.from_args({
         "models": [{"id": "clip", "source": str(clip_path), "kind": "dual-encoder"}]})
-    dispatcher = LocalDispatcher(settings, frozenset({"cpu"}))
+    dispatcher = ReplicaDispatcher(settings)
     sent: list = []
     submit = dispatcher.submit
 
@@ -85,7 +85,7 @@ async def test_jobs_are_sized_by_pixels_and_carry_them(clip_path):
     settings = BlitzSettings.from_args({
         "models": [{"id": "clip", "source": str(clip_path), "kind": "dual-encoder"}],
         "images": {"max_job_pixels": 100_000, "max_request_pixels": 1_000_000}})
-    dispatcher = LocalDispatcher(settings, frozenset({"cpu"}))
+    dispatcher = ReplicaDispatcher(settings)
     sent: list = []
     submit = dispatcher.submit
 

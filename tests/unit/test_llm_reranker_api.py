@@ -12,9 +12,9 @@ import pytest
 from blitz import codecs
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.ingress.service import EmbeddingService
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import BlitzSettings
 from tests.api_client import api_client, tei_servicer
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_llm_rerankers import build_tiny_qwen3_reranker, reference_scores
 from tests.unit.test_grpc_api import call, served
 
@@ -42,7 +42,7 @@ def make_service(folder) -> EmbeddingService:
                    {"id": "llm", "source": str(folder), "kind": "llm-reranker",
                     "reranker_style": "qwen3"}],
         "cpu_pool": {"max_batch_size": 3}})  # four documents: two pool calls
-    return EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"})))
+    return EmbeddingService(settings, ReplicaDispatcher(settings))
 
 
 @pytest.fixture

@@ -15,11 +15,11 @@ from blitz.encoders.bi_encoder import TextJob
 from blitz.grpc_api import tei_pb2 as pb
 from blitz.ingress.service import EmbeddingService
 from blitz.loading.load import load_encoder
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
 from tests.api_client import api_client, tei_servicer
 from tests.error_body import error_body
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_hybrid import build_tiny_hybrid
 from tests.tiny_models import build_tiny_bi_encoder, build_tiny_splade
 from tests.unit.test_grpc_api import call, served
@@ -257,7 +257,7 @@ async def test_a_request_truncates_a_model_that_chunks(tiny, enc):
 
 async def test_grpc_left_truncation_is_the_http_left_vector(tiny, client):
     settings = settings_of(tiny)
-    service = EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"})))
+    service = EmbeddingService(settings, ReplicaDispatcher(settings))
     tei = tei_servicer(service)
     http_left = (await client.post("/embed", json={"inputs": [LONG],
                                                    "truncation_direction": "left"})).json()[0]

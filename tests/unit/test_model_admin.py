@@ -24,9 +24,9 @@ from blitz.admin.watch import (
 )
 from blitz.errors import Conflict, InvalidValue, UnknownModel
 from blitz.ingress.service import EmbeddingService
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import BlitzSettings
 from tests.api_client import api_client
-from tests.local_dispatcher import LocalDispatcher
 
 KEY = "admin-secret"
 
@@ -194,8 +194,9 @@ def test_the_listing_joins_entries_and_replicas():
 
 
 async def admin_client(config: BlitzSettings, store: MemoryStore):
-    service = EmbeddingService(config, LocalDispatcher(config))
-    service.dispatcher.registry = service.registry  # the local pool serves what it does
+    dispatcher = ReplicaDispatcher(config)
+    service = EmbeddingService(config, dispatcher)
+    service.registry = dispatcher.registry  # one registry: the local pool serves what it does
     admin = ModelAdmin(config, store)
     watch = ModelWatch(store, service.registry)
     admin.on_change = watch.poll  # as the ingress's follower does

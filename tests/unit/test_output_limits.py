@@ -27,9 +27,9 @@ from blitz.ingress import tokenizing
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.services import Services
 from blitz.ingress.tokenizing import TokenService
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import BlitzSettings, PoolSettings
 from tests.api_client import api_client, tei_servicer
-from tests.local_dispatcher import LocalDispatcher
 from tests.tiny_models import build_tiny_bi_encoder, build_tiny_splade, minilm_dir
 
 WORDS = "the quick brown fox jumps over the lazy dog "
@@ -56,7 +56,7 @@ def make_service(limits: dict, models: list | None = None) -> EmbeddingService:
         "models": models or [{"id": "minilm", "source": str(minilm_dir())},
                              {"id": "fake", "source": "fake:8"}],
         "limits": {"max_chars_per_text": 100_000, **limits}})
-    return EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"})))
+    return EmbeddingService(settings, ReplicaDispatcher(settings))
 
 
 def servicer(service: EmbeddingService) -> TeiServicer:

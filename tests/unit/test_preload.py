@@ -8,9 +8,9 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
 from tests.api_client import api_client, api_for
-from tests.local_dispatcher import LocalDispatcher
 from tests.waiting import wait_until_async
 
 MODELS = [{"id": f"m{i}", "source": "fake:4"} for i in range(MAX_MODELS_PER_REPLICA + 1)]
@@ -42,7 +42,7 @@ def test_a_full_cpu_preload_that_includes_the_default_model_is_accepted():
     assert len(full.cpu_pool.preload) == MAX_MODELS_PER_REPLICA
 
 
-class StartingDispatcher(LocalDispatcher):
+class StartingDispatcher(ReplicaDispatcher):
     """Pools that start when told (``running``), and model calls that wait for ``open``: a
     pool whose replicas are still starting or preloading."""
 

@@ -31,13 +31,13 @@ from blitz.hop_messages import (
 from blitz.ingress.keys import key_id
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.pool.batching import Batcher
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.pool.replica import PoolReplica
 from blitz.runtime.draining import Drain
 from blitz.settings.config import BlitzSettings
 from blitz.settings.registry import ModelSpec
 from deployments.ingress import Ingress
 from tests.api_client import api_client, api_transport, tei_servicer
-from tests.local_dispatcher import LocalDispatcher
 from tests.waiting import wait_until_async
 
 ARGS = {"models": [{"id": "fake", "source": "fake:16"},
@@ -51,8 +51,8 @@ KEYED = BlitzSettings.from_args({**ARGS, "auth": {
     "priority_grants": {key_id(SEARCH): "high", BATCH: "low"}}})  # by id, or the key itself
 
 
-class JobRecordingDispatcher(LocalDispatcher):
-    """Runs every job on the local encoders and keeps each job's priority level."""
+class JobRecordingDispatcher(ReplicaDispatcher):
+    """Runs every job on the replica in process and keeps each job's priority level."""
 
     def __init__(self, settings=SETTINGS):
         super().__init__(settings)

@@ -16,9 +16,9 @@ from blitz.http.admin import PREFIX as ADMIN
 from blitz.http.api import HttpApi
 from blitz.http.routes.table import ROUTES, RouteSpec
 from blitz.ingress.service import EmbeddingService
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import BlitzSettings
 from deployments.handle_methods import HANDLE_METHODS, HandleMethods
-from tests.local_dispatcher import LocalDispatcher
 
 TABLE = {(route.method, route.path): route for route in ROUTES}
 
@@ -26,7 +26,7 @@ TABLE = {(route.method, route.path): route for route in ROUTES}
 @pytest.fixture(scope="module")
 def api() -> HttpApi:
     settings = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:16"}]})
-    return HttpApi(EmbeddingService(settings, LocalDispatcher(settings)))
+    return HttpApi(EmbeddingService(settings, ReplicaDispatcher(settings)))
 
 
 def test_every_route_is_declared_once():

@@ -10,10 +10,10 @@ from ray.exceptions import RayTaskError
 from blitz.errors import InputTooLong, Overloaded, UnknownModel
 from blitz.hop_messages import RerankJob
 from blitz.ingress.service import EmbeddingService, RequestRecord
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.runtime.draining import Drain
 from blitz.settings.config import BlitzSettings
 from deployments.ingress import Ingress
-from tests.local_dispatcher import LocalDispatcher
 
 SETTINGS = BlitzSettings.from_args({
     "models": [{"id": "fake", "source": "fake:16", "max_seq_length": 8},
@@ -29,7 +29,7 @@ def observed_service(dispatcher=None) -> tuple[EmbeddingService, list[tuple]]:
         assert seconds >= 0
         observed.append((record.route, record.model, record.pool, status, record.texts))
 
-    service = EmbeddingService(SETTINGS, dispatcher or LocalDispatcher(SETTINGS),
+    service = EmbeddingService(SETTINGS, dispatcher or ReplicaDispatcher(SETTINGS),
                                observer=observer)
     return service, observed
 
@@ -102,7 +102,7 @@ def test_every_handle_method_has_its_service_methods_signature_but_the_record():
         assert list(mine.parameters.values()) == theirs, name
 
 
-class WrappingDispatcher(LocalDispatcher):
+class WrappingDispatcher(ReplicaDispatcher):
     """Answers the second rerank chunk with an over-long input, wrapped as Ray wraps what a
     replica raised."""
 
@@ -120,12 +120,12 @@ async def test_an_over_long_input_a_pool_raised_is_reported_at_its_request_index
     assert observed == [("handle.rerank", "fake", "", 413, 4)]
 
 
-class ColdGpuDispatcher(LocalDispatcher):
+class ColdGpuDispatcher(ReplicaDispatcher):
     """Both pools exist; the GPU pool has a running replica only once ``warm`` is set.
     Records the pool each job was sent to and every wake."""
 
     def __init__(self, settings):
-        super().__init__(settings, frozenset({"cpu", "gpu"}))
+        super().__init__(settings, pools=frozenset({"cpu", "gpu"}))
         self.warm = False
         self.asked: list[str] = []
         self.woken: list[str] = []
@@ -178,14 +178,14 @@ async def test_with_cold_gpu_wait_requests_queue_for_the_gpu_pool_and_wake_nothi
     assert dispatcher.woken == []  # the request itself is the demand Serve scales on
 
 
-class OverloadedDispatcher(LocalDispatcher):
+class OverloadedDispatcher(ReplicaDispatcher):
     async def submit(self, pool, model_id, job):
         raise RayTaskError("run_jobs", "tb", Overloaded("the cpu pool is at capacity"))
 
 
 async def test_the_observer_gets_tokens_latency_and_the_error_code():
     records: list[tuple[RequestRecord, int, float]] = []
-    service = EmbeddingService(SETTINGS, LocalDispatcher(SETTINGS),
+    service = EmbeddingService(SETTINGS, ReplicaDispatcher(SETTINGS),
                                observer=lambda *args: records.append(args))
     result = await service.embed(["a b c", "d"], model="fake8")
     await service.rerank("q", ["a", "b"], model="fake")

@@ -360,20 +360,20 @@ def test_with_traces_off_the_request_path_imports_no_opentelemetry():
         from blitz.ingress.service import EmbeddingService
         from blitz.ingress.tokenizing import TokenService
         from blitz.pool.batching import Batcher
-        from blitz.pool.replica import PoolReplica
+        from blitz.pool.dispatcher import ReplicaDispatcher
         from blitz.runtime import tracing
         from blitz.settings.config import BlitzSettings
-        from tests.local_dispatcher import LocalDispatcher
         from tests.traced_pool import ARGS
 
         settings = BlitzSettings.from_args(ARGS)
         assert tracing.configure(settings.tracing) is False and tracing.TRACER is None
-        replica = PoolReplica(settings, "cpu")
         seen = []
 
-        class Queued(LocalDispatcher):  # an ingress queue in front of a pool replica
-            batcher = Batcher(lambda jobs: replica.run_jobs("m", jobs), max_batch=128,
-                              max_waiting=1024)
+        class Queued(ReplicaDispatcher):  # an ingress queue in front of its pool replica
+            def __init__(self, settings):
+                super().__init__(settings)
+                self.batcher = Batcher(lambda jobs: self.replica.run_jobs("m", jobs),
+                                       max_batch=128, max_waiting=1024)
 
             async def submit(self, pool, model_id, job):
                 seen.append(job.trace)

@@ -13,16 +13,16 @@ from blitz import codecs, timing
 from blitz.errors import InputTooLong
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.vector_cache import ENTRY_OVERHEAD, Key, VectorCache, fingerprint
+from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.settings.config import BlitzSettings
 from tests.api_client import api_client, tei_servicer
-from tests.local_dispatcher import LocalDispatcher
 
 
-class CountingDispatcher(LocalDispatcher):
-    """The local encoders, counting the texts each pool call carried."""
+class CountingDispatcher(ReplicaDispatcher):
+    """The replica in process, counting the texts each pool call carried."""
 
     def __init__(self, settings, pools):
-        super().__init__(settings, pools)
+        super().__init__(settings, pools=pools)
         self.sent: list[list[str]] = []
 
     async def submit(self, pool, model_id, job):
@@ -163,7 +163,7 @@ async def test_a_key_shares_its_cache_entries_across_http_and_grpc_but_not_with_
 
 async def test_off_by_default():
     settings = BlitzSettings.from_args({"models": [{"id": "fake", "source": "fake:16"}]})
-    service = EmbeddingService(settings, LocalDispatcher(settings, frozenset({"cpu"})))
+    service = EmbeddingService(settings, ReplicaDispatcher(settings))
     assert service.vectors is None
     async with api_client(service) as client:
         r = await client.post("/embed", content=codecs.pack({"texts": ["a"]}),
