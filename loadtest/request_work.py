@@ -70,7 +70,7 @@ def where(code: CodeType) -> str:
     """``code``'s function as ``path:line(name)``, the path from the repository root when
     it is Blitz's, else from its ``site-packages`` or the standard library."""
     name = code.co_filename
-    for root in (str(TREE) + "/", "site-packages/", "/lib/python"):
+    for root in ("site-packages/", str(TREE) + "/", "/lib/python"):  # a venv may sit in TREE
         at = name.find(root)
         if at >= 0:
             name = name[at + len(root):]
@@ -209,6 +209,11 @@ class Measured:
     spread: int
     by_function: dict[str, int] = field(repr=False)
     by_area: dict[str, int] = field(repr=False)
+
+    def files(self) -> list[str]:
+        """The files of ``blitz/`` and ``deployments/`` whose code the request ran."""
+        return sorted({name.split(":", 1)[0] for name in self.by_function
+                       if name.startswith(("blitz/", "deployments/"))})
 
     def top(self, n: int = 15) -> list[tuple[str, int]]:
         return sorted(self.by_function.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
@@ -522,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--json", action="store_true", help="the figures as JSON")
+    parser.add_argument("--files", action="store_true",
+                        help="also list the files of blitz/ and deployments/ a request ran")
     parser.add_argument("--against", type=Path, metavar="DIR",
                         help="also count the checkout in DIR and show what changed")
     args = parser.parse_args(argv)
@@ -533,11 +540,17 @@ def main(argv: list[str] | None = None) -> int:
         print(m.table(args.top))
         print("by area: " + ", ".join(f"{k} {v}" for k, v in sorted(
             m.by_area.items(), key=lambda kv: -kv[1])))
+        if args.files:
+            print(f"files of blitz/ and deployments/ run: {len(m.files())}\n  "
+                  + "\n  ".join(m.files()))
         print()
     if args.against:
         print(f"against {args.against} (before) -> {TREE} (after):\n")
-        print(comparison(count_tree(args.against, args.requests, args.warmup), results,
-                         args.top))
+        before = count_tree(args.against, args.requests, args.warmup)
+        print(comparison(before, results, args.top))
+        for name, m in results.items():
+            print(f"{name}: files of blitz/ and deployments/ run "
+                  f"{len(before[name].files())} -> {len(m.files())}")
     return 0
 
 

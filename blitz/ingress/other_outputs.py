@@ -45,7 +45,8 @@ ALL_UNCHUNKED = ("/embed_all answers one vector per token, and overlapping windo
 
 
 class OutputService:
-    """``embed_all``, ``embed_sparse`` and ``classify`` for HTTP and handle calls: each
+    """``embed_all``, ``embed_sparse``, ``embed_hybrid``, ``similarity`` and ``classify``
+    for HTTP, gRPC and handle calls: each
     checks its inputs against the limits, then runs them through ``service``'s pipeline
     (``EmbeddingService.run``: the model's kind, routing, jobs of the pool's batch size)."""
 

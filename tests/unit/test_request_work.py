@@ -54,6 +54,16 @@ def test_the_count_is_the_requests_own(measured):
     assert measured["batch32"].calls > measured["single"].calls
 
 
+def test_the_files_a_request_runs_are_blitz_s_own_from_the_front_to_the_model(measured):
+    """``files()``: the modules of blitz/ and deployments/ whose code one request ran, from
+    the middleware to the model and back, and nothing of the harness or the libraries."""
+    files = measured["single"].files()
+    assert {"blitz/http/middleware.py", "blitz/ingress/service.py", "blitz/pool/replica.py",
+            "blitz/pool/mixed_batch.py", "blitz/encoders/fake.py"} <= set(files)
+    assert all(f.startswith(("blitz/", "deployments/")) and f.endswith(".py") for f in files)
+    assert files == sorted(set(files))
+
+
 def test_added_work_on_the_path_is_counted(monkeypatch):
     """50 no-op calls more in the service's request pipeline: the count grows by them."""
     from blitz.ingress import service
