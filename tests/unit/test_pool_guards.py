@@ -26,13 +26,24 @@ def heard() -> dict[str, list]:
     return {"loaded": [], "batch": [], "evicted": []}
 
 
-@pytest.fixture
-def pool(heard) -> PoolReplica:
+def replica(heard: dict[str, list], call_timeout_s: float) -> PoolReplica:
     settings = BlitzSettings(models=[ModelSpec(id="known", source="fake:8")],
-                             cpu_pool={"workers": 1, "call_timeout_s": 0.2})
+                             cpu_pool={"workers": 1, "call_timeout_s": call_timeout_s})
     events = PoolEvents(loaded=lambda model, _s: heard["loaded"].append(model),
                         batch=heard["batch"].append, evicted=heard["evicted"].append)
     return PoolReplica(settings, "cpu", events)
+
+
+@pytest.fixture
+def pool(heard) -> PoolReplica:
+    # a deadline a busy CI machine cannot miss: these tests are about what runs, not when
+    return replica(heard, call_timeout_s=60)
+
+
+@pytest.fixture
+def impatient_pool(heard) -> PoolReplica:
+    # a worker counts as stuck after 0.2 s, so the test can hold one that long
+    return replica(heard, call_timeout_s=0.2)
 
 
 async def test_an_unknown_model_id_is_a_404_and_creates_nothing(pool):
@@ -69,7 +80,8 @@ async def test_callers_loading_at_once_without_a_cache_never_share_an_encoder(po
         assert encoder.embed(["x"], normalize=True).values.shape == (1, 8)
 
 
-async def test_a_problem_is_named_while_every_worker_is_stuck(pool):
+async def test_a_problem_is_named_while_every_worker_is_stuck(impatient_pool):
+    pool = impatient_pool
     release = threading.Event()
     assert pool.problem() is None
     with pytest.raises(TimedOut):
