@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ray import serve
@@ -24,7 +25,7 @@ from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
 from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
-from blitz.ingress.queues import PoolQueues, QueueObservers, timed
+from blitz.ingress.queues import PoolQueues, QueueObservers, stamped
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.services import Services
 from blitz.ingress.tokenizing import TokenService
@@ -89,9 +90,12 @@ class ServeDispatcher:
 
     def __init__(self, settings: BlitzSettings, handles: dict[str, DeploymentHandle]):
         self.settings = settings
+        self._max_batch = settings.max_batch_sizes()
         self.handles = handles
         self.pools = frozenset(handles)
         self.queues = PoolQueues(settings, self._run_jobs, QUEUE_OBSERVERS)
+        # ``job`` through the one queue for its pool and model (no call in between)
+        self.submit: Callable[[str, str, Job], Coroutine[Any, Any, Encoded]] = self.queues.submit
         self._waker = PoolWaker(handles, settings.ingress.pool_timeout_s)
         self._hops = LocalHops(settings, handles)
         self.placement = PlacementWatch(
@@ -102,7 +106,7 @@ class ServeDispatcher:
             watch(handle)
 
     def max_batch(self, pool: str) -> int:
-        return self.settings.pool(pool).max_batch_size
+        return self._max_batch[pool]
 
     def running_pools(self) -> frozenset[str]:
         """Pools with a running replica, as the handles' routers know them (no call)."""
@@ -116,11 +120,13 @@ class ServeDispatcher:
         self.placement.start()  # in case the constructor ran without a loop
         return self.placement.problems
 
-    async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
+    async def _run_jobs(self, pool: str, model_id: str, jobs: list[Job]) -> Any:
+        """One pool call of the queue's (``PoolQueues``): ``jobs`` on a replica of ``pool``."""
         hop = self._hops.client(pool)
         if hop is not None:  # the pool's one replica, on this node: no Serve hop
             try:
-                return await timed(lambda: hop.call(model_id, arg))
+                started = time.perf_counter()
+                return stamped(await hop.call(model_id, jobs), started)
             except HopLost as exc:  # it died or was replaced: Serve's handle, as below
                 metrics.pool_failures.inc(tags={"pool": pool, "outcome": "retried"})
                 logger.warning("%s pool call over the local hop failed (%s); retrying over "
@@ -131,7 +137,8 @@ class ServeDispatcher:
         for attempt in (1, 2):
             try:
                 await self._await_replica(pool)
-                return await timed(lambda: getattr(handle, method).remote(arg))
+                started = time.perf_counter()
+                return stamped(await handle.run_jobs.remote(jobs), started)
             except BackPressureError as exc:
                 metrics.rejected.inc(tags={"hop": f"{pool}-serve-queue"})
                 raise Overloaded(f"the {pool} pool is at capacity; retry shortly") from exc
@@ -169,13 +176,6 @@ class ServeDispatcher:
         """Drop ``model_id``'s queues (a model the admin API removed; any thread)."""
         self.queues.forget(model_id)
 
-    async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
-        """``job`` through the one queue for ``pool`` and ``model_id``."""
-        return await self.queues.submit(pool, model_id, job)
-
-    async def _run_jobs(self, pool: str, model_id: str, jobs: list[Job]) -> Any:
-        return await self._call(pool, model_id, "run_jobs", jobs)
-
 
 class InProcessCpuDispatcher(ServeDispatcher):
     """``ServeDispatcher`` with the CPU pool inside this replica (``ingress.cpu_pool:
@@ -191,10 +191,11 @@ class InProcessCpuDispatcher(ServeDispatcher):
     def running_pools(self) -> frozenset[str]:
         return super().running_pools() | {"cpu"}  # it runs wherever this code runs
 
-    async def _call(self, pool: str, model_id: str, method: str, arg: Any) -> Any:
+    async def _run_jobs(self, pool: str, model_id: str, jobs: list[Job]) -> Any:
         if pool != "cpu":
-            return await super()._call(pool, model_id, method, arg)
-        return await timed(lambda: getattr(self.cpu_pool, f"{method}_for")(model_id, arg))
+            return await super()._run_jobs(pool, model_id, jobs)
+        started = time.perf_counter()
+        return stamped(await self.cpu_pool.run_jobs_for(model_id, jobs), started)
 
 
 class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
@@ -242,8 +243,8 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
         if model_id not in self.service.registry:
             self.dispatcher.forget(model_id)
 
-    def __serve_build_asgi_app__(self) -> HttpApi:
-        return self.api
+    def __serve_build_asgi_app__(self) -> Any:
+        return self.api.app  # the ASGI app HttpApi built, served with nothing in between
 
 
 @serve.deployment

@@ -406,7 +406,10 @@ async def serve_in_process(args: dict[str, Any] | None = None) -> Served:
     dispatcher = InProcessCpuDispatcher(settings, pool, {})
     service = EmbeddingService(settings, dispatcher, observer=metrics.observe_request,
                                route_observer=metrics.observe_route)
-    return Served(HttpApi(service), service, dispatcher, pool, settings)
+    api = HttpApi(service)
+    # what the Serve ingress serves (deployments/ingress.py, __serve_build_asgi_app__): the
+    # app HttpApi builds (before 2026-11-28, HttpApi itself)
+    return Served(getattr(api, "app", api), service, dispatcher, pool, settings)
 
 
 async def count(counter: CallCounter, request: Request, requests: int, warmup: int) -> list[Work]:

@@ -39,6 +39,11 @@ class Encoded:
     outputs: dict[str, Encoded] | None = None
 
 
+def stacked(parts: list[Encoded]) -> np.ndarray:
+    """The parts' rows as one array, in order (one part: its own)."""
+    return parts[0].values if len(parts) == 1 else np.concatenate([p.values for p in parts])
+
+
 class TextJob(NamedTuple):
     """One request's texts for ``Encoder.embed_many_sided``."""
 

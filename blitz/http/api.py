@@ -2,9 +2,10 @@
 
 Routes decode bodies, call the service and encode replies (content negotiation); request
 ids, API keys, error replies, timing headers and metrics are ``RequestMiddleware``'s.
-``HttpApi`` is a plain ASGI app: the Serve ingress serves it, tests call it through
-``httpx.ASGITransport``. Its routes are ``blitz.http.routes.table.ROUTES``, each a plain
-function over ``blitz.http.routes.kit``.
+``HttpApi`` builds the ASGI app (``HttpApi.app``, what the Serve ingress serves) and is
+one itself for tests (``httpx.ASGITransport``). Its routes are
+``blitz.http.routes.table.ROUTES``, each a plain function over ``blitz.http.routes.kit``,
+served by its ``Endpoint``.
 
 One server speaks Blitz's API and its peers' (Hugging Face TEI, Infinity, Cohere, OpenAI)
 on their own paths, so a peer's client needs only the base URL changed. Where two APIs
@@ -18,7 +19,6 @@ gets TEI's error body too (``ERROR_SHAPE``).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -29,17 +29,14 @@ from starlette.types import Receive, Scope, Send
 from blitz.admin.table import ModelAdmin
 from blitz.http import openapi
 from blitz.http.admin import AdminApi
-from blitz.http.middleware import RequestMiddleware, take_priority
-from blitz.http.routes import kit as request_kit
-from blitz.http.routes.kit import Kit
+from blitz.http.middleware import RequestMiddleware
+from blitz.http.routes.kit import Endpoint, Kit
 from blitz.http.routes.table import ROUTES, RouteSpec
 from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.services import Services
 from blitz.ingress.tokenizing import TokenService
-
-Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class HttpApi:
@@ -56,16 +53,17 @@ class HttpApi:
         public = [self._route(spec) for spec in ROUTES if spec.aside]
         self.kit.openapi = openapi.document([*self.routes, *public])
         public += AdminApi(admin, self.settings.admin).routes(  # keys of its own
-            lambda handler: self._read(_without_kit(handler)))
+            lambda handler: Endpoint(self.kit, _without_kit(handler)))
         self.kit.docs = openapi.docs_page(self.kit.openapi)
         router = Router([*self.routes, *public])
-        self._app = RequestMiddleware(router, [r.path for r in self.routes],
-                                      self.settings.auth, self.service.observe,
-                                      self.settings.ingress.server_timing)
-        self.drain = self._app.drain  # the replica's stop (deployments/draining.py)
+        # the ASGI app itself (what Serve serves: HttpApi only builds it)
+        self.app = RequestMiddleware(router, [r.path for r in self.routes],
+                                     self.settings.auth, self.service.observe,
+                                     self.settings.ingress.server_timing)
+        self.drain = self.app.drain  # the replica's stop (deployments/draining.py)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self._app(scope, receive, send)
+        await self.app(scope, receive, send)
 
     @property
     def _openapi(self) -> dict[str, Any]:
@@ -77,37 +75,9 @@ class HttpApi:
         return self.kit.buffered
 
     def _route(self, spec: RouteSpec) -> Route:
-        if spec.body is None:
-            return Route(spec.path, self._plain(spec.run), methods=[spec.method])
-        return Route(spec.path, self._read(spec.run, spec.tei, spec.images),
-                     methods=[spec.method])
-
-    def _plain(self, run: Any) -> Endpoint:
-        """A route with no body: ``run(kit, request)``."""
-        kit = self.kit
-
-        async def endpoint(request: Request) -> Response:
-            return await run(kit, request)
-        endpoint.__name__, endpoint.__doc__ = run.__name__, run.__doc__
-        return endpoint
-
-    def _read(self, run: Any, tei: bool = False, images: Any = None) -> Endpoint:
-        """An endpoint that reads the body, then calls ``run(kit, request, payload)`` (or,
-        for a body that asks for images, the route's image variant). A ``tei`` route (one of
-        Hugging Face TEI's own paths) answers errors in TEI's shape unless the reply is
-        msgpack (Blitz's own)."""
-        kit = self.kit
-
-        async def endpoint(request: Request) -> Response:
-            if tei and request_kit.reply_format(request)[0] != "msgpack":
-                request_kit.speaking(request, "tei")
-            payload = await kit.body(request)
-            take_priority(request.scope, payload)
-            if images is not None and images.asks(payload):  # the same route, with images
-                return await images.run(kit, request, payload)
-            return await run(kit, request, payload)
-        endpoint.__name__, endpoint.__doc__ = run.__name__, run.__doc__
-        return endpoint
+        return Route(spec.path, Endpoint(self.kit, spec.run, body=spec.body is not None,
+                                         tei=spec.tei, images=spec.images),
+                     methods=[spec.method], name=spec.run.__name__)
 
 
 def _without_kit(handler: Any) -> Any:

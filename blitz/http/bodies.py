@@ -398,3 +398,21 @@ class DecodeRequest(_Request):
             raise ValueError(f"item {bad} does not fit: ids must be a list of token ids "
                              "(integers) or a list of token-id lists")
         return value
+
+
+# ---- what a body asks for (a route with an image variant: blitz.http.routes.table) --
+
+def has_images(payload: Any) -> bool:
+    """``/embed``'s and ``/rerank``'s bodies ask for images with ``images``."""
+    return isinstance(payload, dict) and "images" in payload
+
+
+def image_modality(payload: Any) -> bool:
+    """OpenAI's embeddings bodies ask for images with ``modality: "image"`` (Infinity's)."""
+    return isinstance(payload, dict) and payload.get("modality") == "image"
+
+
+def has_image_inputs(payload: Any) -> bool:
+    """``/similarity``'s bodies ask for images with ``inputs: {source_sentence, images}``."""
+    inputs = payload.get("inputs") if isinstance(payload, dict) else None
+    return isinstance(inputs, dict) and "images" in inputs

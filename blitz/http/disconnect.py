@@ -17,11 +17,12 @@ import asyncio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = b"x-request-disconnect-disabled"
+UNWATCHED = (HEADER, b"?1")  # among a request's headers: Serve leaves its disconnects to us
 
 
 def unwatched(scope: Scope) -> bool:
     """Whether Serve leaves this request's disconnects to the app."""
-    return (HEADER, b"?1") in scope.get("headers", ())
+    return UNWATCHED in scope.get("headers", ())
 
 
 async def run_watching(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:

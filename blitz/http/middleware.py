@@ -155,7 +155,8 @@ class RequestMiddleware:
             await send(message)
 
         try:
-            self.drain.refuse_if_stopping()  # stopping: 503 + Retry-After, not Serve's 404
+            if self.drain.stopping:  # Drain.refuse_if_stopping, inline (the request path's)
+                self.drain.refuse_if_stopping()  # 503 + Retry-After, not Serve's 404
             if (self.keys.on and path in self._keyed_paths
                     and not (path in PUBLIC_GETS and scope["method"] in ("GET", "HEAD"))):
                 record.api_key = self.keys.check(headers.get("authorization", ""))
@@ -169,7 +170,7 @@ class RequestMiddleware:
                 record.trace = self._span(scope, headers, path, request_id)
             self.drain.in_flight += 1  # Drain.held, inline: the request path's own
             try:
-                if disconnect.unwatched(scope):
+                if disconnect.UNWATCHED in scope["headers"]:  # disconnect.unwatched, inline
                     await disconnect.run_watching(self.app, scope, receive, send_with_headers)
                 else:
                     await self.app(scope, receive, send_with_headers)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from blitz.encoders.base import stacked
 from blitz.encoders.postprocess import OutputDtype, quantize, truncate_dimensions
 from blitz.errors import InvalidValue
 from blitz.hop_messages import (
@@ -31,7 +32,7 @@ from blitz.hop_messages import (
 from blitz.images.decode import in_image_thread
 from blitz.images.inputs import SizedImage, image_bytes, jobs_of, sized_images
 from blitz.ingress.limits import check_texts
-from blitz.ingress.service import EmbeddingService, RequestRecord, joined
+from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.settings.kinds import kind_of
 from blitz.settings.registry import ModelSpec
 
@@ -112,7 +113,7 @@ class ImageService:
             record, spec.id, lambda _: sized, job, serves="embed_images",
             split=lambda items, size: jobs_of(items, size, limits.max_job_bytes,
                                               limits.max_job_pixels))
-        return spec, ran.pool, joined(ran.parts)[0]
+        return spec, ran.pool, stacked(ran.parts)
 
     async def _scores(self, record: RequestRecord, text: str, images: Images,
                       model: str | None) -> tuple[np.ndarray, ModelSpec, str, int]:

@@ -57,11 +57,10 @@ class QueueObservers:
     waited: Callable[[str], Callable[[int, float], None] | None] = _nothing
 
 
-async def timed(call: Callable[[], Awaitable[Any]]) -> Any:
-    """``call()``'s results (one pool call), each stamped with when the call began (the mark
-    ``PoolQueues.submit`` turns into ``ingress-queue``) and its round trip (``call``)."""
-    started = time.perf_counter()
-    results = await call()
+def stamped(results: Any, started: float) -> Any:
+    """One pool call's ``results``, each stamped with when the call began at ``started``
+    (the mark ``PoolQueues.submit`` turns into ``ingress-queue``) and its round trip
+    (``call``)."""
     timing.mark(results, "ingress-queue", started)
     timing.record(results, call=time.perf_counter() - started)
     return results
@@ -116,7 +115,7 @@ class PoolQueues:
 
     async def submit(self, pool: str, model_id: str, job: Job) -> Encoded:
         """``job`` through the one queue for ``pool`` and ``model_id``; its
-        ``ingress-queue`` is the time from here to its pool call (``timed``)."""
+        ``ingress-queue`` is the time from here to its pool call (``stamped``)."""
         entered = time.perf_counter()
         result = await self.batcher(pool, model_id).submit(job)
         timing.since([result], "ingress-queue", entered)

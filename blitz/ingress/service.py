@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from blitz import timing
-from blitz.encoders.base import Encoded
+from blitz.encoders.base import Encoded, stacked
 from blitz.encoders.postprocess import OutputDtype, quantize, truncate_dimensions
 from blitz.errors import (
     BlitzError,
@@ -50,12 +50,12 @@ from blitz.ingress.limits import (
 from blitz.ingress.long_inputs import WindowCounter, check_long_inputs, chunked, text_chunks
 from blitz.ingress.routing import Route, choose_pool
 from blitz.ingress.tokenizers import Tokenizers, model_folder
-from blitz.ingress.vector_cache import CachedEmbedder, joined
+from blitz.ingress.vector_cache import CachedEmbedder
 from blitz.loading.facts import read_dimension
 from blitz.pool.mixed_batch import Job
 from blitz.runtime.tracing import RequestSpan
 from blitz.settings.config import BlitzSettings
-from blitz.settings.kinds import Service, kind_of
+from blitz.settings.kinds import KINDS, Service
 from blitz.settings.registry import ModelSpec, apply_prompt
 
 logger = logging.getLogger("blitz.service")
@@ -229,7 +229,7 @@ class EmbeddingService:
         record.model = model or ""  # observed as "other" if it is unknown
         spec = self.spec(model)
         record.model = spec.id
-        if serves is not None and serves not in kind_of(spec.kind).serves:
+        if serves is not None and serves not in KINDS[spec.kind].serves:  # kind_of, inline
             raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; {other_kind}",
                                param="model")
         items = inputs(spec)
@@ -352,7 +352,7 @@ class EmbeddingService:
             spec, pool, parts = await self.run(record, model, inputs, job, serves="embed",
                                                other_kind="use /rerank for it", through=cached,
                                                cost=cost)
-            values = joined(parts)[0]
+            values = stacked(parts)
             self._dimensions[spec.id] = int(values.shape[1])  # known now, if it was not
             normalized = o.normalized(spec.normalize)
             values = quantize(truncate_dimensions(values, o.dimensions, normalized), o.dtype)

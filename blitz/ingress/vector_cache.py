@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from blitz import timing
-from blitz.encoders.base import Encoded
+from blitz.encoders.base import Encoded, stacked
 from blitz.errors import InputTooLong
 from blitz.hop_messages import EmbedOptions
 from blitz.settings.registry import ModelSpec
@@ -108,8 +108,7 @@ def joined(parts: list[Encoded]) -> Computed:
     """The parts' rows and token counts as one array each, and the parts."""
     if len(parts) == 1:
         return parts[0].values, parts[0].token_counts, parts
-    return (np.concatenate([p.values for p in parts]),
-            np.concatenate([p.token_counts for p in parts]), parts)
+    return stacked(parts), np.concatenate([p.token_counts for p in parts]), parts
 
 
 class CachedEmbedder:

@@ -33,6 +33,7 @@ class ReplicaDispatcher:
         for (default: ``pool``); ``table`` and ``registry``: the model table it follows
         (``blitz.pool.model_set.ModelTable``) and the registry that table updates."""
         self.settings = settings
+        self._max_batch = settings.max_batch_sizes()
         self.pools = pools if pools is not None else frozenset({pool})
         self.replica = PoolReplica(settings, pool, events, max_models=MAX_MODELS_PER_REPLICA,
                                    table=table, registry=registry)
@@ -48,7 +49,7 @@ class ReplicaDispatcher:
     # ---- the ingress's Dispatcher ------------------------------------------------------
 
     def max_batch(self, pool: str) -> int:
-        return self.settings.pool(pool).max_batch_size
+        return self._max_batch[pool]
 
     def running_pools(self) -> frozenset[str]:
         return self.pools  # it runs wherever this code runs

@@ -389,5 +389,9 @@ class BlitzSettings(_Settings):
             raise ValueError(f"no pool {name!r}: pools are 'cpu' and 'gpu'")
         return self.gpu_pool if name == "gpu" else self.cpu_pool
 
+    def max_batch_sizes(self) -> dict[str, int]:
+        """Each pool's ``max_batch_size``, by name (a dispatcher's, read per request)."""
+        return {name: self.pool(name).max_batch_size for name in ("cpu", "gpu")}
+
     def resolved_cache_dir(self) -> Path:
         return cache_root(self.cache_dir)

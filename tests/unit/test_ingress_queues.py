@@ -5,6 +5,7 @@ told to the observers, each result stamped with its wait and its call."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from blitz.encoders.base import Encoded
 from blitz.errors import Overloaded
 from blitz.hop_messages import EmbedJob
-from blitz.ingress.queues import PoolQueues, QueueObservers, calls_in_flight, timed
+from blitz.ingress.queues import PoolQueues, QueueObservers, calls_in_flight, stamped
 from blitz.settings.config import BlitzSettings
 
 SETTINGS = {"models": [{"id": "m", "source": "fake:4"}, {"id": "n", "source": "fake:4"}]}
@@ -28,7 +29,8 @@ class Pool:
 
     async def __call__(self, pool, model_id, jobs):
         self.calls.append((pool, model_id, [len(job) for job in jobs]))
-        return await timed(lambda: self._run(jobs))  # as deployments' pool calls are
+        started = time.perf_counter()
+        return stamped(await self._run(jobs), started)  # as deployments' pool calls are
 
     async def _run(self, jobs):
         await self.gate.wait()
@@ -109,11 +111,8 @@ async def test_a_forgotten_model_loses_its_queues_only():
     assert q.keys() == [("cpu", "n")] and ("cpu", "m") not in q
 
 
-async def test_timed_stamps_when_the_call_began_and_its_round_trip():
+def test_stamped_marks_when_the_call_began_and_its_round_trip():
     result = Encoded(np.ones((1, 4), np.float32), np.ones(1, np.int64))
-
-    async def call():
-        return [result]
-
-    assert await timed(call) == [result]
+    started = time.perf_counter()
+    assert stamped([result], started) == [result]
     assert result.timings["call"] >= 0.0

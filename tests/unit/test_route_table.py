@@ -34,7 +34,7 @@ def test_every_route_is_declared_once():
 
 
 def test_the_router_serves_the_table_in_its_order(api):
-    router = api._app.app
+    router = api.app.app
     served = [(method, route.path) for route in router.routes
               for method in sorted(route.methods or ()) if method != "HEAD"
               and not route.path.startswith(ADMIN)]

@@ -85,22 +85,6 @@ class SimilarityImagesRequest(_Request):
     model: str | None = None
 
 
-def has_images(payload: Payload) -> bool:
-    """``/embed``'s and ``/rerank``'s bodies ask for images with ``images``."""
-    return isinstance(payload, dict) and "images" in payload
-
-
-def image_modality(payload: Payload) -> bool:
-    """OpenAI's embeddings bodies ask for images with ``modality: "image"`` (Infinity's)."""
-    return isinstance(payload, dict) and payload.get("modality") == "image"
-
-
-def has_image_inputs(payload: Payload) -> bool:
-    """``/similarity``'s bodies ask for images with ``inputs: {source_sentence, images}``."""
-    inputs = payload.get("inputs") if isinstance(payload, dict) else None
-    return isinstance(inputs, dict) and "images" in inputs
-
-
 async def embed(kit: Kit, request: Request, payload: Payload) -> Response:
     fmt, accept_layout = reply_format(request)  # before work
     req = EmbedImagesRequest.parse(payload)

@@ -1,5 +1,6 @@
-"""What every route uses: the services (``Kit``), the body read within limits, and per
-request the model id, the reply's format, the request record and id.
+"""What every route uses: the services (``Kit``), the body read within limits, the
+route served as Starlette's endpoint (``Endpoint``), and per request the model id, the
+reply's format, the request record and id.
 
 A route is a plain function ``async def route(kit, request, payload) -> Response`` (a GET
 route: ``route(kit, request)``); ``blitz.http.routes.table`` lists them.
@@ -12,10 +13,11 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from blitz import codecs
 from blitz.errors import ErrorShape, Overloaded, PayloadTooLarge, RequestTimeout
-from blitz.http.middleware import record_of, request_id_of, speaks
+from blitz.http.middleware import record_of, request_id_of, speaks, take_priority
 from blitz.http.responses import JSONBytesResponse, MsgpackResponse
 from blitz.ingress.service import RequestRecord
 from blitz.ingress.services import Services
@@ -80,6 +82,34 @@ class Kit:
                                       limit, self.max_containers, self.max_values)
         finally:
             self.buffered -= held
+
+
+class Endpoint:
+    """One route as Starlette serves it: an ASGI app (Starlette's own adapter,
+    ``request_response``, adds two layers a bare router never uses). A route with a body
+    reads it within the kit's limits, then answers ``run(kit, request, payload)``, or, for a
+    body that asks for images (``images.asks``), the route's image variant; a ``tei`` route
+    (one of Hugging Face TEI's own paths) answers errors in TEI's shape unless the reply is
+    msgpack (Blitz's own). A route without a body answers ``run(kit, request)``."""
+
+    def __init__(self, kit: Kit, run: Any, *, body: bool = True, tei: bool = False,
+                 images: Any = None):
+        self.kit, self.run, self.body, self.tei, self.images = kit, run, body, tei, images
+        self.__name__, self.__doc__ = run.__name__, run.__doc__  # what OpenAPI documents
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        if not self.body:
+            response = await self.run(self.kit, request)
+        else:
+            if self.tei and reply_format(request)[0] != "msgpack":
+                speaks(scope, "tei")
+            payload = await self.kit.body(request)
+            take_priority(scope, payload)
+            images = self.images
+            run = images.run if images is not None and images.asks(payload) else self.run
+            response = await run(self.kit, request, payload)
+        await response(scope, receive, send)
 
 
 def model_id(request: Request, body_model: str | None) -> str | None:

@@ -63,9 +63,9 @@ class RouteSpec(NamedTuple):
 EMBED = ("service", EmbeddingService.embed)
 RERANK = ("service", EmbeddingService.rerank)
 CLASSIFY = ("outputs", OutputService.classify)
-EMBED_IMAGES = Images(images.has_images, images.embed, images.EmbedImagesRequest,
+EMBED_IMAGES = Images(bodies.has_images, images.embed, images.EmbedImagesRequest,
                       (("images", ImageService.embed_images),))
-OPENAI_IMAGES = Images(images.image_modality, images.openai_embeddings,
+OPENAI_IMAGES = Images(bodies.image_modality, images.openai_embeddings,
                        images.OpenAIImagesRequest, (("images", ImageService.embed_images),))
 
 _ROOT = ("The route of the default model's kind, as Hugging Face TEI serves it: an embedding "
@@ -99,7 +99,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         bodies.RerankRequest, "TEI's texts: [{index, text?, score}] best first. Infinity's "
         "documents: {object: \"rerank\", results: [{relevance_score, index, document?}], "
         "model, usage, id, created}. msgpack: Cohere's v1 shape.", ANY, (RERANK,),
-        images=Images(images.has_images, images.rerank, images.RerankImagesRequest,
+        images=Images(bodies.has_images, images.rerank, images.RerankImagesRequest,
                       (("images", ImageService.rerank_images),))),
     RouteSpec(
         "POST", "/v1/rerank", cohere.cohere_v1_rerank,
@@ -150,7 +150,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         "Cosine similarity of sentences to a source sentence (Hugging Face TEI's)",
         bodies.SimilarityRequest, "One cosine per sentence: [float].", ANY,
         (("outputs", OutputService.similarity),), tei=True,
-        images=Images(images.has_image_inputs, images.similarity,
+        images=Images(bodies.has_image_inputs, images.similarity,
                       images.SimilarityImagesRequest,
                       (("images", ImageService.similarity_images),))),
     RouteSpec(
