@@ -26,6 +26,7 @@ from blitz.pool.dispatcher import ReplicaDispatcher
 from blitz.pool.holder import ModelHolder
 from blitz.pool.local_hop import LocalHopServer
 from blitz.pool.mixed_batch import Job
+from blitz.pool.model_set import ModelSet
 from blitz.pool.replica import PoolReplica
 from blitz.runtime import collector, gpu_memory, lean_imports, malloc, tracing
 from blitz.settings.config import MAX_MODELS_PER_REPLICA, BlitzSettings
@@ -79,7 +80,8 @@ class ModelPool:
         least recently used model past ``MAX_MODELS_PER_REPLICA``; the model set evicts
         more through the same LRU until the new model's bytes fit."""
         self.lru.taught()
-        return await self.replica.models.load(model_id)
+        models: ModelSet = self.replica.models
+        return await models.load(model_id)
 
     async def check_health(self) -> None:
         """Serve calls this every ``health_check_period_s``; raising makes Serve replace

@@ -1,7 +1,10 @@
 """Loading a registered model: one way from a ``ModelSpec`` to an ``Encoder``.
 
-    load_encoder(spec, device, cache_dir, timeout_s)  the boundary: every failure under it
-      |                                                becomes one ModelLoadFailed (424)
+    load_model(spec, device, cache_dir, timeout_s)    the boundary: every failure under it
+      |                                                becomes one ModelLoadFailed (424);
+      |                                                it answers the encoder and the folder
+      |                                                (``Loaded``; ``load_encoder``: the
+      |                                                encoder alone)
       -> Load(spec, device, cache_dir, until)          the load; its deadline travels with it
       -> resolve_source(spec)                          source -> a local folder, fetched if
                                                        need be (``blitz.loading.fetch``)
@@ -29,6 +32,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from blitz.encoders.base import Encoder
 from blitz.loading.auto import load_auto
@@ -41,7 +45,8 @@ from blitz.runtime import model_threads
 from blitz.runtime.child_process import DEFAULT_TIMEOUT_S
 from blitz.settings.registry import ModelSpec
 
-__all__ = ["Load", "backend_for", "load_encoder", "open_backend", "resolve_device"]
+__all__ = ["Load", "Loaded", "backend_for", "load_encoder", "load_model", "open_backend",
+           "resolve_device"]
 
 logger = logging.getLogger("blitz.encoders")
 
@@ -65,10 +70,23 @@ def backend_for(spec: ModelSpec, device: str) -> str:
     return spec.cpu_backend if device == "cpu" else "torch"
 
 
+class Loaded(NamedTuple):
+    """A load's encoder and the folder it was opened from (None: a fake source), so the
+    model's facts are read from it without resolving the source again."""
+
+    encoder: Encoder
+    folder: Path | None
+
+
 def load_encoder(spec: ModelSpec, device: str = "cpu", cache_dir: str | Path | None = None,
                  *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Encoder:
-    """Load ``spec`` for ``device`` with the backend the spec names for that kind of pool.
+    """``load_model``'s encoder."""
+    return load_model(spec, device, cache_dir, timeout_s=timeout_s).encoder
 
+
+def load_model(spec: ModelSpec, device: str = "cpu", cache_dir: str | Path | None = None,
+               *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Loaded:
+    """Load ``spec`` for ``device`` with the backend the spec names for that kind of pool.
     ``cache_dir`` holds ONNX builds, ``auto``'s choices and object-storage downloads
     (``model_cache.cache_root`` when None). Work in child processes ends ``timeout_s``
     from now at the latest (a pool passes its ``load_timeout_s``). Every failure becomes
@@ -84,11 +102,11 @@ def load_encoder(spec: ModelSpec, device: str = "cpu", cache_dir: str | Path | N
             check_model_folder(spec, path)
         if backend == "auto" and path is not None:  # (auto is never fake)
             folder, threads = path, model_threads.count()  # the child measures with these
-            return load_auto(
+            return Loaded(load_auto(
                 spec, lambda name: open_backend(load, folder, name), folder=folder,
                 cache_dir=cache_dir, threads=threads,
                 chooser=lambda spec: choose_in_child(spec, folder, cache_dir, threads=threads,
-                                                     timeout_s=load.time_left()))
-        return open_backend(load, path, backend)
+                                                     timeout_s=load.time_left())), path)
+        return Loaded(open_backend(load, path, backend), path)
     except Exception as exc:
         raise as_load_failure(spec.id, exc, spec.source) from exc

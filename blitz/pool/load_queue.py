@@ -1,6 +1,6 @@
 """Model loads on a pool replica: one at a time, shared, each with a deadline.
 
-``LoadQueue.load(key, fn)`` runs ``fn()`` (a blocking load) and returns what it returns:
+``LoadQueue.in_turn(key, fn)`` runs ``fn()`` (a blocking load) and returns what it returns:
 
 - **On a thread of its own** that ends with the load, never on the event loop. Not a
   long-lived executor: a thread that ran torch keeps an idle OpenMP thread team for as
@@ -127,7 +127,7 @@ class LoadQueue(Generic[V]):
                 f"{self.deadline_s + overdue:.0f} s after it started (deadline "
                 f"{self.deadline_s:g} s); no other model can load on this replica")
 
-    async def load(self, key: str, fn: Callable[[], V]) -> V:
+    async def in_turn(self, key: str, fn: Callable[[], V]) -> V:
         """``fn()``'s result, or the load's error (after ``on_failure``); ``fn`` is
         ignored when a load of ``key`` is queued or running already. Raises
         ``Unavailable`` when a load is past its deadline (nothing can load meanwhile)."""

