@@ -1,7 +1,7 @@
 """ONNX bi-encoders on onnxruntime and ``tokenizers`` alone: no torch, no transformers.
 
-sentence-transformers' ONNX backend runs the graph on onnxruntime but needs torch,
-transformers and optimum around it (~400 MiB of a replica's memory and seconds of
+Running the graph in a sentence-transformers model (``blitz.encoders.onnx_module``) needs
+torch and transformers around it (~400 MiB of a replica's memory and seconds of
 imports, docs/benchmarks-history.md "Idle memory"). A sentence-transformers model made of a
 transformer, a pooling and an optional normalization needs none of them: the graph gives
 the token embeddings, pooling and normalization are a few numpy lines, and the folder's
@@ -79,7 +79,7 @@ class NativeOnnxModel:
         self.output = "last_hidden_state" if "last_hidden_state" in outputs else outputs[0]
         self.layout = Layout(layout.pooling, layout.normalize, layout.dimension,
                              layout.max_seq_length, "token_type_ids" in inputs)
-        self.position_ids = "position_ids" in inputs  # optimum's decoder exports take them
+        self.position_ids = "position_ids" in inputs  # a decoder's graph takes them (graph_export)
         self.folder = folder
 
     def forward(self, input_ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

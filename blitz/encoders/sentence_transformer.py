@@ -27,7 +27,6 @@ class SentenceTransformerEncoder(BiEncoder):
                          token_budget=token_budget, rows_per_call=rows_per_call)
         self.model = model
         self._torch = model_threads.torch_module()
-        self._position_ids = takes_position_ids(model)
 
     def _forward(self, rows: list[list[int]], width: int) -> np.ndarray:
         return self._run_model(rows, width, "sentence_embedding")
@@ -44,26 +43,12 @@ class SentenceTransformerEncoder(BiEncoder):
                     "attention_mask": torch.from_numpy(mask).to(self.device)}
         if self.tokens.type_ids:
             features["token_type_ids"] = torch.zeros_like(features["input_ids"])
-        if self._position_ids:  # rows are padded on the right: each starts at position 0
-            features["position_ids"] = torch.arange(width, device=self.device).expand(
-                len(rows), width)
         with torch.inference_mode():
             emb = self.model(features)[output]
         return emb.float().cpu().numpy()
 
     def close(self) -> None:
         self.model = None
-
-
-def takes_position_ids(model: Any) -> bool:
-    """Whether ``model``'s first module runs an ONNX graph that takes ``position_ids``, as
-    optimum exports decoders (Qwen3, Llama, Mistral): sentence-transformers feeds only the
-    tokenizer's outputs, so the encoder gives them. A torch model computes its own (and
-    some, RoBERTa's kind, differently from 0..width-1), so it is never given them."""
-    first = next(iter(model), None) if hasattr(model, "__iter__") else None
-    graph = getattr(first, "model", None) or getattr(first, "auto_model", None)
-    names = getattr(graph, "input_names", None)
-    return isinstance(names, dict) and "position_ids" in names
 
 
 def padded(rows: list[list[int]], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,8 +1,8 @@
 """sentence-transformers models, opened and wrapped: what the loader table
 (``blitz.loading.load``) and the ONNX build (``blitz.loading.onnx_export``) share.
 
-``open_*`` return the library's own model (torch, or onnxruntime through its ONNX
-backend), or for an ONNX build verified for it, a ``NativeOnnxModel`` (onnxruntime and
+``open_*`` return the library's own model (torch, or with an ONNX graph in its
+transformer's place, ``blitz.encoders.onnx_module``), or for an ONNX build verified for it, a ``NativeOnnxModel`` (onnxruntime and
 ``tokenizers`` alone, ``blitz.encoders.onnx_native``); ``wrap`` makes any of them an
 ``Encoder`` sized for the device it runs on.
 Each passes ``spec.trust_remote_code`` on; the folder was checked before
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from blitz.encoders.base import Encoder
 from blitz.encoders.bi_encoder import BiEncoder
 from blitz.encoders.cross_encoder import ClassifierEncoder, CrossEncoderEncoder
+from blitz.encoders.onnx_module import replace_transformer
 from blitz.encoders.onnx_native import NativeOnnxModel, OnnxEncoder, open_native
 from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
 from blitz.encoders.sparse import SparseEncoder
@@ -114,42 +115,19 @@ def transformer_trust(spec: ModelSpec, model_kwargs: dict[str, Any] | None = Non
             "config_kwargs": trust}
 
 
-def onnx_model_kwargs(file_name: str | None = None) -> dict[str, Any]:
-    """onnxruntime session settings: CPU provider, ``blitz.runtime.model_threads`` intra-op threads.
-
-    A pool sets the thread count per replica before it loads models; torch and ONNX
-    models both follow it, so both backends use the same cores. Threads do not spin while idle: a
-    replica holds several models, and spinning threads of one slow down the others.
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = model_threads.count()
-    options.inter_op_num_threads = 1
-    # idle onnxruntime threads spin by default, starving torch models in the same replica
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    kwargs: dict[str, Any] = {"provider": "CPUExecutionProvider", "session_options": options}
-    if file_name:
-        kwargs["file_name"] = file_name
-    return kwargs
-
-
-def open_onnx_file(spec: ModelSpec, directory: Path, file_name: str, *,
+def open_onnx_file(spec: ModelSpec, source: Path, directory: Path, file_name: str, *,
                    native: bool = False) -> Any:
-    """The ONNX graph ``directory/file_name`` (an export of ``spec``) on onnxruntime (CPU):
-    on its own when ``native`` (a build ``onnx_native.verify`` passed), else through
-    sentence-transformers."""
+    """The ONNX graph ``directory/file_name`` (a build of ``spec`` from the folder
+    ``source``) on onnxruntime (CPU): on its own when ``native`` (a build
+    ``onnx_native.verify`` passed), else in the sentence-transformers model opened from
+    ``source`` in the place of its transformer (``blitz.encoders.onnx_module``)."""
     if native:
         return open_native(directory, file_name)
-    from sentence_transformers import CrossEncoder, SentenceTransformer
-
-    kwargs = onnx_model_kwargs(file_name)
     if kind_of(spec.kind).opens == "sequence-classification":
-        return CrossEncoder(str(directory), backend="onnx", device="cpu", local_files_only=True,
-                            model_kwargs=kwargs, trust_remote_code=spec.trust_remote_code)
-    return SentenceTransformer(str(directory), backend="onnx", device="cpu",
-                               local_files_only=True, model_kwargs=kwargs,
-                               trust_remote_code=spec.trust_remote_code)
+        model = open_torch_cross_encoder(spec, source)
+    else:
+        model = open_torch_bi_encoder(spec, source)
+    return replace_transformer(model, directory / file_name)
 
 
 def open_sparse(spec: ModelSpec, path: Path, device: str = "cpu",

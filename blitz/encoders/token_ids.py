@@ -49,16 +49,20 @@ class HfTokenIds:
         self.specials = tokenizer.num_special_tokens_to_add(pair=False)
         self.type_ids = "token_type_ids" in getattr(tokenizer, "model_input_names", ())
         self._lock = threading.Lock()
-        # a fast tokenizer whose specials come from its post-processor alone (Qwen3's EOS,
-        # a template's BOS) adds none in ``build_inputs_with_special_tokens``: place them
-        # as the post-processor does
+        # A slow (Python) tokenizer places special tokens with its own method. A fast one
+        # places them in its post-processor: learned once as the prefix and suffix it puts
+        # around one sequence (transformers 5's fast tokenizers have no such method, and
+        # in 4.x one whose specials come from the post-processor alone, Qwen3's EOS or a
+        # template's BOS, added none through it).
+        self._build = getattr(tokenizer, "build_inputs_with_special_tokens", None)
         self._affixes: tuple[list[int], list[int]] | None = None
-        if len(tokenizer.build_inputs_with_special_tokens([0])) != 1 + self.specials:
+        self._unplaced = ""  # why the specials cannot be placed around given ids
+        if self._build is None or len(self._build([0])) != 1 + self.specials:
             try:
                 self._affixes = affixes(lambda text, special: tokenizer(
                     text, add_special_tokens=special)["input_ids"])
-            except UnsupportedTokenizer:
-                pass  # not a prefix and a suffix: the tokenizer's own method, as before
+            except UnsupportedTokenizer as exc:
+                self._unplaced = str(exc)  # the slow tokenizer's own method, as before
 
     def ids(self, texts: list[str], max_length: int | None) -> list[list[int]]:
         with self._lock:
@@ -82,8 +86,11 @@ class HfTokenIds:
         if self._affixes is not None:
             prefix, suffix = self._affixes
             return [[*prefix, *row, *suffix] for row in rows]
+        if self._build is None:
+            raise InvalidValue(f"this model's tokenizer cannot add its special tokens to token "
+                               f"ids ({self._unplaced}): send the text instead", param="input")
         with self._lock:
-            return [self.tokenizer.build_inputs_with_special_tokens(list(row)) for row in rows]
+            return [self._build(list(row)) for row in rows]
 
 
 class FastTokenIds:

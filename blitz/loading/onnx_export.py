@@ -36,7 +36,6 @@ import numpy as np
 from blitz.encoders.bi_encoder import BiEncoder
 from blitz.encoders.onnx_native import verify
 from blitz.encoders.st_models import (
-    onnx_model_kwargs,
     open_onnx_file,
     open_torch_bi_encoder,
     open_torch_cross_encoder,
@@ -44,7 +43,8 @@ from blitz.encoders.st_models import (
     wrap,
 )
 from blitz.loading.accuracy import AccuracyReport, compare, cut, enforce_accuracy, probe
-from blitz.loading.facts import model_type
+from blitz.loading.facts import read_config
+from blitz.loading.graph_export import export_transformer
 from blitz.loading.model_trust import check_model_folder
 from blitz.runtime.cpu_features import quantization_target
 from blitz.settings.kinds import kind_of
@@ -54,8 +54,11 @@ from blitz.sources import model_cache
 logger = logging.getLogger("blitz.onnx_export")
 
 AREA = "optimized"
-CACHE_FORMAT = 4  # bump when how entries are built, laid out or checked changes
+CACHE_FORMAT = 5  # bump when how entries are built, laid out or checked changes
 ONNX_FILE = "onnx/model.onnx"
+# the transformer's weights, which a build's folder leaves to its graph (``_save_folder``)
+WEIGHT_FILES = ("model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json",
+                "pytorch_model*.bin", "pytorch_model.bin.index.json")
 Progress = Callable[[str], None]
 # what a cached build's record must hold for ``prepare_onnx`` to read it
 RECORD_FIELDS: model_cache.Fields = {
@@ -116,7 +119,7 @@ def prepare_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = Non
 
     def build(tmp: Path) -> dict[str, Any]:
         file_name, report, recipe = _build_onnx(spec, path, tmp, quantization, say)
-        note = (_native_verdict(spec, tmp, file_name, say)
+        note = (_native_verdict(spec, path, tmp, file_name, say)
                 if report.passes(spec.accuracy_threshold) else "refused by the accuracy guard")
         return {**parts, "model_id": spec.id, "file_name": file_name, "int8_recipe": recipe,
                 "accuracy": report.to_dict(), "native": note is None, "native_note": note}
@@ -159,18 +162,18 @@ def load_onnx(spec: ModelSpec, path: Path, cache_dir: str | Path | None = None, 
     opened: list[Any] = []
     prepare_onnx(spec, path, cache_dir, lock_timeout=lock_timeout,
                  validate=lambda directory, file_name, native: opened.append(
-                     open_onnx_file(spec, directory, file_name, native=native)))
+                     open_onnx_file(spec, path, directory, file_name, native=native)))
     return opened[-1]
 
 
-def _native_verdict(spec: ModelSpec, directory: Path, file_name: str,
+def _native_verdict(spec: ModelSpec, path: Path, directory: Path, file_name: str,
                     say: Progress) -> str | None:
     """None when the build runs on onnxruntime alone exactly as through
     sentence-transformers (``onnx_native.verify``), else why not."""
     if kind_of(spec.kind).opens != "sentence-transformers":
         return f"a {spec.kind} runs through sentence-transformers"
     say("checking the build on onnxruntime alone against sentence-transformers")
-    reference = wrap(spec, open_onnx_file(spec, directory, file_name), "cpu")
+    reference = wrap(spec, open_onnx_file(spec, path, directory, file_name), "cpu")
     assert isinstance(reference, BiEncoder)  # an embedding model's encoder
     try:
         return verify(reference, directory, file_name)
@@ -181,17 +184,16 @@ def _native_verdict(spec: ModelSpec, directory: Path, file_name: str,
 def _build_onnx(spec: ModelSpec, path: Path, tmp: Path, quantization: str | None,
                 say: Progress) -> tuple[str, AccuracyReport, str | None]:
     """Fill ``tmp`` with the ONNX build; returns its file, accuracy and int8 recipe."""
-    say("exporting to ONNX")
-    model = _export_onnx(spec, path)
-    model.save_pretrained(str(tmp))
-    del model
     say("running torch fp32 on the probe set")
-    torch_model = (open_torch_cross_encoder if _headed(spec)
-                   else open_torch_bi_encoder)(spec, path)
+    headed = _headed(spec)
+    torch_model = (open_torch_cross_encoder if headed else open_torch_bi_encoder)(spec, path)
     reference = _probe(spec, torch_model)
+    say("exporting to ONNX")
+    _export_onnx(spec, torch_model, tmp)
+    del torch_model
     if not quantization:
         say("checking accuracy against torch fp32")
-        return ONNX_FILE, _accuracy(spec, reference, tmp, ONNX_FILE), None
+        return ONNX_FILE, _accuracy(spec, reference, path, tmp, ONNX_FILE), None
 
     file_name = f"onnx/model_qint8_{quantization}.onnx"
     say("fusing attention, layer norm and GELU for int8")
@@ -202,7 +204,7 @@ def _build_onnx(spec: ModelSpec, path: Path, tmp: Path, quantization: str | None
         say(f"quantizing to int8 for {quantization}: {recipe.description}{note}")
         quantize_int8(graph, tmp / file_name, quantization, recipe.excluded(weights))
         say("checking accuracy against torch fp32")
-        report = _accuracy(spec, reference, tmp, file_name)
+        report = _accuracy(spec, reference, path, tmp, file_name)
         if report.passes(spec.accuracy_threshold) or recipe is INT8_RECIPES[-1]:
             break
         note = (f" (with {recipe.description}: min {report.metric} {cut(report.minimum)} "
@@ -210,6 +212,21 @@ def _build_onnx(spec: ModelSpec, path: Path, tmp: Path, quantization: str | None
     for leftover in {graph, tmp / ONNX_FILE}:  # the int8 entry keeps only the int8 graph
         leftover.unlink()
     return file_name, report, recipe.name
+
+
+def _export_onnx(spec: ModelSpec, model: Any, tmp: Path) -> None:
+    """``model`` (``spec``'s, torch) into ``tmp``: its transformer as the graph
+    (``ONNX_FILE``, ``blitz.loading.graph_export``), and its folder (modules, tokenizer,
+    configs) beside it less the transformer's weights: the graph holds them, and a build
+    that runs through sentence-transformers opens the model's own folder
+    (``open_onnx_file``)."""
+    headed = _headed(spec)
+    export_transformer(model[0].model, model[0].tokenizer, tmp / ONNX_FILE,
+                       output="logits" if headed else "last_hidden_state", pairs=headed)
+    model.save_pretrained(str(tmp))
+    for pattern in WEIGHT_FILES:
+        for file in tmp.glob(pattern):
+            file.unlink()
 
 
 def _probe(spec: ModelSpec, model: Any) -> np.ndarray:
@@ -221,9 +238,10 @@ def _probe(spec: ModelSpec, model: Any) -> np.ndarray:
         encoder.close()
 
 
-def _accuracy(spec: ModelSpec, reference: np.ndarray, directory: Path,
+def _accuracy(spec: ModelSpec, reference: np.ndarray, path: Path, directory: Path,
               file_name: str) -> AccuracyReport:
-    return compare(spec.kind, reference, _probe(spec, open_onnx_file(spec, directory, file_name)))
+    return compare(spec.kind, reference,
+                   _probe(spec, open_onnx_file(spec, path, directory, file_name)))
 
 
 def recorded_accuracy(meta: dict[str, Any]) -> AccuracyReport:
@@ -251,25 +269,6 @@ def _headed(spec: ModelSpec) -> bool:
     return kind_of(spec.kind).opens == "sequence-classification"
 
 
-def _export_onnx(spec: ModelSpec, path: Path) -> Any:
-    """The model exported to ONNX by optimum (in memory; ``save_pretrained`` writes it)."""
-    from sentence_transformers import CrossEncoder, SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    kwargs = {**onnx_model_kwargs(), "export": True}
-    with _quiet_export():
-        if _headed(spec):
-            return CrossEncoder(str(path), backend="onnx", device="cpu", local_files_only=True,
-                                model_kwargs=kwargs, trust_remote_code=spec.trust_remote_code)
-        if (path / "modules.json").exists():
-            return SentenceTransformer(str(path), backend="onnx", device="cpu",
-                                       local_files_only=True, model_kwargs=kwargs,
-                                       trust_remote_code=spec.trust_remote_code)
-        word = Transformer(str(path), backend="onnx", **transformer_trust(spec, kwargs))
-        pool = Pooling(word.get_embedding_dimension(), spec.pooling or "mean")
-        return SentenceTransformer(modules=[word, pool], device="cpu")
-
-
 class _DropBelow(logging.Filter):
     """Drops records under ``level`` (from modules whose path contains ``origin``)."""
 
@@ -285,14 +284,11 @@ class _DropBelow(logging.Filter):
 def _quiet_export() -> Iterator[None]:
     """Silence the export's noise that does not apply here.
 
-    sentence-transformers warns that the export should be saved (we save it), transformers
-    that optimum passes ``torch_dtype``, the tracer about constants, and onnxruntime's
-    quantizer logs a line per tensor (and advice) on the root logger. Logger filters apply
+    onnxruntime's quantizer logs a line per tensor (and advice) on the root logger, and
+    its tools warn of what they deprecate. Logger filters apply
     to records of that very logger only, hence one per module.
     """
-    quiet = [(logging.getLogger(name), _DropBelow(logging.ERROR)) for name in
-             ("sentence_transformers.backend.utils", "transformers.configuration_utils")]
-    quiet.append((logging.getLogger(), _DropBelow(logging.ERROR, "onnxruntime")))
+    quiet = [(logging.getLogger(), _DropBelow(logging.ERROR, "onnxruntime"))]
     for logger_, drop in quiet:
         logger_.addFilter(drop)
     try:
@@ -340,15 +336,19 @@ def fuse_transformer_ops(source: Path, target: Path) -> Path:
     kernel; the unfused int8 graph defeats onnxruntime's own run-time fusions. Returns
     ``source`` itself when the architecture is not one the fusions know, or they fail.
     """
-    fusable = model_type(source.parent.parent) in _FUSABLE  # the folder's config.json says
-    if not fusable or (source.parent / f"{source.name}_data").exists():
+    config = read_config(source.parent.parent)  # the build folder's config.json
+    fusable = config.get("model_type") in _FUSABLE
+    heads, width = config.get("num_attention_heads", config.get("n_heads")), config.get(
+        "hidden_size", config.get("dim"))
+    if (not fusable or not isinstance(heads, int) or not isinstance(width, int)
+            or (source.parent / f"{source.name}_data").exists()):
         return source
     from onnxruntime.transformers.optimizer import optimize_model
 
     try:
         with _quiet_export():
-            fused = optimize_model(str(source), model_type="bert", num_heads=0, hidden_size=0,
-                                   opt_level=0)
+            fused = optimize_model(str(source), model_type="bert", num_heads=heads,
+                                   hidden_size=width, opt_level=0)
             fused.save_model_to_file(str(target))
     except Exception as exc:  # the unfused graph is still correct, only slower
         logger.warning("transformer fusion failed (%s: %s); quantizing the unfused graph",
@@ -357,28 +357,27 @@ def fuse_transformer_ops(source: Path, target: Path) -> Path:
     return target
 
 
-def quantize_int8(source: Path, target: Path, cpu: str, exclude: list[str]) -> None:
-    """Dynamic int8 quantization of ``source``'s weights for ``cpu`` (see quantization_target).
+# Dynamic int8 for each CPU (quantization_target): weights per channel and symmetric,
+# activations asymmetric, full range; unsigned weights where the CPU's int8 kernels want
+# them (AVX2 without VNNI). These are the values optimum's AutoQuantizationConfig gave
+# (optimum 2.1, is_static=False), which Blitz used until it dropped optimum.
+INT8_WEIGHTS = {"arm64": "QInt8", "avx2": "QUInt8", "avx512": "QInt8", "avx512_vnni": "QInt8"}
 
-    Weight type, symmetry and per-channel scales follow optimum's configuration for that
-    CPU (``AutoQuantizationConfig.<cpu>``).
-    """
+
+def quantize_int8(source: Path, target: Path, cpu: str, exclude: list[str]) -> None:
+    """Dynamic int8 quantization of ``source``'s weights for ``cpu`` (see quantization_target
+    and ``INT8_WEIGHTS``), but the nodes named in ``exclude``."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    from optimum.onnxruntime.configuration import AutoQuantizationConfig
 
-    config = getattr(AutoQuantizationConfig, cpu)(is_static=False)
     with _quiet_export():
         quantize_dynamic(
             source, target, op_types_to_quantize=["MatMul", "Attention"],
-            per_channel=config.per_channel, reduce_range=config.reduce_range,
-            weight_type=QuantType.QUInt8 if config.weights_dtype == QuantType.QUInt8
-            else QuantType.QInt8,
+            per_channel=True, reduce_range=False, weight_type=QuantType[INT8_WEIGHTS[cpu]],
             nodes_to_exclude=exclude,
             use_external_data_format=(source.parent / f"{source.name}_data").exists(),
             extra_options={"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT,
-                           "WeightSymmetric": config.weights_symmetric,
-                           "ActivationSymmetric": config.activations_symmetric},
+                           "WeightSymmetric": True, "ActivationSymmetric": False},
         )
 
 

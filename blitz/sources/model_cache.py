@@ -54,8 +54,8 @@ logger = logging.getLogger("blitz.model_cache")
 
 ENTRY_FILE = "blitz-entry.json"
 LOCK_DIR = "locks"
-VERSIONED_LIBRARIES = ("sentence-transformers", "transformers", "torch", "optimum",
-                       "optimum-onnx", "onnx", "onnxruntime")
+VERSIONED_LIBRARIES = ("sentence-transformers", "transformers", "tokenizers", "torch", "onnx",
+                       "onnxruntime")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 # How long a process waits for another to finish an entry before giving up. An ONNX export
 # plus int8 quantization and its accuracy checks takes minutes on a small CPU; a download

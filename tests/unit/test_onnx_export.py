@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from blitz.encoders.st_models import open_torch_bi_encoder
 from blitz.errors import ModelLoadFailed
 from blitz.loading import onnx_export, opening
 from blitz.loading.load import load_encoder
@@ -262,6 +263,7 @@ def test_guard_refuses_a_build_below_the_threshold_and_remembers(tiny_dir, tmp_p
 def test_guard_refuses_a_corrupted_export(tiny_dir, other_tiny_dir, tmp_path, monkeypatch):
     real_export = onnx_export._export_onnx
     monkeypatch.setattr(onnx_export, "_export_onnx",  # an export of the wrong weights
-                        lambda spec, path: real_export(spec, other_tiny_dir))
+                        lambda spec, model, tmp: real_export(
+                            spec, open_torch_bi_encoder(spec, other_tiny_dir), tmp))
     with pytest.raises(ModelLoadFailed, match=r"onnx build is not accurate enough.*min cosine"):
         load_encoder(_spec(tiny_dir), cache_dir=tmp_path)

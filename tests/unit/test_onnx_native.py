@@ -136,7 +136,7 @@ def test_a_verified_build_runs_natively_with_sentence_transformers_vectors(
     assert isinstance(encoder, OnnxEncoder)
     entry, meta = _entry(tmp_path)
     assert meta["native"] is True and meta["native_note"] is None
-    reference = wrap(spec, open_onnx_file(spec, entry, meta["file_name"]), "cpu")
+    reference = wrap(spec, open_onnx_file(spec, tiny_dir, entry, meta["file_name"]), "cpu")
     assert isinstance(reference, SentenceTransformerEncoder)
     texts = [*PROBE_TEXTS, *HARD_TEXTS]
     mine, theirs = encoder.embed(texts, normalize=True), reference.embed(texts, normalize=True)
