@@ -18,6 +18,8 @@
 # server process's CPU seconds (python -m loadtest.process_cpu snapshot). The report
 # (python -m loadtest.before_after OUT ROUNDS MODELS, also OUT/report.md) gives CPU-ms
 # per request and idle % of a core by process role, before against after.
+# BEFORE_VENV=DIR serves the earlier tree from another install (default: this tree's
+# .venv), to measure a move of the libraries themselves (the earlier tree's own install).
 # It stops every Ray on this machine (`ray stop --force`): run it under the shared lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,9 +34,11 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PY="$ROOT/.venv/bin/python"
 TREE="$(mktemp -d)/before"
 git worktree add --detach "$TREE" "$BEFORE" >/dev/null
-ln -s "$ROOT/.venv" "$TREE/.venv"
-echo "before: $BEFORE ($(git rev-parse --short "$BEFORE")), after: $(git rev-parse --short HEAD)$(
-  git diff --quiet HEAD || echo ' + uncommitted changes')" | tee "$OUT/trees.txt"
+BEFORE_VENV="${BEFORE_VENV:-$ROOT/.venv}"
+ln -s "$BEFORE_VENV" "$TREE/.venv"
+echo "before: $BEFORE ($(git rev-parse --short "$BEFORE")) on $BEFORE_VENV, after: $(
+  git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' + uncommitted changes')" \
+  | tee "$OUT/trees.txt"
 SERVING=""
 LAST=""  # the last process snapshot of the previous server
 trap '[ -n "$SERVING" ] && kill -INT -- "-$SERVING" 2>/dev/null; git worktree remove --force "$TREE" >/dev/null 2>&1 || true' EXIT
@@ -46,7 +50,7 @@ serve_and_measure() {  # $1: label (side-round), $2: tree
     --quiet-pct "$QUIET_PCT" > "$OUT/$1-settle.json"
   echo "== $1: waited $(cat "$OUT/$1-settle.json")"
   ( cd "$2" && export PYTHONPATH="$2" && source scripts/fast-path.env.sh \
-      && exec setsid "$ROOT/.venv/bin/serve" run serve_config.yaml ) > "$OUT/$1-serve.log" 2>&1 &
+      && exec setsid "$2/.venv/bin/serve" run serve_config.yaml ) > "$OUT/$1-serve.log" 2>&1 &
   local pid=$!; SERVING=$pid
   wait_for http://127.0.0.1:8000/health
   for model in $MODELS; do

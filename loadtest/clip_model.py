@@ -70,7 +70,7 @@ def _tokenizer(target: Path) -> Any:
     """A CLIPTokenizerFast over CLIP's byte symbols (each alone and word-final), a few
     merges, and CLIP's two special tokens."""
     from transformers import CLIPTokenizerFast
-    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     symbols = list(bytes_to_unicode().values())
     vocab = symbols + [s + "</w>" for s in symbols] + [a + b for a, b in MERGES]

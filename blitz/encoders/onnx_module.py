@@ -51,7 +51,7 @@ def _transformer_class() -> type:
     only where a model runs through sentence-transformers."""
     torch = model_threads.torch_module()
 
-    class OnnxTransformer(torch.nn.Module):
+    class OnnxTransformer(torch.nn.Module):  # type: ignore[name-defined]
         """A transformers model's forward on onnxruntime: the graph's inputs from the
         keyword arguments (``position_ids`` 0..width-1 when not given, as transformers
         computes them for a decoder; ``token_type_ids`` zeros), its one output returned

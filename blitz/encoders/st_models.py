@@ -123,11 +123,9 @@ def open_onnx_file(spec: ModelSpec, source: Path, directory: Path, file_name: st
     ``source`` in the place of its transformer (``blitz.encoders.onnx_module``)."""
     if native:
         return open_native(directory, file_name)
-    if kind_of(spec.kind).opens == "sequence-classification":
-        model = open_torch_cross_encoder(spec, source)
-    else:
-        model = open_torch_bi_encoder(spec, source)
-    return replace_transformer(model, directory / file_name)
+    opened = (open_torch_cross_encoder if kind_of(spec.kind).opens == "sequence-classification"
+              else open_torch_bi_encoder)
+    return replace_transformer(opened(spec, source), directory / file_name)
 
 
 def open_sparse(spec: ModelSpec, path: Path, device: str = "cpu",

@@ -39,7 +39,6 @@ from blitz.encoders.st_models import (
     open_onnx_file,
     open_torch_bi_encoder,
     open_torch_cross_encoder,
-    transformer_trust,
     wrap,
 )
 from blitz.loading.accuracy import AccuracyReport, compare, cut, enforce_accuracy, probe

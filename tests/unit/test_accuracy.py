@@ -48,10 +48,11 @@ def test_torch_bf16_is_checked_on_load(tiny_dir):
 
 @pytest.mark.slow  # ~6 s on a 2-core machine
 def test_the_same_guard_checks_a_bf16_cross_encoder(tmp_path):
-    # the tiny cross-encoder's scores differ in the 6th decimal: bf16 flattens them
+    # the tiny cross-encoder's scores differ in the 6th decimal: bf16 cannot tell them apart
+    # (transformers 4.57 flattened them to one value, pearson 0; 5.x leaves noise, ~0.25)
     spec = ModelSpec(id="ce", source=str(build_tiny_cross_encoder(tmp_path / "ce")),
                      kind="cross-encoder", cpu_backend="torch-bf16")
-    with pytest.raises(ModelLoadFailed, match=r"torch-bf16 build .* min pearson 0.0000"):
+    with pytest.raises(ModelLoadFailed, match=r"torch-bf16 build .* min pearson 0\.[0-5]"):
         load_encoder(spec)
     encoder = load_encoder(spec.model_copy(update={"accuracy_threshold": 0}))  # check off
     assert encoder.kind == "cross-encoder"

@@ -112,6 +112,30 @@ def test_new_library_versions_mean_a_new_build(tiny_dir, tmp_path, monkeypatch):
     assert len(_entries(tmp_path)) == 2
 
 
+def test_a_build_of_the_optimum_era_is_left_alone_and_built_anew(tiny_dir, tmp_path):
+    """A cache filled by Blitz before it dropped optimum-onnx (cache format 4, transformers
+    4.57, optimum's exporter): its entry has another key, so it is never reused; a new
+    build is made beside it and the old one is left as it was."""
+    spec = _spec(tiny_dir)
+    current = onnx_export.prepare_onnx(spec, tiny_dir, tmp_path)
+    _, parts = onnx_export.onnx_cache_key(spec, tiny_dir)
+    old_versions = {**parts["versions"], "transformers": "4.57.6",
+                    "sentence-transformers": "5.7.0", "optimum": "2.1.0",
+                    "optimum-onnx": "0.1.0"}
+    old_key = model_cache.entry_key("tiny-onnx", {**parts, "format": 4,
+                                                  "versions": old_versions})
+    old = current.path.parent / old_key
+    current.path.rename(old)  # what the old release left: a complete, valid entry
+    meta = json.loads((old / model_cache.ENTRY_FILE).read_text())
+    (old / model_cache.ENTRY_FILE).write_text(json.dumps(
+        {**meta, "format": 4, "versions": old_versions}))
+    before = sorted(p.relative_to(old) for p in old.rglob("*"))
+
+    again = onnx_export.prepare_onnx(spec, tiny_dir, tmp_path)
+    assert again.built and again.path == current.path != old
+    assert sorted(p.relative_to(old) for p in old.rglob("*")) == before
+
+
 def test_cross_encoder_onnx_scores_match_torch(tmp_path):
     path = build_tiny_cross_encoder(tmp_path / "ce")
     spec = ModelSpec(id="ce", source=str(path), kind="cross-encoder", cpu_backend="onnx")

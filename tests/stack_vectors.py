@@ -7,14 +7,14 @@ each backend (``dump``: alone and in one batch, through Blitz's own loader); ``c
 prints the table (docs/models.md, "The same vectors across the stack"). Run ``dump`` with
 each install's Python, the tree's own ``blitz`` on ``PYTHONPATH``:
 
-    OLD/.venv/bin/python -m loadtest.stack_vectors build /tmp/sv/models
-    OLD/.venv/bin/python -m loadtest.stack_vectors dump /tmp/sv/models /tmp/sv/old.npz
-    NEW/.venv/bin/python -m loadtest.stack_vectors dump /tmp/sv/models /tmp/sv/new.npz
-    python -m loadtest.stack_vectors compare /tmp/sv/old.npz /tmp/sv/new.npz
+    OLD/.venv/bin/python -m tests.stack_vectors build /tmp/sv/models
+    OLD/.venv/bin/python -m tests.stack_vectors dump /tmp/sv/models /tmp/sv/old.npz
+    NEW/.venv/bin/python -m tests.stack_vectors dump /tmp/sv/models /tmp/sv/new.npz
+    python -m tests.stack_vectors compare /tmp/sv/old.npz /tmp/sv/new.npz
 
-Vectors are compared by their least cosine over every input, alone and batched; scores
-and labels by their largest absolute difference; sparse weights as vectors over the
-vocabulary.
+Each output is compared by its largest absolute difference, and vectors also by their
+least cosine, over every input, alone and batched (sparse weights as vectors over the
+vocabulary).
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def compare(old: Path, new: Path) -> None:
     """The markdown table of ``old``'s and ``new``'s answers."""
     a, b = np.load(old), np.load(new)
     print(f"old: {a['versions']}\nnew: {b['versions']}\n")
-    print("| model | backend | output | measure | alone and batched |")
+    print("| model | backend | output | min cosine | max abs diff |")
     print("|---|---|---|---|---|")
     for key in a.files:
         if key == "versions":
@@ -154,11 +154,9 @@ def compare(old: Path, new: Path) -> None:
             print(f"| {name} | {backend} | {output} | missing in the new install | |")
             continue
         x, y = a[key], b[key]
-        if output.split("/")[0] in ("scores", "logits"):
-            print(f"| {name} | {backend} | {output} | max abs diff | "
-                  f"{float(np.abs(x - y).max()):.2e} |")
-        else:
-            print(f"| {name} | {backend} | {output} | min cosine | {_min_cosine(x, y):.7f} |")
+        cosine = ("" if output.split("/")[0] in ("scores", "logits")
+                  else f"{_min_cosine(x, y):.8f}")
+        print(f"| {name} | {backend} | {output} | {cosine} | {float(np.abs(x - y).max()):.1e} |")
 
 
 def _min_cosine(x: np.ndarray, y: np.ndarray) -> float:
