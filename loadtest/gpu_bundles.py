@@ -37,10 +37,16 @@ PLATFORM_ARGS = ["--only-binary=:all:", "--python-version", "3.12", "--implement
                  *[a for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
                                "manylinux2014_x86_64", "manylinux_2_5_x86_64",
                                "manylinux1_x86_64") for a in ("--platform", p)]]
-A_PINS = ["huggingface-hub==0.36.2", "msgpack-numpy==0.4.8", "orjson==3.13.0",
-          "sentence-transformers==5.7.0", "tokenizers==0.22.2", "transformers==4.57.6",
+# the stack Blitz installs (pyproject.toml), and what transformers 5 and huggingface_hub 2
+# need beyond an image with torch (typer for their CLIs, hf-xet, httpx2)
+A_PINS = ["huggingface-hub==2.4.0", "msgpack-numpy==0.4.8", "orjson==3.13.0",
+          "sentence-transformers==6.2.0", "tokenizers==0.23.3", "transformers==5.24.0",
           "annotated-types==0.8.0", "pydantic==2.14.4", "pydantic-core==2.50.5",
-          "typing-inspection==0.4.5"]
+          "typing-inspection==0.4.5", "typer==0.29.2", "annotated-doc==0.0.7",
+          "rich==15.0.0", "markdown-it-py==4.3.0", "mdurl==0.1.2", "pygments==2.21.0",
+          "shellingham==1.5.4", "click==8.5.1", "hf-xet==1.8.0", "httpx2==2.16.2",
+          "httpcore2==2.16.2", "truststore==0.10.5", "h11==0.16.0", "anyio==4.16.0",
+          "idna==3.20"]
 # grpcio-reflection in every release that matches some grpcio the image may hold;
 # protobuf in both majors: pip picks what the image's packages allow
 B_PINS = [

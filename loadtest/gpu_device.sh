@@ -23,8 +23,8 @@ case "${1:?encode or serve}" in
   encode)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     "$PY" -V
-    pip_in --find-links .gpu/a/whl transformers==4.57.6 \
-      sentence-transformers==5.7.0 msgpack-numpy orjson pydantic==2.14.4
+    pip_in --find-links .gpu/a/whl transformers==5.24.0 \
+      sentence-transformers==6.2.0 msgpack-numpy orjson pydantic==2.14.4
     mkdir -p "$MODEL"
     cp -r .gpu/a/model/. "$MODEL/"
     "$PY" -c "import lzma, shutil, sys

@@ -135,7 +135,7 @@ class DualEncoder(DualEncoderBase):
         from transformers import AutoModel
 
         self._torch = torch
-        self.model = AutoModel.from_pretrained(str(path), torch_dtype=dtype).to(device).eval()
+        self.model = AutoModel.from_pretrained(str(path), dtype=dtype).to(device).eval()
         super().__init__(model_id, path, self.model.config, max_seq_length)
         self.device = device
 

@@ -24,6 +24,7 @@ from blitz.encoders.probes import PROBE_TEXTS
 from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
 from blitz.encoders.st_models import open_onnx_file, wrap
 from blitz.encoders.token_ids import FastTokenIds, HfTokenIds, UnsupportedTokenizer
+from blitz.errors import InvalidValue
 from blitz.loading import onnx_export, opening
 from blitz.loading.load import load_encoder
 from blitz.settings.registry import ModelSpec
@@ -60,6 +61,37 @@ def test_fast_tokenizer_gives_transformers_ids(limit):
     assert fast.ids(texts, None) == hf.ids(texts, None)
     assert (fast.vocab_size, fast.pad_id, fast.specials) == (hf.vocab_size, hf.pad_id, hf.specials)
     assert fast.with_specials([[5, 6], []]) == hf.with_specials([[5, 6], []])
+
+
+def test_transformers_ids_get_their_specials_from_the_post_processor():
+    """transformers 5's fast tokenizers have no ``build_inputs_with_special_tokens``: token-id
+    rows get the prefix and suffix the tokenizer's own call puts around a text."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_dir()))
+    hf = HfTokenIds(tokenizer)
+    text_ids = tokenizer(["hello world"], add_special_tokens=False)["input_ids"][0]
+    assert hf.with_specials([text_ids]) == tokenizer(["hello world"])["input_ids"]
+
+
+class _OddSpecials:
+    """A tokenizer whose special tokens are not one prefix and suffix (the empty text gets
+    another), with no method to place them around ids: transformers 5's fast tokenizers."""
+
+    vocab_size, pad_token_id, model_input_names = 100, 0, ("input_ids", "attention_mask")
+
+    def num_special_tokens_to_add(self, pair: bool = False) -> int:
+        return 2
+
+    def __call__(self, text, add_special_tokens=True, **_):
+        bare = [7] if text else []
+        return {"input_ids": ([1, *bare, 2] if text else [3]) if add_special_tokens else bare}
+
+
+def test_ids_a_tokenizer_cannot_place_specials_around_are_refused_with_a_fix():
+    with pytest.raises(InvalidValue, match="send the text instead") as caught:
+        HfTokenIds(_OddSpecials()).with_specials([[7, 8]])
+    assert caught.value.status == 422
 
 
 def test_fast_tokenizer_needs_tokenizer_json(tmp_path):
