@@ -20,28 +20,13 @@ import numpy as np
 from blitz.runtime import model_threads
 
 
-def onnx_session(file: Path) -> Any:
-    """``file`` on onnxruntime's CPU provider, with the replica's intra-op thread count.
-
-    A pool sets the thread count per replica before it loads models; torch and ONNX models
-    both follow it, so both backends use the same cores. Threads do not spin while idle: a
-    replica holds several models, and spinning threads of one slow down the others.
-    """
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = model_threads.count()
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(file), options, providers=["CPUExecutionProvider"])
-
-
 def replace_transformer(model: Any, graph: Path) -> Any:
     """``model`` (a ``SentenceTransformer`` or ``CrossEncoder``, torch) with its first
     module's transformer replaced by the ONNX graph at ``graph``; the torch weights are
     released. Returns ``model``."""
     first = model[0]
-    first.model = _transformer_class()(onnx_session(graph), first.model.config)
+    first.model = _transformer_class()(model_threads.onnx_session(graph),
+                                               first.model.config)
     return model
 
 

@@ -62,16 +62,8 @@ class NativeOnnxModel:
     """An ONNX graph of a bi-encoder, open on onnxruntime, with its folder's layout."""
 
     def __init__(self, folder: Path, file_name: str):
-        import onnxruntime as ort
-
         layout = read_layout(folder)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = model_threads.count()
-        options.inter_op_num_threads = 1
-        # idle onnxruntime threads spin by default, starving other models in the replica
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(folder / file_name), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = model_threads.onnx_session(folder / file_name)
         inputs = {i.name for i in self.session.get_inputs()}
         if not {"input_ids", "attention_mask"} <= inputs:
             raise UnsupportedLayout(f"the graph takes {sorted(inputs)}")

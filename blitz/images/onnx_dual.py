@@ -41,8 +41,8 @@ class OnnxDualEncoder(DualEncoderBase):
 
         super().__init__(model_id, path, AutoConfig.from_pretrained(str(path)), max_seq_length)
         self.device = "cpu"
-        self.text_session: Any = _session(Path(graphs) / text_file)
-        self.image_session: Any = _session(Path(graphs) / image_file)
+        self.text_session: Any = model_threads.onnx_session(Path(graphs) / text_file)
+        self.image_session: Any = model_threads.onnx_session(Path(graphs) / image_file)
         self._text_inputs = {i.name for i in self.text_session.get_inputs()}
 
     def text_features(self, input_ids: Any, attention_mask: Any) -> np.ndarray:
@@ -63,17 +63,6 @@ class OnnxDualEncoder(DualEncoderBase):
 
     def close(self) -> None:
         self.text_session = self.image_session = None
-
-
-def _session(file: Path) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = model_threads.count()
-    options.inter_op_num_threads = 1
-    # idle onnxruntime threads spin by default, starving other models in the replica
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(file), options, providers=["CPUExecutionProvider"])
 
 
 def export_towers(encoder: DualEncoder, directory: Path) -> tuple[str, str]:

@@ -2,7 +2,8 @@
 
 A pool replica sets the count once (``torch_threads``, a name kept from when torch was
 the only runtime), before it loads models. onnxruntime sessions read it when they are
-opened; torch is told only when a torch model is opened (``torch_module``), so a replica
+opened; torch is told only when a torch model is opened (``torch_module``); ``onnx_session``
+opens a graph at the count, so a replica
 whose models all run on onnxruntime never imports torch (~210 MiB and ~1.5 s of import,
 docs/benchmarks-history.md "Idle memory").
 """
@@ -45,3 +46,16 @@ def torch_module() -> Any:
     if _configured and torch.get_num_threads() != _configured:
         torch.set_num_threads(_configured)
     return torch
+
+
+def onnx_session(file: Any) -> Any:
+    """The ONNX graph at ``file`` on onnxruntime's CPU provider, with ``count()`` intra-op
+    threads. Idle threads do not spin: a replica holds several models, and spinning threads
+    of one slow down the others (onnxruntime spins by default)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = count()
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(file), options, providers=["CPUExecutionProvider"])

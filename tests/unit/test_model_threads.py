@@ -30,3 +30,28 @@ def test_thread_count_reaches_torch_only_when_torch_is_used():
     run = subprocess.run([sys.executable, "-c", _CHILD], cwd=REPO, capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+
+
+def test_an_onnx_session_runs_the_configured_count_without_spinning(tmp_path):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from blitz.runtime import model_threads
+
+    value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [value],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # one every onnxruntime reads
+    onnx.save(model, tmp_path / "g.onnx")
+    model_threads.configure(3)
+    try:
+        session = model_threads.onnx_session(tmp_path / "g.onnx")
+    finally:
+        model_threads.configure(None)
+    options = session.get_session_options()
+    assert options.intra_op_num_threads == 3 and options.inter_op_num_threads == 1
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert session.get_providers() == ["CPUExecutionProvider"]
+    assert session.run(None, {"x": np.ones(2, np.float32)})[0].tolist() == [1.0, 1.0]
