@@ -136,6 +136,32 @@ def test_a_build_of_the_optimum_era_is_left_alone_and_built_anew(tiny_dir, tmp_p
     assert sorted(p.relative_to(old) for p in old.rglob("*")) == before
 
 
+def test_a_model_with_a_dense_layer_runs_its_graph_inside_sentence_transformers(tmp_path):
+    """A layout onnxruntime alone does not run (a Dense projection after the pooling): the
+    model opens as sentence-transformers' own with the graph in its transformer's place, no
+    torch weights left there, and answers as torch does."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
+
+    base = build_tiny_bi_encoder(tmp_path / "base", seed=9)
+    model = SentenceTransformer(str(base), device="cpu")
+    model.append(Dense(32, 16))
+    model.save_pretrained(str(tmp_path / "dense"))
+    spec = _spec(tmp_path / "dense")
+    onnx = load_encoder(spec, cache_dir=tmp_path / "cache")
+    torch = load_encoder(spec.model_copy(update={"cpu_backend": "torch"}))
+    assert isinstance(onnx, SentenceTransformerEncoder) and onnx.dimension == 16
+    transformer = onnx.model[0].model
+    assert type(transformer).__name__ == "OnnxTransformer"
+    assert sum(p.numel() for p in transformer.parameters()) == 0  # the graph holds them
+    np.testing.assert_allclose(onnx.embed(TEXTS, normalize=True).values,
+                               torch.embed(TEXTS, normalize=True).values, atol=1e-5)
+    meta = json.loads((_entries(tmp_path / "cache")[0] / model_cache.ENTRY_FILE).read_text())
+    assert meta["native"] is False and "Dense" in meta["native_note"]
+
+
 def test_cross_encoder_onnx_scores_match_torch(tmp_path):
     path = build_tiny_cross_encoder(tmp_path / "ce")
     spec = ModelSpec(id="ce", source=str(path), kind="cross-encoder", cpu_backend="onnx")
