@@ -83,12 +83,13 @@ def http(blitz_app):
 def hub_client_online(monkeypatch):
     """The suite runs with HF_HUB_OFFLINE=1 (no model downloads), which makes
     huggingface_hub refuse every URL, a local server's too: lifted for its HTTP session
-    only, while a test talks to the live app (no hub is reached)."""
+    only, while a test talks to the live app (no hub is reached). huggingface_hub 2 reads
+    the flag on each request; its shared client is closed around the test all the same."""
     from huggingface_hub import constants
-    from huggingface_hub.utils import reset_sessions
+    from huggingface_hub.utils import close_session
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    reset_sessions()
+    close_session()
     yield
     monkeypatch.undo()
-    reset_sessions()
+    close_session()
