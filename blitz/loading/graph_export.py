@@ -35,9 +35,9 @@ def export_transformer(transformer: Any, tokenizer: Any, target: Path, *, output
 
     if hasattr(transformer, "set_attn_implementation"):
         transformer.set_attn_implementation("eager")
-    example = (tokenizer(*zip(*[(EXAMPLE_TEXTS[0], text) for text in EXAMPLE_TEXTS], strict=True),
-                         padding=True, return_tensors="pt") if pairs
-               else tokenizer(EXAMPLE_TEXTS, padding=True, return_tensors="pt"))
+    queries = [EXAMPLE_TEXTS[0]] * len(EXAMPLE_TEXTS)  # (query, document) pairs when pairs
+    example = tokenizer(*((queries, EXAMPLE_TEXTS) if pairs else (EXAMPLE_TEXTS,)),
+                        padding=True, return_tensors="pt")
     inputs = {name: example[name] for name in TOKENIZER_INPUTS if name in example}
     if is_decoder(transformer.config):
         ids = inputs["input_ids"]

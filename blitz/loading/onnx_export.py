@@ -1,12 +1,14 @@
 """ONNX builds for the CPU pool: export, dynamic int8 quantization, and their cache entry.
 
 A build is prepared once per (source files, backend, quantization, library versions)
-into the model cache (``blitz.sources.model_cache``, area ``optimized``). A bi-encoder build that
-``blitz.encoders.onnx_native.verify`` finds equal both ways is opened on onnxruntime and
-``tokenizers`` alone (no torch in the process); any other is opened through
-sentence-transformers' own ONNX backend, so the encoders call it exactly as they call a
-torch model: ``model(features)["sentence_embedding"]`` or ``predict``. The verdict is
-recorded in the entry (``native``, ``native_note``).
+into the model cache (``blitz.sources.model_cache``, area ``optimized``): the transformer's
+graph (``blitz.loading.graph_export``, torch's exporter) beside the model's folder less its
+weights. A bi-encoder build that ``blitz.encoders.onnx_native.verify`` finds equal both ways
+is opened on onnxruntime and ``tokenizers`` alone (no torch in the process); any other runs
+in the sentence-transformers model with the graph in its transformer's place
+(``blitz.encoders.onnx_module``), so the encoders call it exactly as they call a torch
+model: ``model(features)["sentence_embedding"]`` or ``predict``. The verdict is recorded in
+the entry (``native``, ``native_note``).
 
 int8 builds are dynamic quantizations of the weights (per channel, configured for this
 CPU's instructions, ``blitz.runtime.cpu_features.quantization_target``) after onnxruntime's
