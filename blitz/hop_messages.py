@@ -2,7 +2,7 @@
 results the ingress answers with.
 
 - Jobs (``EmbedJob``, ``ImageEmbedJob``, ``RerankJob``, ``TokenEmbedJob``,
-  ``SparseEmbedJob``, ``HybridEmbedJob``, ``ClassifyJob``): ingress -> pool, over Serve's
+  ``SparseEmbedJob``, ``HybridEmbedJob``, ``ClassifyJob``, ``PartsJob``): ingress -> pool, over Serve's
   handle or the local hop, pickled either way; never larger than the pool's batch limit.
   Each carries its request's ``priority`` (``PRIORITIES``) and ``trace`` (its request's
   span context while tracing is on: ``blitz.runtime.tracing``), and runs itself on its
@@ -191,6 +191,41 @@ class ImageEmbedJob(_Job):
 
     def run(self, encoder: Encoder) -> Encoded:
         return encoder.embed_image_bytes(self.images, normalize=self.normalize)
+
+
+@dataclass(frozen=True)
+class PartsJob(_Job):
+    """Documents of a vision-language model for one pool call, each a tuple of parts in
+    order: texts (``str``) and encoded images (``bytes``, their headers checked at the
+    ingress; a pool processes them before the queue, ``blitz.pool.image_prep``). With a
+    ``query`` (a tuple of parts too) each document is scored against it (a vl-reranker),
+    else embedded. ``pixels``: its images' declared width x height, summed; ``first``: the
+    request's index of its first document."""
+
+    documents: list[tuple]
+    query: tuple | None = None
+    normalize: bool = True
+    instruction: str | None = None
+    truncate: bool = True
+    trace: str | None = None
+    pixels: int = 0
+    first: int = 0
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    @property
+    def encoded_images(self) -> int:
+        """Its images still encoded (bytes): what a pool decodes before the queue."""
+        return sum(isinstance(part, bytes) for doc in (*self.documents, self.query or ())
+                   for part in doc)
+
+    def run(self, encoder: Encoder) -> Encoded:
+        if self.query is not None:
+            return encoder.score_parts(self.query, self.documents,
+                                       instruction=self.instruction, truncate=self.truncate)
+        return encoder.embed_parts(self.documents, normalize=self.normalize,
+                                   instruction=self.instruction, truncate=self.truncate)
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,8 @@ METHODS: dict[Capability, tuple[str, ...]] = {
     "embed_sparse": ("embed_sparse",), "embed_hybrid": ("embed_hybrid",),
     "classify": ("classify",), "score": ("score",),
     "embed_images": ("embed_image_bytes", "prepare_images", "embed_prepared"),
-    "long_inputs": ("embed_many_sided",)}
+    "long_inputs": ("embed_many_sided",), "embed_parts": ("embed_parts",),
+    "score_parts": ("score_parts",)}
 """The encoder methods of each capability (``blitz.settings.kinds.CAPABILITIES``)."""
 
 _REFUSALS: dict[str, tuple[str, str]] = {  # score: Encoder.score, by its vectors
@@ -76,6 +77,11 @@ _REFUSALS: dict[str, tuple[str, str]] = {  # score: Encoder.score, by its vector
                      "hybrid", "model"),
     "classify": ("model {id!r} is a {kind}, not a classifier; use a model of kind "
                  "classifier", "model"),
+    "embed_parts": ("model {id!r} is a {kind} model; documents of text and image parts "
+                    "need a vision-language embedder (kind vl-embedding)", "model"),
+    "score_parts": ("model {id!r} is a {kind} model; documents with images are reranked by "
+                    "a vision-language reranker (kind vl-reranker), or by cosine with a "
+                    "dual-encoder or vl-embedding model", "model"),
     "long_inputs": ("this model cannot chunk its inputs (it is not a bi-encoder); leave "
                     "long_inputs chunk and return_chunks out", "long_inputs"),
 }
@@ -156,6 +162,18 @@ class Encoder(ABC):
     def embed_prepared(self, prepared: Any, *, normalize: bool) -> Encoded:
         """The vectors of ``prepare_images``' output (its rows, in order)."""
         raise self.refusal("embed_images")
+
+    def embed_parts(self, documents: list[tuple], *, normalize: bool,
+                    instruction: str | None = None, truncate: bool = True) -> Encoded:
+        """One vector per document, a tuple of parts in order: a text (``str``), an encoded
+        image (``bytes``) or an image prepared ahead (a vision-language embedder's)."""
+        raise self.refusal("embed_parts")
+
+    def score_parts(self, query: tuple, documents: list[tuple], *,
+                    instruction: str | None = None, truncate: bool = True) -> Encoded:
+        """Each document's score against ``query``, both tuples of parts as for
+        ``embed_parts`` (a vision-language reranker's)."""
+        raise self.refusal("score_parts")
 
     def embed_sparse(self, texts: list[str], *, truncate: bool = True,
                      long_inputs: str | None = None) -> Encoded:

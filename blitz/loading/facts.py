@@ -122,6 +122,9 @@ def read_dimension(spec: ModelSpec) -> int | None:
             text = config.get("text_config") or {}
             return int(config.get("projection_dim") or text.get("projection_size")
                        or text["hidden_size"])
+        if source == "decoder":  # a vision-language decoder's last hidden state
+            config = read_config(path)
+            return int((config.get("text_config") or config)["hidden_size"])
         if source == "vocabulary":  # one weight per vocabulary token
             return int(read_config(path)["vocab_size"])
         modules = read_json(path / "modules.json") or []

@@ -12,8 +12,8 @@ has measured what it needs to size its micro-batches (``calibrate``):
                               guard; ``blitz.loading.onnx_export``, a dual encoder's two
                               towers ``blitz.loading.dual_export``; cached), then opened
                               (not for an llm-reranker: its spec refuses them)
-    (sparse and hybrid models: torch and fake alone; dual-encoder models: no torch-bf16
-    nor auto; their specs refuse the others)
+    (sparse, hybrid and vision-language models: torch and fake alone; dual-encoder
+    models: no torch-bf16 nor auto; their specs refuse the others)
 
 Nothing here fetches, trust-checks or chooses: the loader (``blitz.loading.load``) hands
 this a folder it resolved and checked and a backend it named or ``auto`` chose. ``auto``'s
@@ -193,6 +193,20 @@ def _onnx_dual_encoder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
     return load_dual_onnx(spec, path, load.cache_dir)
 
 
+def _torch_vl_embedder(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    from blitz.vision_language.embedder import open_vl_embedder
+
+    return open_vl_embedder(spec, path, load.device, _torch_dtype(spec, load.device),
+                            CPU_TOKEN_BUDGET if load.device == "cpu" else GPU_TOKEN_BUDGET)
+
+
+def _torch_vl_reranker(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    from blitz.vision_language.reranker import open_vl_reranker
+
+    return open_vl_reranker(spec, path, load.device, _torch_dtype(spec, load.device),
+                            CPU_TOKEN_BUDGET if load.device == "cpu" else GPU_TOKEN_BUDGET)
+
+
 OPENERS: dict[tuple[str, str], Opener] = {
     ("embedding", "fake"): _fake,
     ("embedding", "torch"): _torch_bi_encoder,
@@ -220,6 +234,10 @@ OPENERS: dict[tuple[str, str], Opener] = {
     ("dual-encoder", "torch"): _torch_dual_encoder,
     ("dual-encoder", "onnx"): _onnx_dual_encoder,
     ("dual-encoder", "onnx-int8"): _onnx_dual_encoder,
+    ("vl-embedding", "fake"): _fake,
+    ("vl-embedding", "torch"): _torch_vl_embedder,
+    ("vl-reranker", "fake"): _fake,
+    ("vl-reranker", "torch"): _torch_vl_reranker,
 }
 
 

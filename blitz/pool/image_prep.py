@@ -1,13 +1,14 @@
 """Images made ready before their model call, off its critical path, one at a time.
 
-An ``ImageEmbedJob`` arrives with encoded bytes. Before it enters the model's queue, its
+An ``ImageEmbedJob`` (or a ``PartsJob`` holding images) arrives with encoded bytes. Before it enters the model's queue, its
 images are decoded and resized by the model's image processor one after another, each in
 one call in the images' own bounded threads (``blitz.images.decode.in_image_thread``,
 within ``decode_timeout_s``): a full-size image lives only inside that call, dropped as
 soon as the processor has made it the model's input size. So a job holds at most one
 full-size image at a time, and a process at most ``THREADS`` whatever the jobs, instead
 of a job's every image at once (a 4.9 KB 1-bit PNG decodes to 114 MiB of RGB). A
-``PreparedImages`` job holds the model's input, one row per image. So a worker thread's
+``PreparedImages`` job holds the model's input, one row per image; a ``PartsJob`` gets
+each image part replaced by its model input (``Encoder.prepare_part``). So a worker thread's
 turn is the model call alone, and the next request's images are decoded while the
 current batch runs. A job whose images fail gets its error (a 4xx naming ``images[i]``,
 ``i`` its index in the request) and never enters the queue; the request's other jobs go
@@ -17,12 +18,13 @@ on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from blitz.encoders.base import Encoded, Encoder
-from blitz.hop_messages import ImageEmbedJob, _Job
+from blitz.hop_messages import ImageEmbedJob, PartsJob, _Job
 from blitz.images.decode import decode, in_image_thread
 from blitz.settings.images import ImageSettings
 
@@ -74,13 +76,50 @@ def prepared_image(encoder: Encoder, data: bytes, limits: ImageSettings, param: 
         image.close()
 
 
+def has_images(job: Any) -> bool:
+    """Whether ``job`` holds encoded images to prepare before the queue."""
+    return isinstance(job, ImageEmbedJob) or (isinstance(job, PartsJob)
+                                              and job.encoded_images > 0)
+
+
+async def prepare_parts(job: PartsJob, limits: ImageSettings, leased: Leased) -> PartsJob:
+    """``job`` with each encoded image part decoded and processed, one at a time, each
+    within its deadline (an error names ``inputs[i][j]``, ``i`` the request's index)."""
+    encoder: Any = await leased(lambda encoder: encoder)
+
+    async def ready(document: tuple, param: str) -> tuple:
+        parts: list[Any] = []
+        for j, part in enumerate(document):
+            if isinstance(part, bytes):
+                where = f"{param}[{j}]"
+                part = await in_image_thread(prepared_part, encoder, part, limits, where,
+                                             timeout_s=limits.decode_timeout_s, param=where)
+            parts.append(part)
+        return tuple(parts)
+
+    documents = [await ready(doc, f"inputs[{job.first + i}]")
+                 for i, doc in enumerate(job.documents)]
+    query = None if job.query is None else await ready(job.query, "query")
+    return dataclasses.replace(job, documents=documents, query=query)
+
+
+def prepared_part(encoder: Any, data: bytes, limits: ImageSettings, param: str) -> Any:
+    """One encoded image part as the model's input, its full-size pixels closed after."""
+    image = decode(data, limits, param)
+    try:
+        return encoder.prepare_part(image)
+    finally:
+        image.close()
+
+
 async def with_prepared(jobs: list[Any], limits: ImageSettings, leased: Leased,
                         run: Callable[[list[Any]], Awaitable[list[Encoded | BaseException]]]
                         ) -> list[Encoded | BaseException]:
     """``run(jobs)`` with each image job prepared first; one whose preparation failed gets
     its error in its place."""
     ready: list[Any] = list(await asyncio.gather(
-        *(prepare(job, limits, leased) if isinstance(job, ImageEmbedJob) else _as_is(job)
+        *(prepare(job, limits, leased) if isinstance(job, ImageEmbedJob)
+          else prepare_parts(job, limits, leased) if has_images(job) else _as_is(job)
           for job in jobs), return_exceptions=True))
     going = [k for k, job in enumerate(ready) if not isinstance(job, BaseException)]
     if going:

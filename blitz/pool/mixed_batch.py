@@ -2,7 +2,7 @@
 
 Every kind of job (``blitz.hop_messages``: texts or token ids to embed, a query and
 documents to score, texts for per-token, sparse or hybrid vectors, inputs to classify,
-images) enters a pool replica's one queue per model (``blitz.pool.batching.Batcher``) and
+images, documents of text and image parts) enters a pool replica's one queue per model (``blitz.pool.batching.Batcher``) and
 leaves it in batches; this runs one such batch on the model. Text jobs share one padded
 model call (``Encoder.embed_many_sided``: each job's texts as its ``text_job``); every
 other job runs itself (``run(encoder)``), one call each, in the same worker turn. Each job
@@ -19,6 +19,7 @@ from blitz.hop_messages import (
     EmbedJob,
     HybridEmbedJob,
     ImageEmbedJob,
+    PartsJob,
     RerankJob,
     SparseEmbedJob,
     TokenEmbedJob,
@@ -26,7 +27,7 @@ from blitz.hop_messages import (
 from blitz.pool.image_prep import PreparedImages
 
 Job = (EmbedJob | RerankJob | TokenEmbedJob | ClassifyJob | SparseEmbedJob | HybridEmbedJob
-       | ImageEmbedJob | PreparedImages)
+       | ImageEmbedJob | PreparedImages | PartsJob)
 
 
 def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:

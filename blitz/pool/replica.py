@@ -29,12 +29,12 @@ from typing import Any
 from blitz import timing
 from blitz.encoders.base import Encoded, Encoder
 from blitz.errors import Overloaded, Unavailable
-from blitz.hop_messages import ImageEmbedJob, priority_of, units_of
+from blitz.hop_messages import priority_of, units_of
 from blitz.loading.facts import ModelShape, model_shape
 from blitz.loading.load import resolve_device
 from blitz.pool.batching import Batcher
 from blitz.pool.holder import ModelFreed, ModelHolder
-from blitz.pool.image_prep import with_prepared
+from blitz.pool.image_prep import has_images, with_prepared
 from blitz.pool.memory_budget import pool_budget
 from blitz.pool.mixed_batch import Job, run_jobs
 from blitz.pool.model_set import Cache, ModelSet, ModelTable, PoolEvents
@@ -136,7 +136,7 @@ class PoolReplica:
         self.registry.get(model_id)  # an unknown id: UnknownModel (404), and no queue made
         self.workers.refuse_if_stuck(f"model {model_id!r}")  # queued, it could never run
         queued = functools.partial(self._queued, model_id)
-        if any(isinstance(job, ImageEmbedJob) for job in jobs):  # decoded before the queue
+        if any(has_images(job) for job in jobs):  # decoded before the queue
             return await with_prepared(jobs, self.settings.images, functools.partial(
                 self._leased, model_id), functools.partial(self.run_jobs, model_id))
         if tracing.TRACER is not None:  # traces on: a span per traced job, around the rest

@@ -18,23 +18,29 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, get_args
 
 Kind = Literal["embedding", "cross-encoder", "classifier", "sparse", "llm-reranker", "hybrid",
-               "dual-encoder"]
+               "dual-encoder", "vl-embedding", "vl-reranker"]
 """The kinds by name, in the order of ``KINDS`` (a spec's ``kind``; checked against it)."""
 
 Capability = Literal["embed", "embed_tokens", "embed_all", "embed_sparse", "embed_hybrid",
-                     "classify", "score", "embed_images", "long_inputs"]
+                     "classify", "score", "embed_images", "long_inputs", "embed_parts",
+                     "score_parts"]
 """An encoder's calls: ``Encoder.embed``, ``embed_tokens``, ``embed_all``,
 ``embed_sparse``, ``embed_hybrid``, ``classify``, ``score``, the image calls
-(``embed_images``: ``prepare_images``, ``embed_prepared``, ``embed_image_bytes``) and
-``long_inputs``: a request's truncation side and chunk windows (``embed_many_sided``)."""
+(``embed_images``: ``prepare_images``, ``embed_prepared``, ``embed_image_bytes``),
+``long_inputs``: a request's truncation side and chunk windows (``embed_many_sided``),
+and a vision-language model's documents of text and image parts: ``embed_parts`` (one
+vector each) and ``score_parts`` (each scored against a query of parts)."""
 CAPABILITIES: tuple[Capability, ...] = get_args(Capability)
 
 Service = Literal["embed", "embed_all", "embed_sparse", "embed_hybrid", "classify",
-                  "embed_images", "bulk"]
+                  "embed_images", "bulk", "embed_parts", "rerank_parts"]
 """What the ingress refuses a model whose kind does not serve it: ``/embed`` (and every
 route over dense vectors: OpenAI's, Cohere's, ``/similarity``), ``/embed_all``,
-``/embed_sparse``, ``/embed_hybrid``, ``/predict`` and ``/classify``, images, and a bulk
-job. ``/rerank`` serves every kind (an embedding model by cosine), ``/tokenize`` too."""
+``/embed_sparse``, ``/embed_hybrid``, ``/predict`` and ``/classify``, images, a bulk
+job, documents of text and image parts to embed (vLLM's ``messages``, Cohere's
+``inputs``, Jina's, Voyage's, Blitz's ``parts``) and to rerank by the model (a
+vision-language reranker; a dual encoder or vision-language embedder reranks images by
+cosine). ``/rerank`` serves every kind (an embedding model by cosine), ``/tokenize`` too."""
 SERVICES: tuple[Service, ...] = get_args(Service)
 
 CPU_BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8")
@@ -52,6 +58,7 @@ class KindCost(NamedTuple):
     token_vectors: bool = False
     pixels: bool = False
     output: str = ""
+    visual_tokens: bool = False  # images in its sequences (``max_visual_tokens_per_request``)
 
 
 @dataclass(frozen=True)
@@ -65,13 +72,15 @@ class ModelKind:
     capabilities: frozenset[Capability]  # what its (torch) encoder answers
     encoder: str  # its torch encoder class, dotted (a fake encoder plays any kind)
     opens: Literal["sentence-transformers", "sequence-classification", "masked-lm",
-                   "bge-m3", "causal-lm", "two-towers"]  # what loads and exports it
+                   "bge-m3", "causal-lm", "two-towers", "vision-language"]  # what loads
+    # and exports it
     backends: tuple[str, ...]  # the cpu_backends it runs on (auto: chosen at load)
     backend_refusal: str | None  # the refusal of another backend ({id} {kind} {backend});
     # None: every backend but auto, refused as auto is
     answers: Literal["vectors", "scores", "labels"]  # what the accuracy guard probes
-    dimension: Literal["modules", "vocabulary", "projection"] | None  # read_dimension's
-    # source: sentence-transformers' modules, the vocabulary, the towers' projection; None: none
+    dimension: Literal["modules", "vocabulary", "projection", "decoder"] | None  # read_dimension's
+    # source: sentence-transformers' modules, the vocabulary, the towers' projection, the
+    # decoder's hidden size; None: none
     pooling: str | None  # what /info reports as its pooling (None: the model files')
     model_type: Literal["embedding", "reranker", "classifier"]  # TEI's /info model_type
     tei_root: Literal["embed", "rerank", "predict", "embed_sparse"]  # TEI's POST / for it
@@ -90,6 +99,10 @@ _TORCH_ONLY = "{id!r}: {kind} models run on torch; set cpu_backend to torch"
 _TEXTS_SHARE = "text jobs share one padded, length-sorted call; others one call each"
 _ONE_CALL = "one call a job, several jobs in one worker turn"
 RERANKER_FIELDS = ("reranker_style", "rerank_instruction", "yes_token", "no_token")
+IMAGE_TOKEN_FIELDS = ("image_max_tokens", "image_min_tokens")
+_VL_BATCHING = ("one call a job; its documents in micro-batches of max_batch_tokens padded "
+                "tokens, visual tokens included; images decoded and processed before the queue")
+_VL_TORCH = "{id!r}: {kind} models run on torch (fp32 on a CPU, gpu_dtype on a GPU)"
 
 KINDS: dict[str, ModelKind] = {row.name: row for row in (
     ModelKind(
@@ -152,6 +165,25 @@ KINDS: dict[str, ModelKind] = {row.name: row for row in (
         "cpu_backend to one of them", "vectors", "projection", "projection", "embedding",
         "embed", (), False, (), "text jobs share one call; images are decoded before the "
         "queue, one call a job"),
+    ModelKind(
+        "vl-embedding", "a vision-language decoder (Qwen3-VL-Embedding, GME): texts, images "
+        "and documents mixing both into one space; torch",
+        KindCost("texts, images or documents of parts", pixels=True, visual_tokens=True,
+                 output="inputs x dimension"),
+        frozenset({"embed", "embed_images", "embed_parts"}),
+        frozenset({"embed", "score", "embed_images", "embed_parts"}),
+        "blitz.vision_language.embedder.VlEmbedder", "vision-language", ("torch",), _VL_TORCH,
+        "vectors", "decoder", "lasttoken", "embedding", "embed", ("embed", "image_embed"),
+        False, ("vl_instruction", *IMAGE_TOKEN_FIELDS), _VL_BATCHING),
+    ModelKind(
+        "vl-reranker", "a vision-language reranker (Qwen3-VL-Reranker, jina-reranker-m0): a "
+        "query against documents of texts, images or both: /rerank; torch",
+        KindCost("documents (one prompt each, its images' tokens included)", pixels=True,
+                 visual_tokens=True, output="scores"),
+        frozenset({"rerank_parts"}), frozenset({"score", "score_parts"}),
+        "blitz.vision_language.reranker.VlReranker", "vision-language", ("torch",), _VL_TORCH,
+        "scores", None, None, "reranker", "rerank", ("rerank",), False,
+        ("reranker_style", "rerank_instruction", *IMAGE_TOKEN_FIELDS), _VL_BATCHING),
 )}
 """Every model kind by name; the one place a kind is declared."""
 

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from blitz.errors import InvalidValue, UnknownModel, echo
 from blitz.settings.kinds import KINDS, KINDS_DOC, Kind, kind_of
 
-RerankerStyle = Literal["qwen3", "bge-gemma"]
+RerankerStyle = Literal["qwen3", "bge-gemma", "qwen3-vl", "jina-m0"]
 CpuBackend = Literal["torch", "torch-bf16", "onnx", "onnx-int8", "auto"]
 GpuDtype = Literal["float16", "bfloat16", "float32"]
 OBJECT_STORES = ("s3", "gs", "az", "abfs")
@@ -130,12 +130,26 @@ class ModelSpec(BaseModel):
         "a system line, `<Instruct>: {instruction}\\n<Query>: {query}\\n<Document>: {doc}`, "
         "an empty think block; logit = yes - no (so the score is softmax([no, yes])[yes]). "
         "bge-gemma (bge-reranker-v2-gemma): `A: {query}\\nB: {passage}\\n{instruction}` "
-        "after a BOS; logit = yes. The score is sigmoid(logit) with `normalize` (the "
-        "default), the logit itself without")
+        "after a BOS; logit = yes. vl-reranker: qwen3-vl (Qwen3-VL-Reranker; `qwen3` means "
+        "it too): its chat with the query's and document's parts, logit = yes - no; jina-m0 "
+        "(jina-reranker-m0): `**Document**:\\n{doc}\\n**Query**:\\n{query}` and its score "
+        "head, less 2.65 (blitz.vision_language.reranker). The score is sigmoid(logit) with "
+        "`normalize` (the default), the logit itself without")
     rerank_instruction: str | None = Field(
         None, description="llm-reranker: the instruction in the prompt; default: the "
         "style's model card's (qwen3: `Given a web search query, retrieve relevant passages "
         "that answer the query`; bge-gemma: its yes/no question)")
+    vl_instruction: str | None = Field(
+        None, description="vl-embedding: the system turn's instruction when a request sends "
+        "none; default: the model card's `Represent the user's input.`")
+    image_max_tokens: int = Field(
+        1280, gt=0, description="vl-embedding, vl-reranker: the most visual tokens one image "
+        "takes (a larger image is scaled down to fit, as its processor's max_pixels does; the "
+        "model folder's own max_pixels wins where smaller). A request's visual tokens are "
+        "counted from its images' declared sizes against limits.max_visual_tokens_per_request")
+    image_min_tokens: int | None = Field(
+        None, gt=0, description="vl-embedding, vl-reranker: the fewest visual tokens one "
+        "image takes (a smaller one is scaled up); default: the model folder's min_pixels")
     yes_token: str | None = Field(
         None, description="llm-reranker: the answer whose logit scores a pair (one token "
         "of the model's tokenizer); default: the style's (qwen3 `yes`, bge-gemma `Yes`)")
@@ -212,12 +226,15 @@ class ModelSpec(BaseModel):
         """A field of one kind alone (``own_fields``) set on a model of another kind is
         refused; a default is no choice (a dumped spec, as replicas get it, has every
         field)."""
+        owners: dict[str, list[str]] = {}
         for owner in KINDS.values():
-            named = [name for name in owner.own_fields if owner.name != self.kind
-                     and getattr(self, name) != type(self).model_fields[name].default]
-            if named:
-                raise ValueError(f"model {self.id!r} is a {self.kind}: {', '.join(named)} "
-                                 f"is for kind {owner.name} only")
+            for name in owner.own_fields:
+                owners.setdefault(name, []).append(owner.name)
+        for name, kinds in owners.items():
+            if (self.kind not in kinds
+                    and getattr(self, name) != type(self).model_fields[name].default):
+                raise ValueError(f"model {self.id!r} is a {self.kind}: {name} is for kind "
+                                 f"{' or '.join(kinds)} only")
         return self
 
     def location(self) -> Location:
