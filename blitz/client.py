@@ -60,6 +60,21 @@ class _Calls:
         return cls._post("/embed", {"images": images, **options}, model)
 
     @classmethod
+    def embed_parts(cls, parts: list[Any], model: str | None,
+                    **options: Any) -> dict[str, Any]:
+        """Each document a text, a part or a list of parts (an image as its file's bytes:
+        ``{"image": data}``); ``options``: instruction, normalize, dimensions, dtype,
+        priority."""
+        return cls._post("/embed", {"parts": parts, **options}, model)
+
+    @classmethod
+    def rerank_parts(cls, query: Any, documents: list[Any], model: str | None, *,
+                     top_n: int | None, instruction: str | None,
+                     priority: PriorityName | None) -> dict[str, Any]:
+        return cls._post("/rerank", {"query": query, "documents": documents, "top_n": top_n,
+                                     "instruction": instruction, "priority": priority}, model)
+
+    @classmethod
     def rerank(cls, query: str, documents: list[str], model: str | None, *,
                top_n: int | None, return_documents: bool | None,
                truncate: bool | None, priority: PriorityName | None) -> dict[str, Any]:
@@ -136,6 +151,26 @@ class Client:
                                       dtype=dtype, priority=priority or self.priority)
         return _Calls.embeddings(self._http.request(**request))
 
+    def embed_parts(self, parts: list[Any], model: str | None = None, *,
+                    instruction: str | None = None, normalize: bool | None = None,
+                    dimensions: int | None = None, dtype: OutputDtype | None = None,
+                    priority: PriorityName | None = None) -> np.ndarray:
+        """A vision-language embedder's vector of each document: a text, a part
+        (``{"text": ...}``, ``{"image": file bytes}``) or a list of parts, in order."""
+        request = _Calls.embed_parts(parts, model, instruction=instruction, normalize=normalize,
+                                     dimensions=dimensions, dtype=dtype,
+                                     priority=priority or self.priority)
+        return _Calls.embeddings(self._http.request(**request))
+
+    def rerank_parts(self, query: Any, documents: list[Any], model: str | None = None, *,
+                     top_n: int | None = None, instruction: str | None = None,
+                     priority: PriorityName | None = None) -> dict[str, Any]:
+        """Documents of images or parts scored against ``query`` (a text or parts)."""
+        request = _Calls.rerank_parts(query, documents, model, top_n=top_n,
+                                      instruction=instruction,
+                                      priority=priority or self.priority)
+        return _Calls.decode(self._http.request(**request))
+
     def embed_chunks(self, texts: str | list[str], model: str | None = None, *,
                      normalize: bool | None = None, dimensions: int | None = None,
                      dtype: OutputDtype | None = None, prompt_name: str | None = None,
@@ -200,6 +235,26 @@ class AsyncClient:
         request = _Calls.embed_images(images, model, normalize=normalize, dimensions=dimensions,
                                       dtype=dtype, priority=priority or self.priority)
         return _Calls.embeddings(await self._http.request(**request))
+
+    async def embed_parts(self, parts: list[Any], model: str | None = None, *,
+                          instruction: str | None = None, normalize: bool | None = None,
+                          dimensions: int | None = None, dtype: OutputDtype | None = None,
+                          priority: PriorityName | None = None) -> np.ndarray:
+        """A vision-language embedder's vector of each document: a text, a part
+        (``{"text": ...}``, ``{"image": file bytes}``) or a list of parts, in order."""
+        request = _Calls.embed_parts(parts, model, instruction=instruction, normalize=normalize,
+                                     dimensions=dimensions, dtype=dtype,
+                                     priority=priority or self.priority)
+        return _Calls.embeddings(await self._http.request(**request))
+
+    async def rerank_parts(self, query: Any, documents: list[Any], model: str | None = None,
+                           *, top_n: int | None = None, instruction: str | None = None,
+                           priority: PriorityName | None = None) -> dict[str, Any]:
+        """Documents of images or parts scored against ``query`` (a text or parts)."""
+        request = _Calls.rerank_parts(query, documents, model, top_n=top_n,
+                                      instruction=instruction,
+                                      priority=priority or self.priority)
+        return _Calls.decode(await self._http.request(**request))
 
     async def embed_chunks(self, texts: str | list[str], model: str | None = None, *,
                            normalize: bool | None = None, dimensions: int | None = None,

@@ -316,6 +316,8 @@ class ClassifyJob(_Job):
 class Usage:
     prompt_tokens: int
     total_tokens: int
+    image_tokens: int = 0  # of them, a vision-language model's visual tokens
+    image_pixels: int = 0  # its images' width x height as declared, summed
 
     @classmethod
     def of(cls, tokens: int) -> Usage:

@@ -6,7 +6,7 @@ low; docs/operations.md, "Priorities"): the queues' order for the model work it 
 
 ``HANDLE_METHODS`` is derived from the HTTP route table (``blitz.http.routes.table``): what a
 handle offers is the service calls the routes make, each named as its function is, with
-the service the ingress holds (``service``, ``outputs``, ``tokens`` or ``images``);
+the service the ingress holds (``service``, ``outputs``, ``tokens``, ``images`` or ``parts``);
 ``info`` is a function of the service (``blitz.ingress.status.info``), the others its
 methods. As ``deployments/grpc_methods.py`` does for gRPC, each becomes a method of
 ``HandleMethods``, mixed into both ingresses.
@@ -22,6 +22,7 @@ from blitz.hop_messages import priority_level
 from blitz.http.routes.table import service_calls
 from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
+from blitz.ingress.parts import PartsService
 from blitz.ingress.service import EmbeddingService, RequestRecord
 from blitz.ingress.tokenizing import TokenService
 from blitz.runtime.draining import Drain
@@ -66,6 +67,7 @@ class HandleMethods:
     outputs: OutputService
     tokens: TokenService
     images: ImageService
+    parts: PartsService
     drain: Drain
 
 

@@ -25,6 +25,7 @@ from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
 from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
+from blitz.ingress.parts import PartsService
 from blitz.ingress.queues import PoolQueues, QueueObservers, stamped
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.services import Services
@@ -209,6 +210,7 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
     tokens: TokenService
     outputs: OutputService
     images: ImageService
+    parts: PartsService
     api: HttpApi
 
     def _serve(self, dispatcher: ServeDispatcher) -> None:
@@ -218,6 +220,7 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
                                   route_observer=metrics.observe_route)
         self.service, self.tokens = services.service, services.tokens
         self.outputs, self.images = services.outputs, services.images
+        self.parts = services.parts
         self.admin = model_admin(self.settings)
         self.model_table = IngressFollower(self.admin, self.service.registry, self._forget,
                                            self.settings.admin.poll_s)

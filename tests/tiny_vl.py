@@ -21,13 +21,15 @@ from configs, and reference scores written from the model cards, independently o
   and no rows).
   ``head="jina-m0"`` (qwen2_vl only) adds jina-reranker-m0's score head to the same
   ``model.safetensors``: ``score.0`` (Linear hidden->hidden), ReLU, ``score.2`` (Linear
-  hidden->1). transformers ignores those keys (an "unexpected keys" note) when it opens the
-  folder; ``reference_jina_m0`` reads them itself.
+  hidden->1; its bias offset by +2.65 so that the scores spread around 0.5). transformers
+  ignores those keys (an "UNEXPECTED" line in its load report) when it opens the folder;
+  ``jina_head`` / ``reference_jina_m0`` read them.
 * ``tokenizer.json`` / ``tokenizer_config.json``: ``tests.tiny_tokenizer``'s word-level
   vocabulary (its ids unchanged) plus a few words ("represent", "input", "s", ...) and Qwen's
   specials (``<|vision_start|>``, ``<|vision_end|>``, ``<|image_pad|>``, ``<|video_pad|>`` after
   the existing ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``), opened by ``AutoTokenizer``
-  as a ``PreTrainedTokenizerFast`` with ``<|endoftext|>`` as pad, and a Qwen-VL chat template
+  as a ``PreTrainedTokenizerFast`` (transformers 5 names that class ``TokenizersBackend``) with
+  ``<|endoftext|>`` as pad, ``<|im_end|>`` as EOS, and a Qwen-VL chat template
   (no default system prompt, no tools, no video). Unlike ``tests.tiny_tokenizer`` a newline is
   a token of its own (the chat template's and the rerankers' "\\n" then count); spaces and tabs
   only separate words. At least 101 ids: jina-reranker-m0 appends id 100.
@@ -58,7 +60,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    from PIL.Image import Image
 
 from tests.tiny_tokenizer import SPECIAL, VOCAB
 
@@ -87,9 +93,9 @@ CHAT_TEMPLATE = (
     "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
     "{%- if message['content'] is string -%}{{- message['content'] -}}"
     "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' or part['type'] == 'image_url' -%}"
+    "{%- if part['type'] in ['image', 'image_url'] or 'image' in part or 'image_url' in part -%}"
     "{{- '" + IMAGE_PLACEHOLDER + "' -}}"
-    "{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}"
+    "{%- elif 'text' in part -%}{{- part['text'] -}}{%- endif -%}"
     "{%- endfor -%}{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endfor -%}"
@@ -100,7 +106,7 @@ CHAT_TEMPLATE = (
 PATCH = {"qwen2_vl": 14, "qwen3_vl": 16}
 MERGE = 2
 TEMPORAL_PATCH = 2
-MIN_TOKENS, MAX_TOKENS = 4, 64  # visual tokens an image gets, at least and at most
+MIN_TOKENS, MAX_TOKENS = 4, 64  # about the fewest and most visual tokens of an image
 
 
 def token_id(token: str) -> int:
@@ -258,7 +264,7 @@ def image_processor(folder: str | Path):
     return Qwen2VLImageProcessorPil.from_pretrained(str(folder))
 
 
-def vl_inputs(folder: str | Path, text: str, images: list | None = None, *,
+def vl_inputs(folder: str | Path, text: str, images: list[Image] | None = None, *,
               tokenizer=None, processor=None) -> dict:
     """One sequence (batch of 1) as the Qwen-VL processors make it: ``text`` with its
     ``<|image_pad|>`` placeholders (one per image, in order) expanded to each image's visual
@@ -288,7 +294,7 @@ def vl_inputs(folder: str | Path, text: str, images: list | None = None, *,
     return inputs
 
 
-def _content(parts: list, *, images_first: bool) -> list[dict]:
+def _content(parts: list[str | Image], *, images_first: bool) -> list[dict]:
     """Chat content parts: ``{"type": "image"}`` per PIL image, text parts per string;
     "NULL" when empty."""
     if not parts:
@@ -300,7 +306,7 @@ def _content(parts: list, *, images_first: bool) -> list[dict]:
             for p in parts]
 
 
-def _images(parts: list) -> list:
+def _images(parts: list[str | Image]) -> list[Image]:
     return [p for p in parts if not isinstance(p, str)]
 
 
@@ -309,8 +315,9 @@ def _last_hidden(model, inputs: dict):
     return model(**inputs).last_hidden_state[0, -1].float()
 
 
-def reference_embedding(folder: str | Path, parts: list, *, instruction: str | None = None,
-                        normalize: bool = True, images_first: bool = False):
+def reference_embedding(folder: str | Path, parts: list[str | Image], *,
+                        instruction: str | None = None, normalize: bool = True,
+                        images_first: bool = False) -> np.ndarray:
     """Qwen3-VL-Embedding's ``Qwen3VLEmbedder`` on one input: a system message with the
     instruction (default "Represent the user's input."; a "." appended when it does not end in
     punctuation), a user message with ``parts`` (PIL images and strings, in order; the
@@ -343,7 +350,8 @@ def reference_embedding(folder: str | Path, parts: list, *, instruction: str | N
         return vector.numpy().astype(np.float32)
 
 
-def reference_qwen3vl_rerank(folder: str | Path, query_parts: list, document_parts: list, *,
+def reference_qwen3vl_rerank(folder: str | Path, query_parts: list[str | Image],
+                             document_parts: list[str | Image], *,
                              instruction: str | None = None, images_first: bool = True) -> float:
     """Qwen3-VL-Reranker on one (query, document) pair: the judge system prompt; user content
     "<Instruct>: " + instruction, "<Query>:", the query's parts, "\\n<Document>:", the
@@ -393,7 +401,7 @@ def jina_head(folder: str | Path):
     return head.eval()
 
 
-def reference_jina_m0(folder: str | Path, query, document) -> float:
+def reference_jina_m0(folder: str | Path, query: str | Image, document: str | Image) -> float:
     """jina-reranker-m0's ``compute_score`` on one pair (each side a string or a PIL image):
     "**Document**:\\n" + doc + "\\n" + "**Query**:\\n" + query, an image as the vision
     placeholder, images in the order [document, query]; token 100 appended (attention 1);
@@ -402,7 +410,7 @@ def reference_jina_m0(folder: str | Path, query, document) -> float:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    def side(value) -> str:
+    def side(value: str | Image) -> str:
         return value if isinstance(value, str) else IMAGE_PLACEHOLDER
 
     text = "**Document**:\n" + side(document) + "\n" + "**Query**:\n" + side(query)

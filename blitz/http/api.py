@@ -76,7 +76,7 @@ class HttpApi:
 
     def _route(self, spec: RouteSpec) -> Route:
         return Route(spec.path, Endpoint(self.kit, spec.run, body=spec.body is not None,
-                                         tei=spec.tei, images=spec.images),
+                                         tei=spec.tei, variants=spec.variants),
                      methods=[spec.method], name=spec.run.__name__)
 
 

@@ -119,10 +119,16 @@ def check_header(data: bytes, limits: ImageLimits, param: str = "images") -> Any
 
 def declared_pixels(data: bytes, limits: ImageLimits, param: str = "images") -> int:
     """The width x height ``data``'s header declares, once ``check_header`` passes."""
+    width, height = declared_size(data, limits, param)
+    return width * height
+
+
+def declared_size(data: bytes, limits: ImageLimits, param: str = "images") -> tuple[int, int]:
+    """The (width, height) ``data``'s header declares, once ``check_header`` passes."""
     image = check_header(data, limits, param)
     try:
         width, height = image.size
-        return int(width) * int(height)
+        return int(width), int(height)
     finally:
         image.close()
 

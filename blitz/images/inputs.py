@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from blitz.errors import InvalidValue, PayloadTooLarge, echo
-from blitz.images.decode import check_header, declared_pixels, in_image_thread
+from blitz.images.decode import check_header, declared_size, in_image_thread
 from blitz.images.fetch import Fetcher, shared
 from blitz.images.fetch import allowed as allowed  # re-exported: the allow-list's test
 from blitz.settings.images import ImageSettings
@@ -53,10 +53,11 @@ def from_data_url(text: str, limits: ImageSettings, param: str) -> bytes:
 
 
 async def image_bytes(items: list[Any], limits: ImageSettings, field: str = "images",
-                      fetcher: Fetcher | None = None) -> list[bytes]:
+                      fetcher: Fetcher | None = None, names: list[str] | None = None
+                      ) -> list[bytes]:
     """Each item's encoded bytes, each header checked; a bad one is refused naming
-    ``field[i]``. URLs are fetched by ``fetcher`` (this process's own by default:
-    ``blitz.images.fetch.shared``)."""
+    ``field[i]`` (or ``names[i]``, where the images sit apart in the body). URLs are
+    fetched by ``fetcher`` (this process's own by default: ``blitz.images.fetch.shared``)."""
     if not isinstance(items, list) or not items:
         raise InvalidValue(f"{field} must be a non-empty list of images", param=field)
     if len(items) > limits.max_per_request:
@@ -65,7 +66,7 @@ async def image_bytes(items: list[Any], limits: ImageSettings, field: str = "ima
     urls = {i: item for i, item in enumerate(items)
             if isinstance(item, str) and item.startswith(("http://", "https://"))}
     # base64 and headers off the event loop: a body's worth of images takes milliseconds
-    out = await in_image_thread(_checked, items, urls, limits, field, param=field,
+    out = await in_image_thread(_checked, items, urls, limits, field, names, param=field,
                                 timeout_s=limits.decode_timeout_s, what="check")
     if urls:
         def check(data: bytes, param: str) -> None:  # in a thread, as each arrives
@@ -78,11 +79,11 @@ async def image_bytes(items: list[Any], limits: ImageSettings, field: str = "ima
 
 
 def _checked(items: list[Any], urls: dict[int, str], limits: ImageSettings,
-             field: str) -> list[bytes]:
+             field: str, names: list[str] | None = None) -> list[bytes]:
     """The items' bytes (``b""`` for a URL, fetched after), each header checked."""
     out: list[bytes] = []
     for i, item in enumerate(items):
-        param = f"{field}[{i}]"
+        param = names[i] if names else f"{field}[{i}]"
         if i in urls:
             out.append(b"")
             continue
@@ -108,24 +109,27 @@ class SizedImage:
     index: int
     data: bytes
     pixels: int
+    size: tuple[int, int] = (0, 0)  # (width, height) as declared
 
 
-def sized_images(images: list[bytes], limits: ImageSettings, field: str = "images"
-                 ) -> list[SizedImage]:
+def sized_images(images: list[bytes], limits: ImageSettings, field: str = "images",
+                 names: list[str] | None = None) -> list[SizedImage]:
     """``images`` (headers checked) with their declared pixels, within
     ``max_request_pixels`` summed: past it, a 413 naming the image that crosses it. Header
     reads only (``blitz.images.scan`` keeps each cheap): run it in the images' threads."""
     out: list[SizedImage] = []
     total = 0
     for i, data in enumerate(images):
-        pixels = declared_pixels(data, limits, f"{field}[{i}]")
+        param = names[i] if names else f"{field}[{i}]"
+        width, height = declared_size(data, limits, param)
+        pixels = width * height
         total += pixels
         if total > limits.max_request_pixels:
             raise PayloadTooLarge(
-                f"the images up to {field}[{i}] declare {total:,} pixels (width x height, "
+                f"the images up to {param} declare {total:,} pixels (width x height, "
                 f"summed); the limit images.max_request_pixels is "
-                f"{limits.max_request_pixels:,}", param=f"{field}[{i}]")
-        out.append(SizedImage(i, data, pixels))
+                f"{limits.max_request_pixels:,}", param=param)
+        out.append(SizedImage(i, data, pixels, (width, height)))
     return out
 
 

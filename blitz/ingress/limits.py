@@ -50,6 +50,9 @@ BUDGET: dict[str, Limit] = {
     "max_token_vectors_per_request": Limit("token vectors (/embed_all, bge-m3's ColBERT "
                                            "output), counted with the model's tokenizer",
                                            "request"),
+    "max_visual_tokens_per_request": Limit("visual tokens of a vision-language model's "
+                                           "images, counted from their declared sizes",
+                                           "request"),
     "max_top_n": Limit("a rerank request's `top_n`", "request"),
     "max_body_bytes": Limit("bytes of a request body, as sent", "request"),
     # images (``blitz.settings.images``; refused in ``blitz.images``, below this floor)

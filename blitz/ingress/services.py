@@ -2,7 +2,7 @@
 
 ``Services.build(settings, dispatcher)`` makes the request pipeline (``EmbeddingService``)
 over a ``Dispatcher`` and the services beside it that share it and its tokenizers
-(``TokenService``, ``OutputService``, ``ImageService``); the fronts (HTTP, gRPC, the
+(``TokenService``, ``OutputService``, ``ImageService``, ``PartsService``); the fronts (HTTP, gRPC, the
 handle) take them from here.
 """
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
+from blitz.ingress.parts import PartsService
 from blitz.ingress.service import Dispatcher, EmbeddingService, Observer, RouteObserver
 from blitz.ingress.tokenizing import TokenService
 from blitz.settings.config import BlitzSettings
@@ -23,6 +24,7 @@ class Services:
     tokens: TokenService  # /tokenize, /decode; the tokenizers that count a request's tokens
     outputs: OutputService  # /embed_all, /embed_sparse, /embed_hybrid, /predict, /similarity
     images: ImageService  # a dual encoder's images
+    parts: PartsService  # documents of text and image parts (vision-language models)
 
     @classmethod
     def build(cls, settings: BlitzSettings, dispatcher: Dispatcher, *,
@@ -35,11 +37,12 @@ class Services:
 
     @classmethod
     def of(cls, service: Services | EmbeddingService, tokens: TokenService | None = None,
-           outputs: OutputService | None = None, images: ImageService | None = None) -> Services:
+           outputs: OutputService | None = None, images: ImageService | None = None,
+           parts: PartsService | None = None) -> Services:
         """``service`` when it is the services already; else the services around that
         ``EmbeddingService``, each one given used as it is."""
         if isinstance(service, Services):
             return service
         tokens = tokens or TokenService(service)
         return cls(service, tokens, outputs or OutputService(service, tokens),
-                   images or ImageService(service))
+                   images or ImageService(service), parts or PartsService(service))

@@ -146,6 +146,11 @@ class Limits(_Settings):
     max_token_vectors_per_request: int = Field(
         65_536, ge=1, description="token vectors an `/embed_all` request (gRPC `EmbedAll`) "
         "gives, all texts together; past it: 413, counted on the ingress before model work")
+    max_visual_tokens_per_request: int = Field(
+        65_536, ge=1, description="visual tokens a request's images take in a "
+        "vision-language model (vl-embedding, vl-reranker), all images together, each "
+        "counted from its declared size and the model's resize rule before any decode; past "
+        "it: 413. A reranker's query images count once per document")
     max_top_n: int = Field(1000, ge=1, description="a rerank request's `top_n`")
     max_instruction_chars: int = Field(
         2048, ge=1, description="characters in a request's free-form `instruction`; each text "

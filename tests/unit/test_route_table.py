@@ -59,12 +59,13 @@ def test_the_openapi_document_describes_the_table(api):
 
 def test_the_handle_offers_the_service_calls_of_the_table():
     calls = {function.__name__: (holder, function) for route in ROUTES
-             for holder, function in (*route.calls, *(route.images.calls if route.images
-                                                      else ()))}
+             for holder, function in (*route.calls,
+                                      *(c for v in route.variants for c in v.calls))}
     assert HANDLE_METHODS == calls
     assert set(calls) == {"embed", "rerank", "embed_all", "embed_sparse", "embed_hybrid",
                           "similarity", "classify", "tokenize", "decode", "info",
-                          "embed_images", "rerank_images", "similarity_images"}
+                          "embed_images", "rerank_images", "similarity_images",
+                          "embed_parts", "rerank_parts"}
     for name in calls:
         assert callable(getattr(HandleMethods, name)), name
 
@@ -79,7 +80,7 @@ def _names(model: type[BaseModel]) -> set[str]:
     return names
 
 
-SAMPLES = {"texts": ["a"], "images": [b"png"], "query": "q", "documents": ["d"],
+SAMPLES = {"texts": ["a"], "images": [b"png"], "parts": [["a", {"image": b"png"}]], "query": "q", "documents": ["d"],
            "model": "m", "normalize": True, "truncate": True, "dimensions": 4,
            "dtype": "int8", "prompt_name": "query", "instruction": "i",
            "long_inputs": "chunk", "priority": "low", "top_n": 1, "return_documents": True}
@@ -118,7 +119,7 @@ def test_every_client_call_is_a_route_of_the_table_with_its_body_fields():
             assert not request.content, name
             continue
         body = codecs.unpack(request.content)
-        models = [route.body, *([route.images.body] if route.images else [])]
+        models = [route.body, *(v.body for v in route.variants)]
         fits = [m for m in models if set(body) <= _names(m)]
         assert fits, (name, sorted(body), [m.__name__ for m in models])
         # each option the client offers is sent as the body's field of that name

@@ -73,10 +73,16 @@ class CohereEmbedRequest(_Request):
 
     def prompt_for(self, prompts: dict[str, str]) -> str | None:
         """The model prompt ``input_type`` names, if the model defines one."""
-        for name in _COHERE_PROMPTS.get(self.input_type or "", ()):
-            if name in prompts:
-                return name
-        return None
+        return prompt_named(self.input_type, prompts)
+
+
+def prompt_named(input_type: str | None, prompts: dict[str, str]) -> str | None:
+    """The model prompt a Cohere ``input_type`` names (``search_query`` falls back to
+    ``query``, ``search_document`` to ``document`` or ``passage``), if the model defines one."""
+    for name in _COHERE_PROMPTS.get(input_type or "", ()):
+        if name in prompts:
+            return name
+    return None
 
 
 class CohereRerankRequest(RerankRequest):
@@ -130,11 +136,18 @@ async def _cohere_embed(kit: Kit, request: Request, payload: Payload,
     if version == "1" and req.embedding_types is None:
         return JSONBytesResponse(reply_bodies.cohere_embed_reply(
             result.embeddings, req.texts, rid, tokens, version))
-    by_type: dict[str, Any] = {}
-    for kind in req.embedding_types or ["float"]:
+    return JSONBytesResponse(reply_bodies.cohere_embed_reply(
+        by_type(result.embeddings, req.embedding_types or ["float"]), req.texts, rid, tokens,
+        version))
+
+
+def by_type(embeddings: Any, types: list[CohereEmbeddingType]) -> dict[str, Any]:
+    """Cohere's ``embeddings`` object: the rows in each asked type (Blitz's fixed-scale
+    quantization; base64: little-endian float32)."""
+    out: dict[str, Any] = {}
+    for kind in types:
         if kind == "base64":
-            by_type[kind] = [codecs.to_base64(row) for row in result.embeddings]
+            out[kind] = [codecs.to_base64(row) for row in embeddings]
         else:
-            by_type[kind] = quantize(result.embeddings, "float32" if kind == "float" else kind)
-    return JSONBytesResponse(reply_bodies.cohere_embed_reply(by_type, req.texts, rid,
-                                                             tokens, version))
+            out[kind] = quantize(embeddings, "float32" if kind == "float" else kind)
+    return out

@@ -34,6 +34,7 @@ class Kit:
     def __init__(self, services: Services):
         self.service, self.tokens = services.service, services.tokens
         self.outputs, self.images = services.outputs, services.images
+        self.parts = services.parts
         self.settings = self.service.settings
         # a request body holds about one list or object per text (token-id rows, Cohere
         # documents, numpy arrays): more than this is refused before it is built
@@ -88,13 +89,15 @@ class Endpoint:
     """One route as Starlette serves it: an ASGI app (Starlette's own adapter,
     ``request_response``, adds two layers a bare router never uses). A route with a body
     reads it within the kit's limits, then answers ``run(kit, request, payload)``, or, for a
-    body that asks for images (``images.asks``), the route's image variant; a ``tei`` route
+    body that asks for another input (images, documents of parts: a variant's ``asks``),
+    the first such variant of the route; a ``tei`` route
     (one of Hugging Face TEI's own paths) answers errors in TEI's shape unless the reply is
     msgpack (Blitz's own). A route without a body answers ``run(kit, request)``."""
 
     def __init__(self, kit: Kit, run: Any, *, body: bool = True, tei: bool = False,
-                 images: Any = None):
-        self.kit, self.run, self.body, self.tei, self.images = kit, run, body, tei, images
+                 variants: tuple[Any, ...] = ()):
+        self.kit, self.run, self.body, self.tei = kit, run, body, tei
+        self.variants = variants
         self.__name__, self.__doc__ = run.__name__, run.__doc__  # what OpenAPI documents
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -106,8 +109,7 @@ class Endpoint:
                 speaks(scope, "tei")
             payload = await self.kit.body(request)
             take_priority(scope, payload)
-            images = self.images
-            run = images.run if images is not None and images.asks(payload) else self.run
+            run = next((v.run for v in self.variants if v.asks(payload)), self.run)
             response = await run(self.kit, request, payload)
         await response(scope, receive, send)
 

@@ -6,8 +6,9 @@ document (``blitz.http.openapi``), the handle methods (``deployments/handle_meth
 documented and, when it calls a new service method, offered on the handle.
 
 Order is the router's: the hot routes first. ``tei`` routes (Hugging Face TEI's own paths)
-answer errors in TEI's shape unless the reply is msgpack (Blitz's own). A route with an
-``images`` variant hands a body that asks for images (``Images.asks``) to it.
+answer errors in TEI's shape unless the reply is msgpack (Blitz's own). A route's
+``variants`` take the bodies that ask for other inputs (``Variant.asks``: images, documents
+of text and image parts), the first that asks.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from pydantic import BaseModel
 
 from blitz import codecs
 from blitz.http import bodies
-from blitz.http.routes import blitz_api, cohere, images, infinity, openai, tei
+from blitz.http.routes import blitz_api, cohere, images, infinity, openai, parts, tei
 from blitz.ingress import status
 from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
+from blitz.ingress.parts import PartsService
 from blitz.ingress.service import EmbeddingService
 from blitz.ingress.tokenizing import TokenService
 
@@ -34,9 +36,9 @@ ANY = (JSON, MSGPACK)
 Call = tuple[str, Callable[..., Any]]
 
 
-class Images(NamedTuple):
-    """A route's image variant: the body asks for images (``asks``), ``run`` answers it
-    (its body's model: ``body``)."""
+class Variant(NamedTuple):
+    """A route's variant for other inputs: the body asks for them (``asks``), ``run``
+    answers it (its body's model: ``body``)."""
 
     asks: Callable[[Any], bool]
     run: Callable[..., Any]
@@ -54,7 +56,7 @@ class RouteSpec(NamedTuple):
     formats: tuple[str, ...] = (JSON,)  # the reply's media types (Accept picks)
     calls: tuple[Call, ...] = ()  # the service calls it makes (what a handle offers)
     tei: bool = False  # errors in TEI's shape
-    images: Images | None = None
+    variants: tuple[Variant, ...] = ()  # other inputs' bodies, the first that asks
     public: bool = False  # answered without an API key
     aside: bool = False  # a probe's alias or the description: not among HttpApi.routes,
     # and counted as "other" in the metrics
@@ -63,10 +65,20 @@ class RouteSpec(NamedTuple):
 EMBED = ("service", EmbeddingService.embed)
 RERANK = ("service", EmbeddingService.rerank)
 CLASSIFY = ("outputs", OutputService.classify)
-EMBED_IMAGES = Images(bodies.has_images, images.embed, images.EmbedImagesRequest,
+EMBED_IMAGES = Variant(bodies.has_images, images.embed, images.EmbedImagesRequest,
                       (("images", ImageService.embed_images),))
-OPENAI_IMAGES = Images(bodies.image_modality, images.openai_embeddings,
+OPENAI_IMAGES = Variant(bodies.image_modality, images.openai_embeddings,
                        images.OpenAIImagesRequest, (("images", ImageService.embed_images),))
+
+EMBED_PARTS = ("parts", PartsService.embed_parts)
+RERANK_PARTS = ("parts", PartsService.rerank_parts)
+OPENAI_PARTS = Variant(parts.asks_chat_or_objects, parts.openai_embeddings,
+                       parts.ChatEmbeddingRequest, (EMBED_PARTS,))
+
+
+def _mixed_rerank(run: Callable[..., Any]) -> Variant:
+    return Variant(parts.asks_mixed_rerank, run, parts.RerankPartsRequest, (RERANK_PARTS,))
+
 
 _ROOT = ("The route of the default model's kind, as Hugging Face TEI serves it: an embedding "
          "model embeds (TEI's [[float]]) or, for {inputs: {source_sentence, sentences}}, "
@@ -80,52 +92,70 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(
         "POST", "/embed", blitz_api.embed,
         "Embed texts or token ids (Blitz's texts, or Hugging Face TEI's inputs); images "
-        "(`images`, a dual encoder's: blitz.http.routes.images.EmbedImagesRequest)",
+        "(`images`, a dual encoder's: blitz.http.routes.images.EmbedImagesRequest); "
+        "documents of text and image parts (`parts`, a vision-language embedder's: "
+        "blitz.http.routes.parts.EmbedPartsRequest)",
         bodies.EmbedRequest, "texts: {model, embeddings, shape, dtype, usage} (msgpack: the "
         "array in the numpy or portable layout; application/octet-stream: the little-endian "
         "array, its shape and dtype in x-blitz-shape and x-blitz-dtype). TEI's inputs on "
-        "JSON: a bare [[float]].", (JSON, MSGPACK, RAW), (EMBED,), images=EMBED_IMAGES),
+        "JSON: a bare [[float]].", (JSON, MSGPACK, RAW), (EMBED,),
+        variants=(EMBED_IMAGES, Variant(parts.asks_parts, parts.embed, parts.EmbedPartsRequest,
+                                        (EMBED_PARTS,)))),
     RouteSpec(
         "POST", "/v1/embeddings", openai.openai_embeddings,
-        "Embed texts (OpenAI's embeddings API), or images with modality image (Infinity's)",
-        bodies.OpenAIEmbeddingRequest,
+        "Embed texts (OpenAI's embeddings API), images with modality image (Infinity's), "
+        "chat messages with images (vLLM's `messages`) or Jina's input objects "
+        "({text} | {image})", bodies.OpenAIEmbeddingRequest,
         "OpenAI's {object: \"list\", data: [{object: \"embedding\", index, embedding}], "
         "model, usage}; embedding is floats, or base64 of little-endian float32.",
-        calls=(EMBED,), images=OPENAI_IMAGES),
+        calls=(EMBED,), variants=(OPENAI_IMAGES, OPENAI_PARTS)),
     RouteSpec(
         "POST", "/rerank", infinity.rerank,
         "Rerank documents against a query (Infinity's documents, or TEI's texts; `images` "
-        "in their place: a dual encoder's images scored against the query)",
+        "in their place: a dual encoder's images scored against the query; documents of "
+        "images or parts: a vision-language model's)",
         bodies.RerankRequest, "TEI's texts: [{index, text?, score}] best first. Infinity's "
         "documents: {object: \"rerank\", results: [{relevance_score, index, document?}], "
         "model, usage, id, created}. msgpack: Cohere's v1 shape.", ANY, (RERANK,),
-        images=Images(bodies.has_images, images.rerank, images.RerankImagesRequest,
-                      (("images", ImageService.rerank_images),))),
+        variants=(Variant(bodies.has_images, images.rerank, images.RerankImagesRequest,
+                      (("images", ImageService.rerank_images),)),
+                  _mixed_rerank(parts.rerank))),
     RouteSpec(
         "POST", "/v1/rerank", cohere.cohere_v1_rerank,
-        "Rerank documents against a query (Cohere's v1 and Jina's)", bodies.RerankRequest,
+        "Rerank documents against a query (Cohere's v1 and Jina's; Jina's image and text "
+        "objects: a vision-language model's)", bodies.RerankRequest,
         "{model, results: [{index, relevance_score, document?}], usage, id, meta}.", ANY,
-        (RERANK,)),
+        (RERANK,), variants=(_mixed_rerank(parts.rerank_v1),)),
     RouteSpec("POST", "/", tei.tei_root, "Hugging Face TEI's model-kind route",
               bodies.EmbedRequest, _ROOT, ANY, _ROOT_CALLS),
     RouteSpec(
         "POST", "/embeddings", openai.openai_embeddings,
         "Embed texts (Infinity's and TEI's OpenAI-style route)",
         bodies.OpenAIEmbeddingRequest, "As POST /v1/embeddings.", calls=(EMBED,),
-        images=OPENAI_IMAGES),
+        variants=(OPENAI_IMAGES, OPENAI_PARTS)),
     RouteSpec(
         "POST", "/v1/embed", cohere.cohere_embed_v1, "Embed texts (Cohere's v1)",
         cohere.CohereEmbedRequest, "Cohere's {id, texts, embeddings, meta}: by type, or bare "
         "floats without embedding_types.", calls=(EMBED,)),
     RouteSpec(
-        "POST", "/v2/embed", cohere.cohere_embed_v2, "Embed texts (Cohere's v2)",
-        cohere.CohereEmbedRequest,
+        "POST", "/v2/embed", cohere.cohere_embed_v2,
+        "Embed texts (Cohere's v2); `inputs` of text and image content or `images` (a "
+        "vision-language embedder's)", cohere.CohereEmbedRequest,
         "Cohere's {id, texts, embeddings: {float?, int8?, ..., base64?}, meta}.",
-        calls=(EMBED,)),
+        calls=(EMBED,), variants=(Variant(parts.asks_cohere_images, parts.cohere_embed,
+                                          parts.CohereMultimodalRequest, (EMBED_PARTS,)),)),
+    RouteSpec(
+        "POST", "/v1/multimodalembeddings", parts.voyage_embeddings,
+        "Embed documents of text and image parts (Voyage's multimodal embeddings)",
+        parts.VoyageRequest, "Voyage's {object: \"list\", data: [{object: \"embedding\", "
+        "embedding, index}], model, usage: {text_tokens, image_pixels, total_tokens}}.",
+        calls=(EMBED_PARTS,)),
     RouteSpec(
         "POST", "/v2/rerank", cohere.cohere_v2_rerank,
-        "Rerank documents against a query (Cohere's v2)", cohere.CohereRerankRequest,
-        "Cohere's {id, results: [{index, relevance_score}], meta}.", calls=(RERANK,)),
+        "Rerank documents against a query (Cohere's v2; documents of images or parts: a "
+        "vision-language model's)", cohere.CohereRerankRequest,
+        "Cohere's {id, results: [{index, relevance_score}], meta}.", calls=(RERANK,),
+        variants=(_mixed_rerank(parts.rerank_v2),)),
     RouteSpec(
         "POST", "/embed_all", tei.embed_all, "Per-token vectors (Hugging Face TEI's)",
         bodies.EmbedAllRequest,
@@ -150,9 +180,9 @@ ROUTES: tuple[RouteSpec, ...] = (
         "Cosine similarity of sentences to a source sentence (Hugging Face TEI's)",
         bodies.SimilarityRequest, "One cosine per sentence: [float].", ANY,
         (("outputs", OutputService.similarity),), tei=True,
-        images=Images(bodies.has_image_inputs, images.similarity,
+        variants=(Variant(bodies.has_image_inputs, images.similarity,
                       images.SimilarityImagesRequest,
-                      (("images", ImageService.similarity_images),))),
+                      (("images", ImageService.similarity_images),)),)),
     RouteSpec(
         "POST", "/predict", tei.predict, "Classify texts or text pairs (Hugging Face TEI's)",
         bodies.PredictRequest,
@@ -203,7 +233,7 @@ def service_calls(routes: tuple[RouteSpec, ...] = ROUTES) -> Iterator[Call]:
     """Every service call the routes make (their image variants' too), each once."""
     seen: set[Callable[..., Any]] = set()
     for route in routes:
-        for holder, function in (*route.calls, *(route.images.calls if route.images else ())):
+        for holder, function in (*route.calls, *(c for v in route.variants for c in v.calls)):
             if function not in seen:
                 seen.add(function)
                 yield holder, function
