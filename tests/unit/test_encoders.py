@@ -339,7 +339,8 @@ def test_every_kind_and_cpu_backend_has_one_opener():
     # alone, dual encoders on torch and ONNX (both towers), LLM rerankers on torch and bf16
     only = {"sparse": ("torch", "fake"), "hybrid": ("torch", "fake"),
             "dual-encoder": ("torch", "onnx", "onnx-int8", "fake"),
-            "llm-reranker": ("torch", "torch-bf16", "fake")}
+            "llm-reranker": ("torch", "torch-bf16", "fake"),
+            "vl-embedding": ("torch", "fake"), "vl-reranker": ("torch", "fake")}
     assert set(OPENERS) == {(kind, backend) for kind in get_args(Kind)
                             for backend in (*get_args(CpuBackend), "fake") if backend != "auto"
                             if backend in only.get(kind, (backend,))}

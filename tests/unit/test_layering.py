@@ -198,6 +198,7 @@ FLOORS = (  # lowest first: a module imports its own package, lower floors and L
     ("blitz.settings",),  # typed settings, the model registry, sizes
     ("blitz.encoders",),  # the encoder contract, one backend per module, output options
     ("blitz.images",),  # images from strangers' bytes, within limits; the dual encoder
+    ("blitz.vision_language",),  # a decoder reading texts and images: embedder, reranker
     ("blitz.loading", "blitz.hop_messages"),  # a ModelSpec to an Encoder; the jobs and results of the hops
     ("blitz.admin",),  # the model table the admin API changes and replicas follow
     ("blitz.pool", "blitz.bulk"),  # a pool replica's Ray-free half; the bulk job's

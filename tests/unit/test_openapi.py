@@ -16,6 +16,7 @@ from tests.api_client import api_client, api_for
 from tests.tiny_hybrid import build_tiny_hybrid
 from tests.tiny_models import build_tiny_classifier, build_tiny_splade, minilm_dir
 from tests.tiny_vision import build_tiny_dual_encoder
+from tests.tiny_vl import build_tiny_vl
 
 MSGPACK = "application/msgpack"
 TEXTS = ["a small text", "another, longer text"]
@@ -44,6 +45,9 @@ EXAMPLES: dict[str, dict] = {
     "/decode": {"ids": [[101, 7592, 102]], "model": "minilm"},
 }
 EXAMPLES["/embeddings_image"] = {"input": [PNG], "model": "clip"}
+EXAMPLES["/v1/multimodalembeddings"] = {
+    "model": "vl", "inputs": [{"content": [{"type": "text", "text": TEXTS[0]},
+                                           {"type": "image_base64", "image_base64": PNG}]}]}
 TEI_EXAMPLES = {"/embed": {"inputs": TEXTS}, "/rerank": {**RERANK, "texts": TEXTS},
                 "/tokenize": {"texts": TEXTS[0], "model": "minilm"}}
 
@@ -61,7 +65,9 @@ def models(tmp_path_factory) -> list[dict]:
              "kind": "hybrid"},
             {"id": "minilm", "source": str(minilm_dir()), "cpu_backend": "torch"},
             {"id": "clip", "source": str(build_tiny_dual_encoder(root / "clip", "clip")),
-             "kind": "dual-encoder"}]
+             "kind": "dual-encoder"},
+            {"id": "vl", "source": str(build_tiny_vl(root / "vl", "qwen3_vl")),
+             "kind": "vl-embedding"}]
 
 
 def make_api(models: list[dict], keys: list[str] | None = None) -> HttpApi:

@@ -7,5 +7,6 @@ Routes are plain functions ``route(kit, request, payload)`` over ``kit`` (body r
 the model id, the reply format, the request record and id), cut by API family: Blitz's own
 (``blitz_api``), Hugging Face TEI's (``tei``), OpenAI's (``openai``), Infinity's
 (``infinity``) and Cohere's (``cohere``); ``images`` holds the image variants of the routes
-texts use. A route that two APIs share lives with the family named first in its summary.
+texts use, ``parts`` the variants (and Voyage's route) for documents of text and image
+parts. A route that two APIs share lives with the family named first in its summary.
 """

@@ -70,13 +70,17 @@ def asks_cohere_images(payload: Any) -> bool:
 
 
 def asks_mixed_rerank(payload: Any) -> bool:
-    """A rerank body whose query or documents are objects (images, parts), not texts."""
+    """A rerank body whose query or documents are images or parts, not texts (a string,
+    or Cohere's and Jina's ``{"text": ...}``)."""
     if not isinstance(payload, dict) or "images" in payload:
         return False
     documents = payload.get("documents")
     return not isinstance(payload.get("query", ""), str) or (
-        isinstance(documents, list) and any(not isinstance(d, str) for d in documents[:4096])
-        and not all(isinstance(d, dict) and set(d) == {"text"} for d in documents[:4096]))
+        isinstance(documents, list) and not all(map(_a_text, documents[:4096])))
+
+
+def _a_text(document: Any) -> bool:
+    return isinstance(document, str) or (isinstance(document, dict) and set(document) == {"text"})
 
 
 class EmbedPartsRequest(_Request):
