@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 
+import httpx
 import numpy as np
 import pytest
 from PIL import Image
@@ -34,6 +35,27 @@ def files() -> list[bytes]:
     return [png(p) for p in random_images(31, [(40, 28), (96, 64), (64, 64)])]
 
 
+@pytest.fixture
+def http_session():
+    """An HTTP session handed to the clients that take one, closed after the test."""
+    with httpx.Client(timeout=120) as session:
+        yield session
+
+
+@pytest.fixture
+def voyage_session():
+    """The voyageai client's requests session (its module-wide hook), closed after."""
+    import requests
+    import voyageai
+
+    with requests.Session() as session:
+        voyageai.requestssession = session
+        try:
+            yield session
+        finally:
+            voyageai.requestssession = None
+
+
 def decoded(data: bytes) -> Image.Image:
     return Image.open(io.BytesIO(data)).convert("RGB")
 
@@ -43,8 +65,8 @@ def cosine(a, b) -> float:
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
-def test_openai_cohere_and_voyage_clients_get_the_model_card_vectors(blitz_app, tiny_vl,
-                                                                    files):
+def test_openai_cohere_and_voyage_clients_get_the_model_card_vectors(
+        blitz_app, tiny_vl, files, http_session, voyage_session):
     import cohere
     import voyageai
     from openai import OpenAI
@@ -65,7 +87,7 @@ def test_openai_cohere_and_voyage_clients_get_the_model_card_vectors(blitz_app, 
                 {"type": "text", "text": CAPTION},
                 {"type": "image_url", "image_url": {"url": url}}]}]})
         assert cosine(reply.data[0].embedding, want) >= 0.9999
-    co = cohere.ClientV2(api_key="-", base_url=blitz_app)
+    co = cohere.ClientV2(api_key="-", base_url=blitz_app, httpx_client=http_session)
     reply = co.embed(model="tiny-vl", input_type="search_document", embedding_types=["float"],
                      inputs=[{"content": [{"type": "text", "text": CAPTION},
                                           {"type": "image_url", "image_url": {"url": url}}]}])
@@ -84,7 +106,7 @@ def test_openai_cohere_and_voyage_clients_get_the_model_card_vectors(blitz_app, 
     assert 0 < result.text_tokens < result.total_tokens
 
 
-def test_blitz_client_and_rerank_routes(blitz_app, tiny_vl, files):
+def test_blitz_client_and_rerank_routes(blitz_app, tiny_vl, files, http_session):
     import cohere
 
     from blitz.client import Client
@@ -101,7 +123,7 @@ def test_blitz_client_and_rerank_routes(blitz_app, tiny_vl, files):
     assert [h["index"] for h in ranked["results"]] == order
     np.testing.assert_allclose([h["relevance_score"] for h in ranked["results"]],
                                np.asarray(scores)[order], atol=2e-5)
-    co = cohere.ClientV2(api_key="-", base_url=blitz_app)
+    co = cohere.ClientV2(api_key="-", base_url=blitz_app, httpx_client=http_session)
     reply = co.rerank(model="tiny-vl-rerank", query="paris", documents=[
         {"text": CAPTION}, {"image": data_url(files[0])},
         {"content": [{"type": "text", "text": "a dog"},
