@@ -70,7 +70,7 @@ _REFUSALS: dict[str, tuple[str, str]] = {  # score: Encoder.score, by its vector
     "embed_all": ("model {id!r} ({kind}, {backend}) does not give per-token embeddings; use "
                   "an embedding model", "model"),
     "embed_images": ("model {id!r} is a {kind} model; images need a dual-encoder (CLIP, "
-                     "SigLIP)", "model"),
+                     "SigLIP) or a vision-language embedder (vl-embedding)", "model"),
     "embed_sparse": ("model {id!r} is a {kind}, not a sparse model; use a model of kind "
                      "sparse", "model"),
     "embed_hybrid": ("model {id!r} is a {kind}, not a hybrid model; use a model of kind "

@@ -95,7 +95,8 @@ class ImageService:
         record.model = spec.id
         if "embed_images" not in kind_of(spec.kind).serves:
             raise InvalidValue(f"model {spec.id!r} is of kind {spec.kind}; images need a model of "
-                               "kind dual-encoder (CLIP, SigLIP)", param="model")
+                               "kind dual-encoder (CLIP, SigLIP) or vl-embedding; a vl-reranker "
+                               "takes documents of parts ([{\"image\": ...}])", param="model")
         service._check_dimensions(spec, dimensions)
         limits = self.limits
         data = await image_bytes(images, limits)

@@ -109,7 +109,8 @@ def test_the_refusals_keep_their_words():
     assert refusal(encoder, "embed").message == (
         "model 'm' is a cross-encoder and cannot embed; use /rerank")
     assert refusal(encoder, "embed_images").message == (
-        "model 'm' is a cross-encoder model; images need a dual-encoder (CLIP, SigLIP)")
+        "model 'm' is a cross-encoder model; images need a dual-encoder (CLIP, SigLIP) or a "
+        "vision-language embedder (vl-embedding)")
     sparse = _bare(_encoder_class(KINDS["sparse"].encoder), "sparse")
     assert refusal(sparse, "embed").message == (
         "model 'm' gives sparse embeddings; use /embed_sparse")
