@@ -71,6 +71,13 @@ class VlDecoder(Encoder):
         call's thread (``blitz.pool.image_prep``)."""
         return self.visual.prepare(picture)
 
+    def blank_image(self) -> VisualInput:
+        """A small blank image as the model's input: what a warm-up sends, so the first
+        request with an image pays no lazy setup of the vision tower."""
+        from PIL import Image
+
+        return self.prepare_part(Image.new("RGB", (64, 64)))
+
     def _visual(self, part: bytes, param: str) -> VisualInput:
         picture = decode(part, self.limits, param=param)
         try:

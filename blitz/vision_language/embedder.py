@@ -69,6 +69,10 @@ class VlEmbedder(VlDecoder):
         counts = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
         return Encoded(l2_normalize(values) if normalize else values, counts, padded)
 
+    def warmup(self) -> None:
+        """A text and a text with an image: both paths' lazy setup done before a request."""
+        self.embed_parts([("warm up",), ("warm up", self.blank_image())], normalize=True)
+
     def embed(self, texts: list[str], *, normalize: bool, truncate: bool = True) -> Encoded:
         return self.embed_parts([(t,) for t in texts], normalize=normalize, truncate=truncate)
 

@@ -96,6 +96,10 @@ class VlReranker(VlDecoder):
         counts = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
         return Encoded(scores.reshape(-1).astype(np.float32), counts, padded)
 
+    def warmup(self) -> None:
+        """A text and an image document: both paths' lazy setup done before a request."""
+        self.score_parts(("warm up",), [("warm up",), (self.blank_image(),)])
+
     def score(self, query: str, documents: list[str], *, truncate: bool = True) -> Encoded:
         return self.score_parts((query,), [(d,) for d in documents], truncate=truncate)
 

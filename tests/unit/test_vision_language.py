@@ -98,6 +98,7 @@ def test_vectors_equal_the_model_card_alone_and_in_any_batch(tiny, pictures, bud
 def test_instruction_texts_and_images_calls(tiny, pictures):
     _, path = tiny
     model = embedder(path, vl_instruction="Find the photo")
+    model.warmup()  # a text and an image through the model: nothing left to set up lazily
     got = model.embed_parts([("a red cat",)], normalize=True,
                             instruction="Describe the picture").values[0]
     want = reference_embedding(path, ["a red cat"], instruction="Describe the picture")
@@ -125,6 +126,7 @@ def test_the_qwen3_vl_reranker_equals_its_model_card(tmp_path, pictures):
     path = build_tiny_vl(tmp_path / "r", "qwen3_vl", seed=7)
     model = open_vl_reranker(ModelSpec(id="r", source=str(path), kind="vl-reranker"), path,
                              "cpu", torch.float32, 64)
+    model.warmup()
     query = ["what is paris"]
     docs = [["the capital of france"], [pictures[0]], ["a cat", pictures[1]], [pictures[3]]]
     want = [reference_qwen3vl_rerank(path, query, d, images_first=False) for d in docs]
