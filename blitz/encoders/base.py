@@ -268,6 +268,22 @@ def check_lengths(lengths: np.ndarray, limit: int, truncate: bool) -> np.ndarray
     return np.minimum(lengths, limit)
 
 
+def by_length(lengths: list[int], budget: int) -> list[list[int]]:
+    """Indices of ``lengths`` sorted by length, in consecutive groups whose padded size
+    (count x the group's longest) is at most ``budget`` tokens; one longer is a group
+    alone. What a decoder's micro-batches hold (padding the least the budget allows)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    groups: list[list[int]] = []
+    start = 0
+    while start < len(order):
+        end = start + 1  # at least one row per group, however long
+        while end < len(order) and (end + 1 - start) * lengths[order[end]] <= budget:
+            end += 1
+        groups.append(order[start:end])
+        start = end
+    return groups
+
+
 def l2_normalize(values: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(values, axis=1, keepdims=True)
     np.maximum(norms, 1e-12, out=norms)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from blitz.encoders.base import Encoded, Encoder, check_lengths
+from blitz.encoders.base import Encoded, Encoder, by_length, check_lengths
 from blitz.errors import InvalidValue
 from blitz.runtime import model_threads
 from blitz.settings.registry import ModelSpec
@@ -160,18 +160,11 @@ class LlmRerankerEncoder(Encoder):
     def logits(self, sequences: list[list[int]]) -> tuple[np.ndarray, int]:
         """Each sequence's answer logit (yes, less no when the style has one), and the
         tokens the model computed, padding included."""
-        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         out = np.empty(len(sequences), dtype=np.float64)
-        padded, start = 0, 0
-        while start < len(order):
-            end = start + 1  # at least one pair per call, however long
-            while (end < len(order)
-                   and (end + 1 - start) * len(sequences[order[end]]) <= self.token_budget):
-                end += 1
-            rows = order[start:end]
+        padded = 0
+        for rows in by_length([len(s) for s in sequences], self.token_budget):
             out[rows] = self._forward([sequences[i] for i in rows])
             padded += len(rows) * len(sequences[rows[-1]])
-            start = end
         return out, padded
 
     def _forward(self, batch: list[list[int]]) -> np.ndarray:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from blitz.encoders.base import Encoder
+from blitz.encoders.base import Encoder, by_length
 from blitz.errors import InvalidValue
 from blitz.images.decode import ImageLimits, decode
 from blitz.runtime import model_threads
@@ -113,18 +113,11 @@ class VlDecoder(Encoder):
         model computed, padding included."""
         if self.model is None:
             raise RuntimeError(f"model {self.model_id!r} was closed")
-        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
         out = np.empty((len(sequences), self.out_width or self.hidden_size), dtype=np.float32)
-        padded, start = 0, 0
-        while start < len(order):
-            end = start + 1  # at least one sequence per call, however long
-            while (end < len(order)
-                   and (end + 1 - start) * len(sequences[order[end]]) <= self.token_budget):
-                end += 1
-            rows = order[start:end]
+        padded = 0
+        for rows in by_length([len(s) for s in sequences], self.token_budget):
             out[rows] = self._forward([sequences[i] for i in rows])
             padded += len(rows) * len(sequences[rows[-1]])
-            start = end
         return out, padded
 
     def _forward(self, batch: list[Sequence]) -> np.ndarray:

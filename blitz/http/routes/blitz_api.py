@@ -26,12 +26,20 @@ from blitz import codecs
 from blitz.codecs import ArrayLayout
 from blitz.errors import InvalidValue
 from blitz.hop_messages import HybridResult, SparseResult, SparseVector
-from blitz.http import reply_bodies, responses
+from blitz.http import responses
 from blitz.http.bodies import EmbedRequest, EmbedSparseRequest
 from blitz.http.middleware import API_KEYS
 from blitz.http.reply_bodies import embed_sparse_reply, usage_body
-from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
-from blitz.http.routes.kit import Kit, Payload, model_id, record, reply_format, speaking
+from blitz.http.responses import JSONBytesResponse, MsgpackResponse
+from blitz.http.routes.kit import (
+    Kit,
+    Payload,
+    model_id,
+    record,
+    reply_format,
+    speaking,
+    vectors,
+)
 from blitz.ingress import status
 
 
@@ -49,13 +57,7 @@ async def embed(kit: Kit, request: Request, payload: Payload) -> Response:
     texts, token_ids = req.texts_or_token_ids()
     result = await kit.service.embed_with(texts, model_id(request, req.model), req.options(),
                                           token_ids=token_ids, record=record(request))
-    if fmt == "raw":
-        return RawArrayResponse(result.embeddings)
-    if fmt == "json":
-        return JSONBytesResponse(reply_bodies.tei_embed_reply(result) if tei
-                                 else reply_bodies.embed_reply(result, None))
-    return MsgpackResponse(reply_bodies.embed_reply(result, req.layout or accept_layout
-                                                    or "numpy"))
+    return vectors(result, fmt, req.layout or accept_layout, tei)
 
 
 # ---- /embed_hybrid ---------------------------------------------------------------------

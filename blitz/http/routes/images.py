@@ -16,7 +16,6 @@ An ``http(s)`` URL is fetched only under ``images.url_allow``.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt
@@ -27,15 +26,17 @@ from blitz.codecs import ArrayLayout
 from blitz.encoders.postprocess import OutputDtype
 from blitz.http import reply_bodies
 from blitz.http.bodies import _Request
-from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
+from blitz.http.responses import JSONBytesResponse
 from blitz.http.routes.kit import (
     Kit,
     Payload,
     model_id,
     plain,
+    ranked,
     record,
     reply_format,
     request_id,
+    vectors,
 )
 
 _IMAGES = "each an image file: its bytes (msgpack), base64, a data URL, or an http(s) URL " \
@@ -91,12 +92,7 @@ async def embed(kit: Kit, request: Request, payload: Payload) -> Response:
     result = await kit.images.embed_images(
         req.images, model=model_id(request, req.model), normalize=req.normalize,
         dimensions=req.dimensions, dtype=req.dtype, record=record(request))
-    if fmt == "raw":
-        return RawArrayResponse(result.embeddings)
-    if fmt == "json":
-        return JSONBytesResponse(reply_bodies.embed_reply(result, None))
-    return MsgpackResponse(reply_bodies.embed_reply(
-        result, req.layout or accept_layout or "numpy"))
+    return vectors(result, fmt, req.layout or accept_layout)
 
 
 async def openai_embeddings(kit: Kit, request: Request, payload: Payload) -> Response:
@@ -115,11 +111,7 @@ async def rerank(kit: Kit, request: Request, payload: Payload) -> Response:
     result = await kit.images.rerank_images(
         req.query, req.images, model=model_id(request, req.model),
         top_n=req.top_n, record=record(request))
-    rid = request_id(request)
-    if fmt == "msgpack":
-        return MsgpackResponse(reply_bodies.rerank_reply(result, rid))
-    return JSONBytesResponse(reply_bodies.infinity_rerank_reply(result, rid,
-                                                                int(time.time())))
+    return ranked(result, fmt, request_id(request))
 
 
 async def similarity(kit: Kit, request: Request, payload: Payload) -> Response:

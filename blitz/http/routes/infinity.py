@@ -14,12 +14,13 @@ from starlette.responses import Response
 from blitz.errors import InvalidValue
 from blitz.http import reply_bodies
 from blitz.http.bodies import ClassifyRequest, RerankRequest
-from blitz.http.responses import JSONBytesResponse, MsgpackResponse
+from blitz.http.responses import JSONBytesResponse
 from blitz.http.routes.kit import (
     Kit,
     Payload,
     model_id,
     plain,
+    ranked,
     record,
     reply_format,
     request_id,
@@ -38,12 +39,7 @@ async def rerank(kit: Kit, request: Request, payload: Payload) -> Response:
     if tei:
         speaking(request, "tei")
     req = await rerank_result(kit, request, payload, RerankRequest)
-    if fmt == "msgpack":
-        return MsgpackResponse(reply_bodies.rerank_reply(req, request_id(request)))
-    if tei:
-        return JSONBytesResponse(reply_bodies.tei_rerank_reply(req))
-    return JSONBytesResponse(reply_bodies.infinity_rerank_reply(req, request_id(request),
-                                                                int(time.time())))
+    return ranked(req, fmt, request_id(request), tei)
 
 
 async def rerank_result(kit: Kit, request: Request, payload: Payload,

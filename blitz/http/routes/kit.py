@@ -9,6 +9,7 @@ route: ``route(kit, request)``); ``blitz.http.routes.table`` lists them.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from starlette.requests import Request
@@ -17,8 +18,9 @@ from starlette.types import Receive, Scope, Send
 
 from blitz import codecs
 from blitz.errors import ErrorShape, Overloaded, PayloadTooLarge, RequestTimeout
+from blitz.http import reply_bodies
 from blitz.http.middleware import record_of, request_id_of, speaks, take_priority
-from blitz.http.responses import JSONBytesResponse, MsgpackResponse
+from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
 from blitz.ingress.service import RequestRecord
 from blitz.ingress.services import Services
 
@@ -144,6 +146,29 @@ def request_id(request: Request) -> str:
 def speaking(request: Request, shape: ErrorShape) -> None:
     """The request speaks ``shape``'s dialect: its errors are answered in that shape."""
     speaks(request.scope, shape)
+
+
+def vectors(result: Any, fmt: str, layout: Any, tei: bool = False) -> Response:
+    """An ``EmbedResult`` in the reply format ``fmt``: the raw array, JSON (TEI's bare
+    ``[[float]]`` when ``tei``, else Blitz's body) or Blitz's msgpack body in ``layout``
+    (numpy's when None)."""
+    if fmt == "raw":
+        return RawArrayResponse(result.embeddings)
+    if fmt == "json":
+        return JSONBytesResponse(reply_bodies.tei_embed_reply(result) if tei
+                                 else reply_bodies.embed_reply(result, None))
+    return MsgpackResponse(reply_bodies.embed_reply(result, layout or "numpy"))
+
+
+def ranked(result: Any, fmt: str, request_id: str, tei: bool = False) -> Response:
+    """A ``RerankResult`` on ``/rerank``: Blitz's msgpack body (Cohere's v1 shape), TEI's
+    list when ``tei``, else Infinity's JSON body."""
+    if fmt == "msgpack":
+        return MsgpackResponse(reply_bodies.rerank_reply(result, request_id))
+    if tei:
+        return JSONBytesResponse(reply_bodies.tei_rerank_reply(result))
+    return JSONBytesResponse(reply_bodies.infinity_rerank_reply(result, request_id,
+                                                                int(time.time())))
 
 
 def plain(body: Any, fmt: str) -> Response:

@@ -20,7 +20,6 @@ the instruction, where the model defines one (``prompts`` in its spec).
 
 from __future__ import annotations
 
-import time
 from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, field_validator
@@ -32,17 +31,19 @@ from blitz.encoders.postprocess import OutputDtype
 from blitz.errors import InvalidValue
 from blitz.http import reply_bodies
 from blitz.http.bodies import _Request
-from blitz.http.responses import JSONBytesResponse, MsgpackResponse, RawArrayResponse
+from blitz.http.responses import JSONBytesResponse
 from blitz.http.routes.cohere import CohereEmbeddingType, by_type, prompt_named
 from blitz.http.routes.kit import (
     Kit,
     Payload,
     model_id,
     plain,
+    ranked,
     record,
     reply_format,
     request_id,
     speaking,
+    vectors,
 )
 
 _PARTS = ("documents, each a text, a part ({\"text\"}, {\"image\"}, {\"type\": \"text\" | "
@@ -217,12 +218,7 @@ async def embed(kit: Kit, request: Request, payload: Payload) -> Response:
         req.parts, model_id(request, req.model), instruction=req.instruction,
         normalize=req.normalize, dimensions=req.dimensions, dtype=req.dtype,
         truncate=req.truncate, record=record(request))
-    if fmt == "raw":
-        return RawArrayResponse(result.embeddings)
-    if fmt == "json":
-        return JSONBytesResponse(reply_bodies.embed_reply(result, None))
-    return MsgpackResponse(reply_bodies.embed_reply(
-        result, req.layout or accept_layout or "numpy"))
+    return vectors(result, fmt, req.layout or accept_layout)
 
 
 async def openai_embeddings(kit: Kit, request: Request, payload: Payload) -> Response:
@@ -277,11 +273,7 @@ async def rerank(kit: Kit, request: Request, payload: Payload) -> Response:
     """``/rerank``: Infinity's JSON reply, Blitz's msgpack."""
     fmt = reply_format(request)[0]  # before work
     result, req = await _reranked(kit, request, payload)
-    rid = request_id(request)
-    if fmt == "msgpack":
-        return MsgpackResponse(reply_bodies.rerank_reply(result, rid))
-    return JSONBytesResponse(reply_bodies.infinity_rerank_reply(result, rid,
-                                                                int(time.time())))
+    return ranked(result, fmt, request_id(request))
 
 
 async def rerank_v1(kit: Kit, request: Request, payload: Payload) -> Response:
