@@ -1,5 +1,5 @@
 """Images on the HTTP API, on the routes texts use, with the reply texts get: the image
-variant of a route (``blitz.http.routes.table``, ``Images``) answers a body that asks for
+variant of a route (``blitz.http.routes.table``, ``Variant``) answers a body that asks for
 images.
 
 - ``POST /embed`` with ``images`` (Blitz's): the vectors, in Blitz's reply, JSON, msgpack
