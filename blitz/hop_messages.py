@@ -2,13 +2,14 @@
 results the ingress answers with.
 
 - Jobs (``EmbedJob``, ``ImageEmbedJob``, ``RerankJob``, ``TokenEmbedJob``,
-  ``SparseEmbedJob``, ``HybridEmbedJob``, ``ClassifyJob``, ``PartsJob``): ingress -> pool, over Serve's
+  ``SparseEmbedJob``, ``HybridEmbedJob``, ``ClassifyJob``, ``PartsJob``,
+  ``MultiVectorJob``, ``LateChunkJob``): ingress -> pool, over Serve's
   handle or the local hop, pickled either way; never larger than the pool's batch limit.
   Each carries its request's ``priority`` (``PRIORITIES``) and ``trace`` (its request's
   span context while tracing is on: ``blitz.runtime.tracing``), and runs itself on its
   model's encoder (``run``; text jobs share one call: ``text_job``, ``blitz.pool.mixed_batch``).
 - Results (``EmbedResult``, ``RerankResult``, ``TokenEmbeddingsResult``, ``SparseResult``,
-  ``HybridResult``, ``SimilarityResult``, ``ClassifyResult``, ``TokenizeResult``,
+  ``HybridResult``, ``MultiVectorResult``, ``ChunkedEmbedResult``, ``SimilarityResult``, ``ClassifyResult``, ``TokenizeResult``,
   ``DecodeResult``): what the handle methods return, and what the HTTP routes write on
   the wire (``blitz.http.reply_bodies``).
 
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
-from blitz.encoders.base import Encoded, Encoder, TextJob
+from blitz.encoders.base import Encoded, Encoder, MultiVectorReduce, TextJob
 from blitz.errors import InvalidValue, echo
 
 if TYPE_CHECKING:
@@ -295,6 +296,47 @@ class HybridEmbedJob(_Job):
 
 
 @dataclass(frozen=True)
+class MultiVectorJob(_Job):
+    """Texts for a late-interaction model (``/embed_multivector``), as queries or
+    documents, and how to shrink their vectors (``MultiVectorReduce``); at most the batch
+    limit."""
+
+    texts: list[str]
+    query: bool = False
+    truncate: bool = True
+    reduce: MultiVectorReduce | None = None
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def run(self, encoder: Encoder) -> Encoded:
+        return encoder.embed_multi(self.texts, query=self.query, truncate=self.truncate,
+                                   reduce=self.reduce)
+
+
+@dataclass(frozen=True)
+class LateChunkJob(_Job):
+    """Documents, each its chunks in order, for late chunking (``late_chunking``,
+    ``/v1/contextualizedembeddings``): one vector per chunk, each pooled from its own
+    tokens of its document's one run. Its units are its documents' windows (counted on the
+    ingress); never larger than the batch limit."""
+
+    documents: list[list[str]]
+    normalize: bool = True
+    pooling: str | None = None  # mean | max | first | last; None: the model's
+    truncate: bool = True
+    trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def run(self, encoder: Encoder) -> Encoded:
+        return encoder.embed_late_chunks(self.documents, normalize=self.normalize,
+                                         pooling=self.pooling, truncate=self.truncate)
+
+
+@dataclass(frozen=True)
 class ClassifyJob(_Job):
     """Inputs for a classifier (``/predict``, ``/classify``): each one text or a text
     pair; never larger than the pool's batch limit."""
@@ -357,6 +399,32 @@ class RerankHit:
 class TokenEmbeddingsResult:
     """What ``handle.embed_all.remote(...)`` returns: per text, one float32 row per token
     (special tokens included, padding left out), shape (tokens, hidden)."""
+
+    embeddings: list[np.ndarray]
+    model: str
+    usage: Usage
+    pool: str = "cpu"
+
+
+@dataclass(frozen=True)
+class MultiVectorResult:
+    """What ``handle.embed_multi.remote(...)`` returns: per text its vectors, shape
+    (vectors, dimension) (a query's up to its expanded length, a document's tokens kept,
+    fewer when pooled), or with MUVERA one row each (``muvera_dim`` wide); as ``dtype``
+    asked (packed bits for binary ones)."""
+
+    embeddings: list[np.ndarray]
+    model: str
+    usage: Usage
+    dimension: int
+    muvera: bool = False
+    pool: str = "cpu"
+
+
+@dataclass(frozen=True)
+class ChunkedEmbedResult:
+    """What ``handle.embed_late_chunks.remote(...)`` returns: per document, one row per
+    chunk, shape (chunks, dimension), as ``dtype`` asked."""
 
     embeddings: list[np.ndarray]
     model: str

@@ -6,7 +6,7 @@ low; docs/operations.md, "Priorities"): the queues' order for the model work it 
 
 ``HANDLE_METHODS`` is derived from the HTTP route table (``blitz.http.routes.table``): what a
 handle offers is the service calls the routes make, each named as its function is, with
-the service the ingress holds (``service``, ``outputs``, ``tokens``, ``images`` or ``parts``);
+the service the ingress holds (``service``, ``outputs``, ``tokens``, ``images``, ``parts`` or ``late``);
 ``info`` is a function of the service (``blitz.ingress.status.info``), the others its
 methods. As ``deployments/grpc_methods.py`` does for gRPC, each becomes a method of
 ``HandleMethods``, mixed into both ingresses.
@@ -21,6 +21,7 @@ from typing import Any
 from blitz.hop_messages import priority_level
 from blitz.http.routes.table import service_calls
 from blitz.ingress.images import ImageService
+from blitz.ingress.late_interaction import LateInteractionService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.parts import PartsService
 from blitz.ingress.service import EmbeddingService, RequestRecord
@@ -68,6 +69,7 @@ class HandleMethods:
     tokens: TokenService
     images: ImageService
     parts: PartsService
+    late: LateInteractionService
     drain: Drain
 
 

@@ -221,6 +221,7 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
         self.service, self.tokens = services.service, services.tokens
         self.outputs, self.images = services.outputs, services.images
         self.parts = services.parts
+        self.late = services.late
         self.admin = model_admin(self.settings)
         self.model_table = IngressFollower(self.admin, self.service.registry, self._forget,
                                            self.settings.admin.poll_s)

@@ -44,6 +44,16 @@ def stacked(parts: list[Encoded]) -> np.ndarray:
     return parts[0].values if len(parts) == 1 else np.concatenate([p.values for p in parts])
 
 
+@dataclass(frozen=True)
+class MultiVectorReduce:
+    """How a request shrinks its multi-vectors: ``pool_factor`` (hierarchical token
+    pooling: about 1/pool_factor of a document's vectors kept) and ``muvera`` (MUVERA's
+    parameters as a dict: one fixed-size vector per text instead of many)."""
+
+    pool_factor: float | None = None
+    muvera: dict[str, Any] | None = None
+
+
 class TextJob(NamedTuple):
     """One request's texts for ``Encoder.embed_many_sided``."""
 
@@ -61,7 +71,8 @@ METHODS: dict[Capability, tuple[str, ...]] = {
     "classify": ("classify",), "score": ("score",),
     "embed_images": ("embed_image_bytes", "prepare_images", "embed_prepared"),
     "long_inputs": ("embed_many_sided",), "embed_parts": ("embed_parts",),
-    "score_parts": ("score_parts",)}
+    "score_parts": ("score_parts",), "embed_multi": ("embed_multi",),
+    "late_chunks": ("embed_late_chunks",)}
 """The encoder methods of each capability (``blitz.settings.kinds.CAPABILITIES``)."""
 
 _REFUSALS: dict[str, tuple[str, str]] = {  # score: Encoder.score, by its vectors
@@ -82,6 +93,10 @@ _REFUSALS: dict[str, tuple[str, str]] = {  # score: Encoder.score, by its vector
     "score_parts": ("model {id!r} is a {kind} model; documents with images are reranked by "
                     "a vision-language reranker (kind vl-reranker), or by cosine with a "
                     "dual-encoder or vl-embedding model", "model"),
+    "embed_multi": ("model {id!r} is a {kind} model; multi-vectors need a late-interaction "
+                    "model (kind multi-vector: ColBERT)", "model"),
+    "late_chunks": ("model {id!r} is a {kind} model; late chunking needs an embedding model "
+                    "(kind embedding)", "model"),
     "long_inputs": ("this model cannot chunk its inputs (it is not a bi-encoder); leave "
                     "long_inputs chunk and return_chunks out", "long_inputs"),
 }
@@ -174,6 +189,22 @@ class Encoder(ABC):
         """Each document's score against ``query``, both tuples of parts as for
         ``embed_parts`` (a vision-language reranker's)."""
         raise self.refusal("score_parts")
+
+    def embed_multi(self, texts: list[str], *, query: bool, truncate: bool = True,
+                    reduce: MultiVectorReduce | None = None) -> Encoded:
+        """A late-interaction model's vectors per text, as a query's (``query``) or a
+        document's: ``values`` each text's rows one text after the other, ``rows`` how many
+        per text; with ``reduce`` pooled (``pool_factor``) or one MUVERA vector per text
+        (``rows`` None)."""
+        raise self.refusal("embed_multi")
+
+    def embed_late_chunks(self, documents: list[list[str]], *, normalize: bool,
+                          pooling: str | None = None, truncate: bool = True) -> Encoded:
+        """Late chunking: each document (its chunks in order) run once, in windows past the
+        model's length, and each chunk's vector pooled from its own tokens (``pooling``:
+        mean, max, first, last; None: the model's). ``values`` one row per chunk, ``rows``
+        chunks per document."""
+        raise self.refusal("late_chunks")
 
     def embed_sparse(self, texts: list[str], *, truncate: bool = True,
                      long_inputs: str | None = None) -> Encoded:

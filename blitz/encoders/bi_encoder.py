@@ -38,7 +38,8 @@ class BiEncoder(Encoder):
     """An embedding model: ``tokens`` turns texts into ids, ``_forward`` ids into vectors."""
 
     kind = "embedding"
-    capabilities = frozenset({"embed", "embed_tokens", "embed_all", "score", "long_inputs"})
+    capabilities = frozenset({"embed", "embed_tokens", "embed_all", "score", "long_inputs",
+                              "late_chunks"})
 
     def __init__(self, model_id: str, tokens: TokenIds, *, max_seq_length: int,
                  dimension: int, device: str, token_budget: int, rows_per_call: int = 0):
@@ -223,6 +224,79 @@ class BiEncoder(Encoder):
         values = out if out is not None else np.empty((0, 0), dtype=np.float32)
         return Encoded(values, np.asarray(lengths, dtype=np.int64), padded)
 
+    def late_pooling(self) -> str:
+        """The model's own pooling as late chunking applies it to a chunk's tokens (mean,
+        max, first, last); a refusal where the model does more after pooling than
+        normalizing (a Dense layer: a chunk's mean would miss it)."""
+        raise InvalidValue(f"model {self.model_id!r} on backend {self.backend} does not "
+                           "give per-token embeddings for late chunking", param="model")
+
+    def embed_late_chunks(self, documents: list[list[str]], *, normalize: bool,
+                          pooling: str | None = None, truncate: bool = True) -> Encoded:
+        """Each document's chunks tokenized alone (no specials) and joined, the document run
+        once between the model's specials (in windows of max_seq_length that overlap by
+        ``chunk_overlap`` when longer, whatever ``truncate`` says: each token's vector from
+        the window it has the most context in), and each chunk's vector pooled from its own tokens'
+        vectors. ``token_counts``
+        per chunk: its tokens, its document's specials and overlaps billed to its first."""
+        mode = pooling or self.late_pooling()
+        if mode not in LATE_POOLING:
+            raise InvalidValue(f"pooling must be one of {', '.join(LATE_POOLING)}",
+                               param="pooling")
+        before, after = self._affix_lengths()
+        room = self.max_seq_length - before - after
+        step = room - min(self.chunk_overlap, room // 2)
+        flat = [chunk for doc in documents for chunk in doc]
+        full = self.tokens.ids(flat, None) if flat else []
+        affix = self.tokens.with_specials([[]])[0]
+        head, tail = affix[:before], affix[before:]
+        windows: list[list[int]] = []
+        plans: list[tuple[int, list[int], list[tuple[int, int]]]] = []  # first window, starts, spans
+        k = 0
+        for d, doc in enumerate(documents):
+            content: list[int] = []
+            spans: list[tuple[int, int]] = []
+            for j in range(len(doc)):
+                row = full[k]
+                k += 1
+                own = row[before:len(row) - after]
+                if not own:
+                    raise InvalidValue(f"document {d}'s chunk {j} has no tokens: send chunks "
+                                       "with text", param="input")
+                spans.append((len(content), len(content) + len(own)))
+                content += own
+            starts = list(range(0, max(len(content) - room, 0) + step, step))
+            plans.append((len(windows), starts, spans))
+            windows += [[*head, *content[s:s + room], *tail] for s in starts]
+        lengths = [len(w) for w in windows]
+        hidden_of: list[np.ndarray] = [np.empty(0)] * len(windows)
+        padded = 0
+        for batch in self._calls(lengths, math.inf):
+            width = max(lengths[i] for i in batch)
+            padded += width * len(batch)
+            out = self._forward_tokens([windows[i] for i in batch], width)
+            for j, i in enumerate(batch):
+                hidden_of[i] = out[j, before:lengths[i] - after]
+        rows: list[np.ndarray] = []
+        counts: list[int] = []
+        for first, starts, spans in plans:
+            tokens = _stitch([hidden_of[first + w] for w in range(len(starts))], starts)
+            for a, b in spans:
+                rows.append(_pool_span(tokens[a:b], mode))
+                counts.append(b - a)
+            counts[len(counts) - len(spans)] += (sum(lengths[first:first + len(starts)])
+                                                 - spans[-1][1])
+        dim = self._dimension
+        values = np.stack(rows).astype(np.float32) if rows else np.zeros((0, dim), np.float32)
+        if values.shape[1] != dim:
+            raise InvalidValue(f"model {self.model_id!r} pools to {dim} dimensions from "
+                               f"{values.shape[1]}-dimensional tokens (a layer after pooling)"
+                               "; late chunking needs a model that pools its tokens alone",
+                               param="model")
+        return Encoded(l2_normalize(values) if normalize and len(values) else values,
+                       np.asarray(counts, dtype=np.int64), padded,
+                       rows=np.array([len(doc) for doc in documents], dtype=np.int64))
+
     def embed_tokens(self, ids: list[list[int]], *, normalize: bool,
                      truncate: bool = True) -> Encoded:
         vocab = self.tokens.vocab_size
@@ -281,6 +355,39 @@ class BiEncoder(Encoder):
 
 
 exc_placeholder = RuntimeError("not computed")
+
+LATE_POOLING = ("mean", "max", "first", "last")
+"""How late chunking pools a chunk's token vectors."""
+LATE_POOLING_OF = {"mean": "mean", "mean_sqrt_len_tokens": "mean", "weightedmean": "mean",
+                   "max": "max", "cls": "first", "lasttoken": "last", "last_token": "last"}
+"""A model's own pooling mode, as late chunking applies it to one chunk."""
+
+
+def _stitch(parts: list[np.ndarray], starts: list[int]) -> np.ndarray:
+    """One document's token vectors from its windows (``parts``, specials cut off) that
+    start at ``starts``: where windows overlap, each token's from the window it sits
+    deepest in (the most context on its shorter side; the earlier window on a tie)."""
+    if len(parts) == 1:
+        return parts[0]
+    total = max(s + len(p) for s, p in zip(starts, parts, strict=True))
+    out = np.empty((total, parts[0].shape[1]), dtype=np.float32)
+    best = np.full(total, -1, dtype=np.int64)
+    for start, part in zip(starts, parts, strict=True):
+        at = np.arange(len(part))
+        depth = np.minimum(at, len(part) - 1 - at)
+        better = depth > best[start:start + len(part)]
+        out[start:start + len(part)][better] = part[better]
+        best[start:start + len(part)][better] = depth[better]
+    return out
+
+
+def _pool_span(tokens: np.ndarray, mode: str) -> np.ndarray:
+    """One chunk's vector from its tokens' (as sentence-transformers' Pooling would)."""
+    if mode == "mean":
+        return tokens.mean(axis=0)
+    if mode == "max":
+        return tokens.max(axis=0)
+    return tokens[0] if mode == "first" else tokens[-1]
 
 
 class Windows(NamedTuple):

@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
-from blitz.encoders.base import Encoded, Encoder, check_lengths, l2_normalize
+from blitz.encoders.base import (
+    Encoded,
+    Encoder,
+    MultiVectorReduce,
+    check_lengths,
+    l2_normalize,
+)
+from blitz.multivector import muvera
 from blitz.settings.kinds import KINDS
 
 
@@ -27,16 +34,17 @@ class FakeEncoder(Encoder):
 
     backend = "fake"
     capabilities = frozenset({"embed", "embed_tokens", "embed_sparse", "classify", "score",
-                              "embed_images"})
-    """What a fake of any kind answers; images only where its kind takes them."""
+                              "embed_images", "embed_multi", "late_chunks"})
+    """What a fake of any kind answers; images, multi-vectors and late chunking only where
+    its kind does."""
 
     def __init__(self, model_id: str, dimension: int, max_seq_length: int = 128,
                  batch_s: float = 0.0, batches_at_once: int | None = None,
                  kind: str = "embedding"):
         super().__init__(model_id, max_seq_length)
         self.kind = kind
-        if "embed_images" not in KINDS[kind].capabilities:
-            self.capabilities = type(self).capabilities - {"embed_images"}
+        self.capabilities = type(self).capabilities - (
+            {"embed_images", "embed_multi", "late_chunks"} - KINDS[kind].capabilities)
         self._dimension = dimension
         self._batch_s = batch_s
         self._device = (threading.BoundedSemaphore(batches_at_once)
@@ -79,6 +87,46 @@ class FakeEncoder(Encoder):
         with self._device:
             time.sleep(self._batch_s)
         return results
+
+    def embed_multi(self, texts: list[str], *, query: bool, truncate: bool = True,
+                    reduce: MultiVectorReduce | None = None) -> Encoded:
+        """As a late-interaction model: one unit vector per word plus two (a query's
+        padded to 8), hash-seeded; ``reduce`` as a real one does it (MUVERA; pooling keeps
+        every ``pool_factor``-th vector)."""
+        if "embed_multi" not in self.capabilities:
+            raise self.refusal("embed_multi")
+        counts = check_lengths(np.array([len(t.split()) + 2 for t in texts], np.int64),
+                               self.max_seq_length, truncate)
+        rows = []
+        for text, count in zip(texts, counts, strict=True):
+            words = ["[CLS]", *text.split()[:int(count) - 2], "[SEP]"]
+            words += ["[MASK]"] * (max(8 - len(words), 0) if query else 0)
+            rows.append(l2_normalize(np.stack([self._vector(f"{text}|{i}|{w}")
+                                               for i, w in enumerate(words)])))
+        reduce = reduce or MultiVectorReduce()
+        if reduce.pool_factor and not query:
+            rows = [r[::max(int(reduce.pool_factor), 1)] for r in rows]
+        if reduce.muvera is not None:
+            params = muvera.MuveraParams(**reduce.muvera)
+            encode = muvera.encode_query if query else muvera.encode_document
+            return Encoded(np.stack([encode(r, params) for r in rows]).astype(np.float32),
+                           counts, int(counts.sum()))
+        return Encoded(np.concatenate(rows).astype(np.float32), counts, int(counts.sum()),
+                       rows=np.array([len(r) for r in rows], np.int64))
+
+    def embed_late_chunks(self, documents: list[list[str]], *, normalize: bool,
+                          pooling: str | None = None, truncate: bool = True) -> Encoded:
+        """As an embedding model late-chunking: each chunk's vector seeded by its document
+        and its place in it."""
+        if "late_chunks" not in self.capabilities:
+            raise self.refusal("late_chunks")
+        rows = [self._vector(f"{'|'.join(doc)}#{j}#{pooling}") for doc in documents
+                for j in range(len(doc))]
+        counts = np.array([len(c.split()) + 1 for doc in documents for c in doc], np.int64)
+        values = np.stack(rows) if rows else np.zeros((0, self._dimension), np.float32)
+        return Encoded((l2_normalize(values) if normalize and rows else values)
+                       .astype(np.float32), counts, int(counts.sum()),
+                       rows=np.array([len(doc) for doc in documents], np.int64))
 
     @property
     def labels(self) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from blitz.encoders.base import l2_normalize
-from blitz.encoders.bi_encoder import BiEncoder
+from blitz.encoders.bi_encoder import LATE_POOLING_OF, BiEncoder
 from blitz.encoders.sentence_transformer import padded
 from blitz.encoders.token_ids import FastTokenIds, UnsupportedTokenizer
 from blitz.runtime import model_threads
@@ -112,6 +112,10 @@ class OnnxEncoder(BiEncoder):
             raise RuntimeError(f"model {self.model_id!r} was closed")
         input_ids, mask = padded(rows, width, self.tokens.pad_id)
         return self.model.hidden(input_ids, mask).astype(np.float32, copy=False)
+
+    def late_pooling(self) -> str:
+        assert self.model is not None
+        return LATE_POOLING_OF.get(self.model.layout.pooling, "mean")
 
     def close(self) -> None:
         self.model = None

@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from blitz.encoders.bi_encoder import BiEncoder
+from blitz.encoders.bi_encoder import LATE_POOLING_OF, BiEncoder
 from blitz.encoders.token_ids import HfTokenIds
+from blitz.errors import InvalidValue
 from blitz.runtime import model_threads
 
 
@@ -33,6 +34,17 @@ class SentenceTransformerEncoder(BiEncoder):
 
     def _forward_tokens(self, rows: list[list[int]], width: int) -> np.ndarray:
         return self._run_model(rows, width, "token_embeddings")
+
+    def late_pooling(self) -> str:
+        names = [type(m).__name__ for m in self.model]
+        pooling = next((m for m in self.model if type(m).__name__ == "Pooling"), None)
+        extra = [n for n in names[1:] if n not in ("Pooling", "Normalize")]
+        if pooling is None or extra:
+            raise InvalidValue(f"model {self.model_id!r} has {', '.join(extra) or 'no Pooling'}"
+                               " after its transformer; late chunking pools a chunk's tokens "
+                               "alone and would miss it", param="model")
+        mode = str(getattr(pooling, "pooling_mode", "mean"))
+        return LATE_POOLING_OF.get(mode, "mean")
 
     def _run_model(self, rows: list[list[int]], width: int, output: str) -> np.ndarray:
         torch = self._torch

@@ -2,7 +2,8 @@
 
 ``Services.build(settings, dispatcher)`` makes the request pipeline (``EmbeddingService``)
 over a ``Dispatcher`` and the services beside it that share it and its tokenizers
-(``TokenService``, ``OutputService``, ``ImageService``, ``PartsService``); the fronts (HTTP, gRPC, the
+(``TokenService``, ``OutputService``, ``ImageService``, ``PartsService``,
+``LateInteractionService``); the fronts (HTTP, gRPC, the
 handle) take them from here.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blitz.ingress.images import ImageService
+from blitz.ingress.late_interaction import LateInteractionService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.parts import PartsService
 from blitz.ingress.service import Dispatcher, EmbeddingService, Observer, RouteObserver
@@ -25,6 +27,7 @@ class Services:
     outputs: OutputService  # /embed_all, /embed_sparse, /embed_hybrid, /predict, /similarity
     images: ImageService  # a dual encoder's images
     parts: PartsService  # documents of text and image parts (vision-language models)
+    late: LateInteractionService  # multi-vectors (ColBERT), late chunking
 
     @classmethod
     def build(cls, settings: BlitzSettings, dispatcher: Dispatcher, *,
@@ -38,11 +41,13 @@ class Services:
     @classmethod
     def of(cls, service: Services | EmbeddingService, tokens: TokenService | None = None,
            outputs: OutputService | None = None, images: ImageService | None = None,
-           parts: PartsService | None = None) -> Services:
+           parts: PartsService | None = None,
+           late: LateInteractionService | None = None) -> Services:
         """``service`` when it is the services already; else the services around that
         ``EmbeddingService``, each one given used as it is."""
         if isinstance(service, Services):
             return service
         tokens = tokens or TokenService(service)
-        return cls(service, tokens, outputs or OutputService(service, tokens),
-                   images or ImageService(service), parts or PartsService(service))
+        outputs = outputs or OutputService(service, tokens)
+        return cls(service, tokens, outputs, images or ImageService(service),
+                   parts or PartsService(service), late or LateInteractionService(outputs))

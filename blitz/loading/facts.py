@@ -152,6 +152,12 @@ def read_facts(spec: ModelSpec) -> dict[str, object]:
                                      or _shortest(config.get("max_position_embeddings"),
                                                   read_json(path / "tokenizer_config.json")
                                                   .get("model_max_length")))
+        expansion = sbert.get("query_expansion") or {}
+        query_length = (expansion.get("length") or sbert.get("query_length")
+                        or read_json(path / "config_sentence_transformers.json")
+                        .get("query_length"))
+        if query_length:  # a late-interaction model's queries: this many vectors each
+            facts["query_length"] = int(query_length)
         if isinstance(config.get("id2label"), dict):
             facts["id2label"] = {str(k): str(v) for k, v in config["id2label"].items()}
         if facts["pooling"] is None:

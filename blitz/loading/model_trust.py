@@ -12,7 +12,8 @@ Whoever can write a bucket, a hub repo or the cache would run code in every repl
 
 - a module type (``modules.json``; a Router's ``types``) is not sentence-transformers' own
   (``sentence_transformers.*``, which covers the legacy ``sentence_transformers.models.*``
-  names that sentence-transformers maps itself), or a module path leaves the folder;
+  names that sentence-transformers maps itself, and PyLate's Dense, which it opens as its
+  own: ``ALIASED_TYPES``), or a module path leaves the folder;
 - a transformers config (``config.json``, ``tokenizer_config.json``, ...) carries
   ``auto_map``: transformers' remote code;
 - a link leads to a folder outside it, or one of those JSON files cannot be read.
@@ -90,9 +91,16 @@ def code_references(path: Path) -> list[str]:
     return found
 
 
+ALIASED_TYPES = frozenset({"pylate.models.Dense.Dense"})
+"""Module types of other libraries that sentence-transformers opens as its own class
+without importing them (``MultiVectorEncoder``'s ``_CLASS_REF_ALIASES``: PyLate's Dense is
+its Dense)."""
+
+
 def is_own_module_type(ref: object) -> bool:
-    """Whether ``ref`` names a class of sentence-transformers itself."""
-    return isinstance(ref, str) and bool(_OWN_TYPE.match(ref))
+    """Whether ``ref`` names a class of sentence-transformers itself, or one it aliases to
+    its own (``ALIASED_TYPES``)."""
+    return isinstance(ref, str) and (bool(_OWN_TYPE.match(ref)) or ref in ALIASED_TYPES)
 
 
 def _module_list_problems(where: str, value: Any) -> list[str]:

@@ -12,7 +12,7 @@ has measured what it needs to size its micro-batches (``calibrate``):
                               guard; ``blitz.loading.onnx_export``, a dual encoder's two
                               towers ``blitz.loading.dual_export``; cached), then opened
                               (not for an llm-reranker: its spec refuses them)
-    (sparse, hybrid and vision-language models: torch and fake alone; dual-encoder
+    (sparse, hybrid, vision-language and multi-vector models: torch and fake alone; dual-encoder
     models: no torch-bf16 nor auto; their specs refuse the others)
 
 Nothing here fetches, trust-checks or chooses: the loader (``blitz.loading.load``) hands
@@ -207,6 +207,16 @@ def _torch_vl_reranker(spec: ModelSpec, path: Path, load: Load) -> Encoder:
                             CPU_TOKEN_BUDGET if load.device == "cpu" else GPU_TOKEN_BUDGET)
 
 
+def _torch_colbert(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    from blitz.encoders.colbert import open_colbert
+
+    return open_colbert(spec.id, path, device=load.device,
+                        dtype=_torch_dtype(spec, load.device),
+                        token_budget=CPU_TOKEN_BUDGET if load.device == "cpu"
+                        else GPU_TOKEN_BUDGET, max_seq_length=spec.max_seq_length,
+                        trust_remote_code=spec.trust_remote_code)
+
+
 OPENERS: dict[tuple[str, str], Opener] = {
     ("embedding", "fake"): _fake,
     ("embedding", "torch"): _torch_bi_encoder,
@@ -238,6 +248,8 @@ OPENERS: dict[tuple[str, str], Opener] = {
     ("vl-embedding", "torch"): _torch_vl_embedder,
     ("vl-reranker", "fake"): _fake,
     ("vl-reranker", "torch"): _torch_vl_reranker,
+    ("multi-vector", "fake"): _fake,
+    ("multi-vector", "torch"): _torch_colbert,
 }
 
 

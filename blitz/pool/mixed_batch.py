@@ -19,6 +19,8 @@ from blitz.hop_messages import (
     EmbedJob,
     HybridEmbedJob,
     ImageEmbedJob,
+    LateChunkJob,
+    MultiVectorJob,
     PartsJob,
     RerankJob,
     SparseEmbedJob,
@@ -27,7 +29,7 @@ from blitz.hop_messages import (
 from blitz.pool.image_prep import PreparedImages
 
 Job = (EmbedJob | RerankJob | TokenEmbedJob | ClassifyJob | SparseEmbedJob | HybridEmbedJob
-       | ImageEmbedJob | PreparedImages | PartsJob)
+       | ImageEmbedJob | PreparedImages | PartsJob | MultiVectorJob | LateChunkJob)
 
 
 def run_jobs(encoder: Encoder, jobs: list[Job]) -> list[Encoded | Exception]:

@@ -18,29 +18,35 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, get_args
 
 Kind = Literal["embedding", "cross-encoder", "classifier", "sparse", "llm-reranker", "hybrid",
-               "dual-encoder", "vl-embedding", "vl-reranker"]
+               "dual-encoder", "vl-embedding", "vl-reranker", "multi-vector"]
 """The kinds by name, in the order of ``KINDS`` (a spec's ``kind``; checked against it)."""
 
 Capability = Literal["embed", "embed_tokens", "embed_all", "embed_sparse", "embed_hybrid",
                      "classify", "score", "embed_images", "long_inputs", "embed_parts",
-                     "score_parts"]
+                     "score_parts", "embed_multi", "late_chunks"]
 """An encoder's calls: ``Encoder.embed``, ``embed_tokens``, ``embed_all``,
 ``embed_sparse``, ``embed_hybrid``, ``classify``, ``score``, the image calls
 (``embed_images``: ``prepare_images``, ``embed_prepared``, ``embed_image_bytes``),
 ``long_inputs``: a request's truncation side and chunk windows (``embed_many_sided``),
 and a vision-language model's documents of text and image parts: ``embed_parts`` (one
-vector each) and ``score_parts`` (each scored against a query of parts)."""
+vector each) and ``score_parts`` (each scored against a query of parts),
+``embed_multi``: a late-interaction model's vectors per input (a query's or a
+document's; pooled, or as one MUVERA vector), and ``late_chunks``: each chunk of a
+document pooled from the document's one run (late chunking)."""
 CAPABILITIES: tuple[Capability, ...] = get_args(Capability)
 
 Service = Literal["embed", "embed_all", "embed_sparse", "embed_hybrid", "classify",
-                  "embed_images", "bulk", "embed_parts", "rerank_parts"]
+                  "embed_images", "bulk", "embed_parts", "rerank_parts", "embed_multi",
+                  "late_chunks"]
 """What the ingress refuses a model whose kind does not serve it: ``/embed`` (and every
 route over dense vectors: OpenAI's, Cohere's, ``/similarity``), ``/embed_all``,
 ``/embed_sparse``, ``/embed_hybrid``, ``/predict`` and ``/classify``, images, a bulk
 job, documents of text and image parts to embed (vLLM's ``messages``, Cohere's
 ``inputs``, Jina's, Voyage's, Blitz's ``parts``) and to rerank by the model (a
 vision-language reranker; a dual encoder or vision-language embedder reranks images by
-cosine). ``/rerank`` serves every kind (an embedding model by cosine), ``/tokenize`` too."""
+cosine), a late-interaction model's multi-vectors (``/embed_multivector``) and a
+document's chunks embedded in its context (``late_chunking``,
+``/v1/contextualizedembeddings``). ``/rerank`` serves every kind (an embedding model by cosine), ``/tokenize`` too."""
 SERVICES: tuple[Service, ...] = get_args(Service)
 
 CPU_BACKENDS = ("torch", "torch-bf16", "onnx", "onnx-int8")
@@ -72,7 +78,8 @@ class ModelKind:
     capabilities: frozenset[Capability]  # what its (torch) encoder answers
     encoder: str  # its torch encoder class, dotted (a fake encoder plays any kind)
     opens: Literal["sentence-transformers", "sequence-classification", "masked-lm",
-                   "bge-m3", "causal-lm", "two-towers", "vision-language"]  # what loads
+                   "bge-m3", "causal-lm", "two-towers", "vision-language",
+                   "multi-vector"]  # what loads
     # and exports it
     backends: tuple[str, ...]  # the cpu_backends it runs on (auto: chosen at load)
     backend_refusal: str | None  # the refusal of another backend ({id} {kind} {backend});
@@ -109,8 +116,9 @@ KINDS: dict[str, ModelKind] = {row.name: row for row in (
         "embedding", "a bi-encoder: /embed, /v1/embeddings, /embed_all",
         KindCost("texts", windows=True, token_vectors=True,
                  output="texts x dimension (+ windows x dimension with return_chunks)"),
-        frozenset({"embed", "embed_all", "bulk"}),
-        frozenset({"embed", "embed_tokens", "embed_all", "score", "long_inputs"}),
+        frozenset({"embed", "embed_all", "bulk", "late_chunks"}),
+        frozenset({"embed", "embed_tokens", "embed_all", "score", "long_inputs",
+                   "late_chunks"}),
         "blitz.encoders.bi_encoder.BiEncoder", "sentence-transformers",
         (*CPU_BACKENDS, "auto"), None, "vectors", "modules", None, "embedding", "embed",
         ("embed",), True, (), _TEXTS_SHARE),
@@ -184,6 +192,15 @@ KINDS: dict[str, ModelKind] = {row.name: row for row in (
         "blitz.vision_language.reranker.VlReranker", "vision-language", ("torch",), _VL_TORCH,
         "scores", None, None, "reranker", "rerank", ("rerank",), False,
         ("reranker_style", "rerank_instruction", *IMAGE_TOKEN_FIELDS), _VL_BATCHING),
+    ModelKind(
+        "multi-vector", "a late-interaction (ColBERT) model, sentence-transformers' "
+        "MultiVectorEncoder or PyLate folders: /embed_multivector, /rerank by MaxSim; torch",
+        KindCost("texts (queries or documents)", token_vectors=True,
+                 output="one vector per token kept, or one MUVERA vector per text"),
+        frozenset({"embed_multi"}), frozenset({"embed_multi", "score"}),
+        "blitz.encoders.colbert.ColbertEncoder", "multi-vector", ("torch",), _TORCH_ONLY,
+        "vectors", "modules", None, "embedding", "embed", ("embed",), False, (),
+        "one call a job: its texts length-sorted in batches of the pool's batch size"),
 )}
 """Every model kind by name; the one place a kind is declared."""
 

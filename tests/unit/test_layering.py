@@ -196,6 +196,7 @@ FLOORS = (  # lowest first: a module imports its own package, lower floors and L
     ("blitz.runtime",),  # the process a model runs in: threads, children, CPU, GPU memory
     ("blitz.sources",),  # the model cache, object-storage sources
     ("blitz.settings",),  # typed settings, the model registry, sizes
+    ("blitz.multivector",),  # many vectors per text made one: MUVERA, MaxSim (numpy)
     ("blitz.encoders",),  # the encoder contract, one backend per module, output options
     ("blitz.images",),  # images from strangers' bytes, within limits; the dual encoder
     ("blitz.vision_language",),  # a decoder reading texts and images: embedder, reranker

@@ -94,6 +94,9 @@ def _modules(*types: str, path: str = "") -> list[dict]:
     ({"modules.json": _modules("sentence_transformers.models.Transformer",  # legacy names
                                "sentence_transformers.models.Pooling",
                                "sentence_transformers.base.modules.dense.Dense")}, []),
+    ({"modules.json": _modules("sentence_transformers.models.Transformer",  # PyLate's Dense:
+                               "pylate.models.Dense.Dense")}, []),  # ST6 opens its own
+    ({"modules.json": _modules("pylate.models.Dense.Other")}, ["pylate.models.Dense.Other"]),
     ({"modules.json": _modules(EVIL_TYPE)}, ["modeling_evil.Evil"]),
     ({"modules.json": _modules("os.system")}, ["os.system"]),  # an installed module's code
     ({"modules.json": _modules("sentence_transformers_evil.X")}, ["sentence_transformers_evil"]),

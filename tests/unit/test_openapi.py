@@ -48,6 +48,9 @@ EXAMPLES["/embeddings_image"] = {"input": [PNG], "model": "clip"}
 EXAMPLES["/v1/multimodalembeddings"] = {
     "model": "vl", "inputs": [{"content": [{"type": "text", "text": TEXTS[0]},
                                            {"type": "image_base64", "image_base64": PNG}]}]}
+EXAMPLES["/embed_multivector"] = {"texts": TEXTS, "model": "mv", "pool_factor": 2}
+EXAMPLES["/v1/contextualizedembeddings"] = {"inputs": [TEXTS, [TEXTS[0]]], "model": "minilm",
+                                            "input_type": "document"}
 TEI_EXAMPLES = {"/embed": {"inputs": TEXTS}, "/rerank": {**RERANK, "texts": TEXTS},
                 "/tokenize": {"texts": TEXTS[0], "model": "minilm"}}
 
@@ -67,7 +70,8 @@ def models(tmp_path_factory) -> list[dict]:
             {"id": "clip", "source": str(build_tiny_dual_encoder(root / "clip", "clip")),
              "kind": "dual-encoder"},
             {"id": "vl", "source": str(build_tiny_vl(root / "vl", "qwen3_vl")),
-             "kind": "vl-embedding"}]
+             "kind": "vl-embedding"},
+            {"id": "mv", "source": "fake:16", "kind": "multi-vector"}]
 
 
 def make_api(models: list[dict], keys: list[str] | None = None) -> HttpApi:

@@ -65,7 +65,7 @@ def test_the_handle_offers_the_service_calls_of_the_table():
     assert set(calls) == {"embed", "rerank", "embed_all", "embed_sparse", "embed_hybrid",
                           "similarity", "classify", "tokenize", "decode", "info",
                           "embed_images", "rerank_images", "similarity_images",
-                          "embed_parts", "rerank_parts"}
+                          "embed_parts", "rerank_parts", "embed_multi", "embed_late_chunks"}
     for name in calls:
         assert callable(getattr(HandleMethods, name)), name
 
@@ -83,7 +83,8 @@ def _names(model: type[BaseModel]) -> set[str]:
 SAMPLES = {"texts": ["a"], "images": [b"png"], "parts": [["a", {"image": b"png"}]], "query": "q", "documents": ["d"],
            "model": "m", "normalize": True, "truncate": True, "dimensions": 4,
            "dtype": "int8", "prompt_name": "query", "instruction": "i",
-           "long_inputs": "chunk", "priority": "low", "top_n": 1, "return_documents": True}
+           "long_inputs": "chunk", "priority": "low", "top_n": 1, "return_documents": True,
+           "input_type": "document", "pool_factor": 2, "muvera": True, "pooling": "mean"}
 
 
 def _public_methods(cls: type) -> dict[str, inspect.Signature]:

@@ -37,6 +37,7 @@ class Kit:
         self.service, self.tokens = services.service, services.tokens
         self.outputs, self.images = services.outputs, services.images
         self.parts = services.parts
+        self.late = services.late
         self.settings = self.service.settings
         # a request body holds about one list or object per text (token-id rows, Cohere
         # documents, numpy arrays): more than this is refused before it is built

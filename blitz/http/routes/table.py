@@ -20,9 +20,19 @@ from pydantic import BaseModel
 
 from blitz import codecs
 from blitz.http import bodies
-from blitz.http.routes import blitz_api, cohere, images, infinity, openai, parts, tei
+from blitz.http.routes import (
+    blitz_api,
+    cohere,
+    images,
+    infinity,
+    late_interaction,
+    openai,
+    parts,
+    tei,
+)
 from blitz.ingress import status
 from blitz.ingress.images import ImageService
+from blitz.ingress.late_interaction import LateInteractionService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.parts import PartsService
 from blitz.ingress.service import EmbeddingService
@@ -76,6 +86,11 @@ OPENAI_PARTS = Variant(parts.asks_chat_or_objects, parts.openai_embeddings,
                        parts.ChatEmbeddingRequest, (EMBED_PARTS,))
 
 
+LATE_CHUNKS = ("late", LateInteractionService.embed_late_chunks)
+OPENAI_LATE = Variant(late_interaction.asks_late_chunking, late_interaction.openai_late_chunks,
+                      late_interaction.LateChunkingRequest, (LATE_CHUNKS,))
+
+
 def _mixed_rerank(run: Callable[..., Any]) -> Variant:
     return Variant(parts.asks_mixed_rerank, run, parts.RerankPartsRequest, (RERANK_PARTS,))
 
@@ -94,21 +109,26 @@ ROUTES: tuple[RouteSpec, ...] = (
         "Embed texts or token ids (Blitz's texts, or Hugging Face TEI's inputs); images "
         "(`images`, a dual encoder's: blitz.http.routes.images.EmbedImagesRequest); "
         "documents of text and image parts (`parts`, a vision-language embedder's: "
-        "blitz.http.routes.parts.EmbedPartsRequest)",
+        "blitz.http.routes.parts.EmbedPartsRequest); `late_chunking: true`: the texts are "
+        "one document's chunks, each embedded in its context",
         bodies.EmbedRequest, "texts: {model, embeddings, shape, dtype, usage} (msgpack: the "
         "array in the numpy or portable layout; application/octet-stream: the little-endian "
         "array, its shape and dtype in x-blitz-shape and x-blitz-dtype). TEI's inputs on "
         "JSON: a bare [[float]].", (JSON, MSGPACK, RAW), (EMBED,),
         variants=(EMBED_IMAGES, Variant(parts.asks_parts, parts.embed, parts.EmbedPartsRequest,
-                                        (EMBED_PARTS,)))),
+                                        (EMBED_PARTS,)),
+                  Variant(late_interaction.asks_late_chunking,
+                          late_interaction.embed_late_chunks,
+                          late_interaction.LateChunkingRequest, (LATE_CHUNKS,)))),
     RouteSpec(
         "POST", "/v1/embeddings", openai.openai_embeddings,
         "Embed texts (OpenAI's embeddings API), images with modality image (Infinity's), "
         "chat messages with images (vLLM's `messages`) or Jina's input objects "
-        "({text} | {image})", bodies.OpenAIEmbeddingRequest,
+        "({text} | {image}); Jina's `late_chunking: true` (the input is one document's "
+        "chunks)", bodies.OpenAIEmbeddingRequest,
         "OpenAI's {object: \"list\", data: [{object: \"embedding\", index, embedding}], "
         "model, usage}; embedding is floats, or base64 of little-endian float32.",
-        calls=(EMBED,), variants=(OPENAI_IMAGES, OPENAI_PARTS)),
+        calls=(EMBED,), variants=(OPENAI_IMAGES, OPENAI_PARTS, OPENAI_LATE)),
     RouteSpec(
         "POST", "/rerank", infinity.rerank,
         "Rerank documents against a query (Infinity's documents, or TEI's texts; `images` "
@@ -132,7 +152,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         "POST", "/embeddings", openai.openai_embeddings,
         "Embed texts (Infinity's and TEI's OpenAI-style route)",
         bodies.OpenAIEmbeddingRequest, "As POST /v1/embeddings.", calls=(EMBED,),
-        variants=(OPENAI_IMAGES, OPENAI_PARTS)),
+        variants=(OPENAI_IMAGES, OPENAI_PARTS, OPENAI_LATE)),
     RouteSpec(
         "POST", "/v1/embed", cohere.cohere_embed_v1, "Embed texts (Cohere's v1)",
         cohere.CohereEmbedRequest, "Cohere's {id, texts, embeddings, meta}: by type, or bare "
@@ -151,6 +171,13 @@ ROUTES: tuple[RouteSpec, ...] = (
         "embedding, index}], model, usage: {text_tokens, image_pixels, total_tokens}}.",
         calls=(EMBED_PARTS,)),
     RouteSpec(
+        "POST", "/v1/contextualizedembeddings", late_interaction.contextualized_embeddings,
+        "Embed each chunk of each document in its document's context (Voyage's "
+        "contextualized embeddings: late chunking)", late_interaction.ContextualizedRequest,
+        "Voyage's {object: \"list\", data: [{object: \"list\", data: [{object: "
+        "\"embedding\", embedding, index}], index}], model, usage: {total_tokens}}.",
+        calls=(LATE_CHUNKS,)),
+    RouteSpec(
         "POST", "/v2/rerank", cohere.cohere_v2_rerank,
         "Rerank documents against a query (Cohere's v2; documents of images or parts: a "
         "vision-language model's)", cohere.CohereRerankRequest,
@@ -162,6 +189,14 @@ ROUTES: tuple[RouteSpec, ...] = (
         "JSON: TEI's list, per text per token a list of floats. msgpack: {model, "
         "embeddings: [array per text], usage} in the numpy or portable layout.", ANY,
         (("outputs", OutputService.embed_all),), tei=True),
+    RouteSpec(
+        "POST", "/embed_multivector", late_interaction.embed_multivector,
+        "A late-interaction (ColBERT) model's vectors per text: as queries or documents, "
+        "pooled (`pool_factor`), or one MUVERA vector each (`muvera`)",
+        late_interaction.EmbedMultiVectorRequest,
+        "{model, dimension, muvera, embeddings: [per text (vectors, dimension), or one "
+        "MUVERA row], usage}; msgpack: arrays in the numpy or portable layout.", ANY,
+        (("late", LateInteractionService.embed_multi),)),
     RouteSpec(
         "POST", "/embed_sparse", tei.embed_sparse,
         "Sparse (SPLADE) vectors (Hugging Face TEI's)", bodies.EmbedSparseRequest,
