@@ -68,9 +68,10 @@ class _Calls:
         return cls._post("/embed", {"parts": parts, **options}, model)
 
     @classmethod
-    def embed_multivector(cls, texts: str | list[str], model: str | None,
+    def embed_multivector(cls, texts: str | list[str] | None, model: str | None,
                           **options: Any) -> dict[str, Any]:
-        """``options``: input_type, pool_factor, muvera, dtype, truncate, priority."""
+        """``options``: images, input_type, pool_factor, muvera, dtype, truncate,
+        priority."""
         return cls._post("/embed_multivector", {"texts": texts, **options}, model)
 
     @classmethod
@@ -184,16 +185,19 @@ class Client:
                                       priority=priority or self.priority)
         return _Calls.decode(self._http.request(**request))
 
-    def embed_multivector(self, texts: str | list[str], model: str | None = None, *,
+    def embed_multivector(self, texts: str | list[str] | None = None,
+                          model: str | None = None, *,
+                          images: list[bytes | str] | None = None,
                           input_type: Literal["query", "document"] | None = None,
                           pool_factor: float | None = None,
                           muvera: bool | dict[str, Any] | None = None,
                           dtype: OutputDtype | None = None,
                           priority: PriorityName | None = None) -> list[np.ndarray]:
         """A late-interaction (ColBERT) model's vectors of each text, as a query's or a
-        document's (default): one array per text, (vectors, dimension), or with ``muvera``
-        one MUVERA row each."""
-        request = _Calls.embed_multivector(texts, model, input_type=input_type,
+        document's (default), or a visual retriever's (ColPali, ColQwen2) of each page
+        (``images``: files' bytes or URLs): one array per input, (vectors, dimension), or
+        with ``muvera`` one MUVERA row each."""
+        request = _Calls.embed_multivector(texts, model, images=images, input_type=input_type,
                                            pool_factor=pool_factor, muvera=muvera, dtype=dtype,
                                            priority=priority or self.priority)
         return list(_Calls.embeddings(self._http.request(**request)))
@@ -294,24 +298,27 @@ class AsyncClient:
                                       priority=priority or self.priority)
         return _Calls.decode(await self._http.request(**request))
 
-    async def embed_multivector(self, texts: str | list[str], model: str | None = None, *,
-                          input_type: Literal["query", "document"] | None = None,
-                          pool_factor: float | None = None,
-                          muvera: bool | dict[str, Any] | None = None,
-                          dtype: OutputDtype | None = None,
-                          priority: PriorityName | None = None) -> list[np.ndarray]:
+    async def embed_multivector(self, texts: str | list[str] | None = None,
+                                model: str | None = None, *,
+                                images: list[bytes | str] | None = None,
+                                input_type: Literal["query", "document"] | None = None,
+                                pool_factor: float | None = None,
+                                muvera: bool | dict[str, Any] | None = None,
+                                dtype: OutputDtype | None = None,
+                                priority: PriorityName | None = None) -> list[np.ndarray]:
         """A late-interaction (ColBERT) model's vectors of each text, as a query's or a
-        document's (default): one array per text, (vectors, dimension), or with ``muvera``
-        one MUVERA row each."""
-        request = _Calls.embed_multivector(texts, model, input_type=input_type,
+        document's (default), or a visual retriever's (ColPali, ColQwen2) of each page
+        (``images``: files' bytes or URLs): one array per input, (vectors, dimension), or
+        with ``muvera`` one MUVERA row each."""
+        request = _Calls.embed_multivector(texts, model, images=images, input_type=input_type,
                                            pool_factor=pool_factor, muvera=muvera, dtype=dtype,
                                            priority=priority or self.priority)
         return list(_Calls.embeddings(await self._http.request(**request)))
 
     async def embed_late_chunks(self, texts: list[str], model: str | None = None, *,
-                          pooling: str | None = None, normalize: bool | None = None,
-                          dimensions: int | None = None, dtype: OutputDtype | None = None,
-                          priority: PriorityName | None = None) -> np.ndarray:
+                                pooling: str | None = None, normalize: bool | None = None,
+                                dimensions: int | None = None, dtype: OutputDtype | None = None,
+                                priority: PriorityName | None = None) -> np.ndarray:
         """Late chunking: ``texts`` are one document's chunks, in order; one vector per
         chunk, each pooled from its tokens of the document's one run."""
         request = _Calls.embed_late_chunks(texts, model, pooling=pooling, normalize=normalize,

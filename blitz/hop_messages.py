@@ -298,21 +298,31 @@ class HybridEmbedJob(_Job):
 @dataclass(frozen=True)
 class MultiVectorJob(_Job):
     """Texts for a late-interaction model (``/embed_multivector``), as queries or
-    documents, and how to shrink their vectors (``MultiVectorReduce``); at most the batch
-    limit."""
+    documents, or pages (``images``: encoded bytes, their headers checked at the ingress; a
+    pool decodes and resizes them before the queue, ``blitz.pool.image_prep``), and how to
+    shrink their vectors (``MultiVectorReduce``); at most the batch limit. ``pixels``: its
+    images' declared pixels; ``first``: the request's index of its first image."""
 
     texts: list[str]
     query: bool = False
     truncate: bool = True
     reduce: MultiVectorReduce | None = None
     trace: str | None = None  # the hop's W3C trace context (blitz.runtime.tracing)
+    images: list[Any] | None = None
+    pixels: int = 0
+    first: int = 0
 
     def __len__(self) -> int:
-        return len(self.texts)
+        return len(self.images) if self.images else len(self.texts)
+
+    @property
+    def encoded_images(self) -> int:
+        """Its images still encoded (bytes): what a pool decodes before the queue."""
+        return sum(isinstance(image, bytes) for image in self.images or ())
 
     def run(self, encoder: Encoder) -> Encoded:
         return encoder.embed_multi(self.texts, query=self.query, truncate=self.truncate,
-                                   reduce=self.reduce)
+                                   reduce=self.reduce, images=self.images)
 
 
 @dataclass(frozen=True)

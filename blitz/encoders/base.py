@@ -191,9 +191,11 @@ class Encoder(ABC):
         raise self.refusal("score_parts")
 
     def embed_multi(self, texts: list[str], *, query: bool, truncate: bool = True,
-                    reduce: MultiVectorReduce | None = None) -> Encoded:
+                    reduce: MultiVectorReduce | None = None,
+                    images: list[Any] | None = None) -> Encoded:
         """A late-interaction model's vectors per text, as a query's (``query``) or a
-        document's: ``values`` each text's rows one text after the other, ``rows`` how many
+        document's, or per page (``images``: decoded ahead, ``prepare_part``, a visual
+        retriever's): ``values`` each text's rows one text after the other, ``rows`` how many
         per text; with ``reduce`` pooled (``pool_factor``) or one MUVERA vector per text
         (``rows`` None)."""
         raise self.refusal("embed_multi")

@@ -66,44 +66,29 @@ class ColbertEncoder(Encoder):
         return check_lengths(lengths, self.query_length if query else self.document_length,
                              truncate)
 
-    def _encode(self, texts: list[str], query: bool,
-                pool_factor: float | None = None) -> list[np.ndarray]:
+    def _encode(self, texts: list[str], query: bool) -> list[np.ndarray]:
         if self.model is None:
             raise RuntimeError(f"model {self.model_id!r} was closed")
         length = self.query_length if query else self.document_length
         batch = max(1, self.token_budget // max(length, 1))
-        pooling = None
-        if pool_factor is not None and pool_factor > 1:
-            from sentence_transformers.multi_vector_encoder.modules.token_pooling import (
-                HierarchicalTokenPooling,
-            )
-            pooling = HierarchicalTokenPooling(pool_factor=pool_factor)
         call = self.model.encode_query if query else self.model.encode_document
         with self._lock, model_threads.torch_module().inference_mode():
             rows = call(texts, batch_size=batch, convert_to_numpy=True,
-                        show_progress_bar=False, token_pooling=pooling)
+                        show_progress_bar=False)
         return [np.asarray(r, dtype=np.float32) for r in rows]
 
     def embed_multi(self, texts: list[str], *, query: bool, truncate: bool = True,
-                    reduce: MultiVectorReduce | None = None) -> Encoded:
-        reduce = reduce or MultiVectorReduce()
-        if query and reduce.pool_factor is not None and reduce.pool_factor > 1:
-            raise InvalidValue("pool_factor pools a document's vectors; a query's are kept "
-                               "whole (leave pool_factor out with input_type query)",
-                               param="pool_factor")
+                    reduce: MultiVectorReduce | None = None,
+                    images: list[Any] | None = None) -> Encoded:
+        if images:
+            raise InvalidValue(f"model {self.model_id!r} is a text late-interaction model; "
+                               "pages (images) need a model of kind vl-multi-vector "
+                               "(ColPali, ColQwen2)", param="images")
         with self._lock:
             counts = self.counts(texts, query, truncate)
-        rows = self._encode(texts, query, reduce.pool_factor)
-        if reduce.muvera is not None:
-            params = muvera.MuveraParams(**reduce.muvera)
-            encode = muvera.encode_query if query else muvera.encode_document
-            values = (np.stack([encode(r, params) for r in rows]).astype(np.float32) if rows
-                      else np.zeros((0, params.output_dim(self._dimension)), np.float32))
-            return Encoded(values, counts, int(counts.sum()))
-        values = (np.concatenate(rows) if rows
-                  else np.zeros((0, self._dimension), np.float32))
-        return Encoded(values, counts, int(counts.sum()),
-                       rows=np.array([len(r) for r in rows], dtype=np.int64))
+        return reduced(self._encode(texts, query), counts, query=query,
+                       reduce=reduce or MultiVectorReduce(), dimension=self._dimension,
+                       protected=1)
 
     def score(self, query: str, documents: list[str], *, truncate: bool = True) -> Encoded:
         """Each document's MaxSim against ``query``: the sum over the query's vectors of
@@ -121,6 +106,36 @@ class ColbertEncoder(Encoder):
 
     def close(self) -> None:
         self.model = None
+
+
+def reduced(rows: list[np.ndarray], counts: np.ndarray, *, query: bool,
+            reduce: MultiVectorReduce, dimension: int, protected: int) -> Encoded:
+    """Each input's vectors as a request asks: pooled (a document's, ``pool_factor``:
+    hierarchical token pooling as sentence-transformers 6 and PyLate do it, its first
+    ``protected`` vectors kept), as one MUVERA vector each (``rows`` None), or whole."""
+    if reduce.pool_factor is not None and reduce.pool_factor > 1:
+        if query:
+            raise InvalidValue("pool_factor pools a document's vectors; a query's are kept "
+                               "whole (leave pool_factor out with input_type query)",
+                               param="pool_factor")
+        from sentence_transformers.multi_vector_encoder.modules.token_pooling import (
+            HierarchicalTokenPooling,
+        )
+
+        torch = model_threads.torch_module()
+        pooling = HierarchicalTokenPooling(pool_factor=reduce.pool_factor,
+                                           num_protected_tokens=protected)
+        rows = [pooling.pool_one(torch.from_numpy(r)).numpy() if len(r) else r for r in rows]
+    if reduce.muvera is not None:
+        params = muvera.MuveraParams(**reduce.muvera)
+        encode = muvera.encode_query if query else muvera.encode_document
+        values = (np.stack([encode(r, params) for r in rows]).astype(np.float32) if rows
+                  else np.zeros((0, params.output_dim(dimension)), np.float32))
+        return Encoded(values, counts, int(counts.sum()))
+    values = np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, dimension),
+                                                                          np.float32)
+    return Encoded(values, counts, int(counts.sum()),
+                   rows=np.array([len(r) for r in rows], dtype=np.int64))
 
 
 def open_colbert(model_id: str, path: Path, *, device: str, dtype: Any, token_budget: int,

@@ -73,6 +73,10 @@ class FakeEncoder(Encoder):
             raise self.refusal("embed_images")
         return [f"image:{i.size}:{hashlib.sha256(i.tobytes()).hexdigest()}" for i in images]
 
+    def prepare_part(self, picture: Any) -> str:
+        """A fake page's (or part's) model input: its size and pixels, hashed."""
+        return f"image:{picture.size}:{hashlib.sha256(picture.tobytes()).hexdigest()}"
+
     def embed_prepared(self, prepared: Any, *, normalize: bool) -> Encoded:
         values = np.stack([self._vector(key) for key in prepared])
         counts = np.zeros(len(prepared), dtype=np.int64)
@@ -89,12 +93,14 @@ class FakeEncoder(Encoder):
         return results
 
     def embed_multi(self, texts: list[str], *, query: bool, truncate: bool = True,
-                    reduce: MultiVectorReduce | None = None) -> Encoded:
+                    reduce: MultiVectorReduce | None = None,
+                    images: list[Any] | None = None) -> Encoded:
         """As a late-interaction model: one unit vector per word plus two (a query's
         padded to 8), hash-seeded; ``reduce`` as a real one does it (MUVERA; pooling keeps
         every ``pool_factor``-th vector)."""
         if "embed_multi" not in self.capabilities:
             raise self.refusal("embed_multi")
+        texts = [f"page {key}" for key in images] if images else texts
         counts = check_lengths(np.array([len(t.split()) + 2 for t in texts], np.int64),
                                self.max_seq_length, truncate)
         rows = []

@@ -26,19 +26,30 @@ from blitz.hop_messages import (
     LateChunkJob,
     MultiVectorJob,
     MultiVectorResult,
+    RerankHit,
+    RerankResult,
     Usage,
+    image_units,
 )
+from blitz.images.decode import in_image_thread
+from blitz.images.inputs import SizedImage, image_bytes, jobs_of, sized_images
 from blitz.ingress.limits import check_count, check_texts, over
 from blitz.ingress.other_outputs import too_many_vectors
-from blitz.loading.facts import read_facts
+from blitz.loading.facts import read_facts, read_json, resolve_source
+from blitz.multivector import muvera
 from blitz.multivector.muvera import MuveraParams
+from blitz.settings.kinds import KINDS
 from blitz.settings.registry import ModelSpec, apply_prompt
+from blitz.vision_language.retriever import PROMPT_TOKENS
+from blitz.vision_language.visual import read_image_shape
 
 if TYPE_CHECKING:
     from blitz.ingress.other_outputs import OutputService
     from blitz.ingress.service import RequestRecord
 
 INPUT_TYPES = ("query", "document")
+OTHER_KIND = "multi-vectors take a model of kind multi-vector (ColBERT) or vl-multi-vector"
+Images = list[Any]  # each an encoded file: bytes, base64, a data URL or an allowed URL
 MAX_POOL_FACTOR = 64.0
 MAX_MUVERA_NUMBERS = 65_536  # a MUVERA vector's numbers before any final projection
 TOKEN_VECTOR_NUMBERS = 128  # a MUVERA vector counts as its numbers / this token vectors
@@ -52,57 +63,119 @@ class LateInteractionService:
         self.outputs = outputs
         self.service = outputs.service
 
-    async def embed_multi(self, texts: str | list[str], model: str | None = None, *,
+    async def embed_multi(self, texts: str | list[str] | None = None,
+                          model: str | None = None, *, images: Images | None = None,
                           input_type: str = "document", pool_factor: float | None = None,
                           muvera: bool | dict[str, Any] | None = None,
                           dtype: OutputDtype = "float32", truncate: bool = True,
                           record: RequestRecord | None = None) -> MultiVectorResult:
         """Each text's vectors from a late-interaction (multi-vector) model, as a query's
-        or a document's (``input_type``); a document's pooled to about 1/``pool_factor``
-        of them (hierarchical token pooling), or with ``muvera`` (true: the paper's
-        parameters; or a dict of ``k_sim``, ``dim_proj``, ``r_reps``,
-        ``fill_empty_partitions``, ``final_dim``, ``seed``) one fixed-size vector per text;
-        each row in ``dtype`` (binary ones packed 8 per byte)."""
+        or a document's (``input_type``), or each page's (``images``: encoded files,
+        base64, data URLs or allowed URLs; a visual retriever's, ColPali, ColQwen2, whose
+        texts are queries); a document's pooled to about 1/``pool_factor`` of them
+        (hierarchical token pooling), or with ``muvera`` (true: the paper's parameters; or
+        a dict of ``k_sim``, ``dim_proj``, ``r_reps``, ``fill_empty_partitions``,
+        ``final_dim``, ``seed``) one fixed-size vector per input; each row in ``dtype``
+        (binary ones packed 8 per byte)."""
         with self.service.recorded(record, "handle.embed_multi") as record:
             record.model = model or ""
             if input_type not in INPUT_TYPES:
                 raise InvalidValue("input_type must be query or document",
                                    param="input_type")
-            reduce = MultiVectorReduce(check_pool_factor(pool_factor, input_type),
-                                       muvera_options(muvera))
-            items = [texts] if isinstance(texts, str) else list(texts or ())
-            check_texts(items, self.service.settings.limits, "input")
-            spec = self.service.spec(model)
+            if (texts is None) == (images is None):
+                raise InvalidValue("send texts or images (pages), one of them",
+                                   param="texts")
+            pages = images is not None
+            reduce = MultiVectorReduce(
+                check_pool_factor(pool_factor, "document" if pages else input_type),
+                muvera_options(muvera))
             limit = self.service.settings.limits.max_token_vectors_per_request
-            if reduce.muvera is None:  # one vector per token: counted before any work
-                expanded = read_facts(spec).get("query_length") if (
-                    input_type == "query") else None
-                if isinstance(expanded, int) and len(items) * expanded > limit:
-                    raise too_many_vectors(len(items) * expanded, limit)
-                await self.outputs._check_vectors(spec, items)
+            spec = self.service.spec(model)
+            record.model = spec.id
+            query = input_type == "query" and not pages
+            if images is not None:
+                run = await self._pages(spec, images, reduce, record)
             else:
-                check_muvera_size(len(items), reduce.muvera, limit)
-            record.texts = len(items)
-            query = input_type == "query"
-            spec, pool, parts = await self.service.run(
-                record, model, lambda _: items,
-                lambda _, chunk: MultiVectorJob(chunk, query, truncate, reduce),
-                serves="embed_multi", other_kind="multi-vectors take a model of kind "
-                "multi-vector (ColBERT)")
+                items = [texts] if isinstance(texts, str) else list(texts or ())
+                check_texts(items, self.service.settings.limits, "texts")
+                if reduce.muvera is None:  # one vector per token: counted before any work
+                    expanded = read_facts(spec).get("query_length") if query else None
+                    if isinstance(expanded, int) and len(items) * expanded > limit:
+                        raise too_many_vectors(len(items) * expanded, limit)
+                    await self.outputs._check_vectors(spec, items)
+                else:
+                    check_muvera_size(len(items), reduce.muvera, limit)
+                record.texts = len(items)
+                run = await self.service.run(
+                    record, model, lambda _: items,
+                    lambda _, chunk: MultiVectorJob(chunk, query, truncate, reduce),
+                    serves="embed_multi", other_kind=OTHER_KIND)
             rows: list[np.ndarray] = []
             vectors = 0
-            for part in parts:
-                if part.rows is None:  # MUVERA: one row a text
+            for part in run.parts:
+                if part.rows is None:  # MUVERA: one row an input
                     rows += list(quantize(part.values, dtype))
                     continue
                 vectors += len(part.values)
-                values = quantize(part.values, dtype)
-                rows += np.split(values, np.cumsum(part.rows)[:-1])
+                rows += np.split(quantize(part.values, dtype), np.cumsum(part.rows)[:-1])
             if vectors > limit:  # what the ingress could not count (no tokenizer here)
                 raise too_many_vectors(vectors, limit)
-            dimension = int(parts[0].values.shape[1]) if parts else 0
-            return MultiVectorResult(rows, spec.id, Usage.of(record.tokens), dimension,
-                                     reduce.muvera is not None, pool)
+            dimension = int(run.parts[0].values.shape[1]) if run.parts else 0
+            return MultiVectorResult(rows, run.spec.id, Usage.of(record.tokens), dimension,
+                                     reduce.muvera is not None, run.pool)
+
+    async def rerank_pages(self, query: str, images: Images, model: str | None = None, *,
+                           top_n: int | None = None,
+                           record: RequestRecord | None = None) -> RerankResult:
+        """Pages (``images``) scored against the text ``query`` by MaxSim, best first: a
+        visual retriever's (ColPali, ColQwen2) query vectors against each page's."""
+        with self.service.recorded(record, "handle.rerank_pages") as record:
+            if not isinstance(query, str):
+                raise InvalidValue("the query must be a text", param="query")
+            if top_n is not None and top_n < 1:
+                raise InvalidValue("top_n must be at least 1", param="top_n")
+            pages = await self.embed_multi(model=model, images=images, record=record)
+            asked = await self.embed_multi([query], model=pages.model, input_type="query",
+                                           record=record)
+            scores = muvera.maxsim(asked.embeddings[0], pages.embeddings).astype(np.float32)
+            order = np.argsort(-scores, kind="stable")[: top_n or len(scores)]
+            return RerankResult([RerankHit(int(i), float(scores[i])) for i in order],
+                                pages.model, Usage.of(pages.usage.total_tokens
+                                                      + asked.usage.total_tokens), pages.pool)
+
+    async def _pages(self, spec: ModelSpec, images: Images, reduce: MultiVectorReduce,
+                     record: RequestRecord) -> Any:
+        """Pages through the pipeline: the model's kind, the images' headers and pixels,
+        their vectors counted from their declared sizes, all before any model work."""
+        row = KINDS[spec.kind]
+        if not (row.cost.pixels and "embed_multi" in row.serves):
+            raise InvalidValue(f"model {spec.id!r} is a {spec.kind}; pages (images) need a "
+                               "model of kind vl-multi-vector (ColPali, ColQwen2)",
+                               param="images" if "embed_multi" in row.serves else "model")
+        limits = self.service.settings.images
+        data = await image_bytes(images, limits)
+        sized = await in_image_thread(sized_images, data, limits, param="images",
+                                      timeout_s=limits.decode_timeout_s, what="check")
+        record.images = len(sized)
+        budget = self.service.settings.limits.max_token_vectors_per_request
+        if reduce.muvera is not None:
+            check_muvera_size(len(sized), reduce.muvera, budget)
+        else:
+            counted = page_vectors(spec, sized)
+            if counted is not None and counted > budget:
+                raise too_many_vectors(counted, budget)
+
+        def job(_: ModelSpec, chunk: list[SizedImage]) -> MultiVectorJob:
+            pixels = sum(image.pixels for image in chunk)
+            return MultiVectorJob([], False, True, reduce, images=[i.data for i in chunk],
+                                  pixels=pixels, first=chunk[0].index,
+                                  units=image_units(len(chunk), pixels))
+
+        return await self.service.run(
+            record, spec.id, lambda _: sized, job, serves="embed_multi",
+            other_kind=OTHER_KIND,
+            split=lambda items, size: jobs_of(items, size, limits.max_job_bytes,
+                                              limits.max_job_pixels))
 
     async def embed_late_chunks(self, documents: list[list[str]], model: str | None = None,
                                 *, normalize: bool = True, pooling: str | None = None,
@@ -147,6 +220,24 @@ class LateInteractionService:
                                   dtype)
                 out += np.split(values, np.cumsum(part.rows)[:-1])
             return ChunkedEmbedResult(out, spec.id, Usage.of(record.tokens), pool)
+
+
+def page_vectors(spec: ModelSpec, sized: list[SizedImage]) -> int | None:
+    """The vectors ``sized`` pages give at most (their image tokens by the model's resize
+    rule, from their declared sizes, and their prompts'), read from the folder's
+    ``preprocessor_config.json``; None where the files are not on this machine."""
+    if spec.is_fake or not spec.location().is_local:
+        return None
+    path = resolve_source(spec)
+    config = read_json(path / "preprocessor_config.json") or {}
+    size = config.get("size") or {}
+    if size.get("height") and size.get("width"):  # ColPali: every page alike
+        patch = int(config.get("patch_size") or 14)
+        per = int(config.get("image_seq_length")
+                  or (int(size["height"]) // patch) * (int(size["width"]) // patch))
+        return len(sized) * (per + PROMPT_TOKENS)
+    shape = read_image_shape(path)
+    return sum(shape.tokens(*image.size) + PROMPT_TOKENS for image in sized)
 
 
 def check_documents(documents: object, limits: Any) -> list[list[str]]:

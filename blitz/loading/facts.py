@@ -125,6 +125,8 @@ def read_dimension(spec: ModelSpec) -> int | None:
         if source == "decoder":  # a vision-language decoder's last hidden state
             config = read_config(path)
             return int((config.get("text_config") or config)["hidden_size"])
+        if source == "embedding_dim":  # a late-interaction retriever's projection
+            return int(read_config(path)["embedding_dim"])
         if source == "vocabulary":  # one weight per vocabulary token
             return int(read_config(path)["vocab_size"])
         modules = read_json(path / "modules.json") or []

@@ -217,6 +217,16 @@ def _torch_colbert(spec: ModelSpec, path: Path, load: Load) -> Encoder:
                         trust_remote_code=spec.trust_remote_code)
 
 
+def _torch_col_retriever(spec: ModelSpec, path: Path, load: Load) -> Encoder:
+    from blitz.vision_language.retriever import open_col_retriever
+
+    return open_col_retriever(spec.id, path, device=load.device,
+                              dtype=_torch_dtype(spec, load.device),
+                              token_budget=CPU_TOKEN_BUDGET if load.device == "cpu"
+                              else GPU_TOKEN_BUDGET, max_seq_length=spec.max_seq_length,
+                              trust_remote_code=spec.trust_remote_code)
+
+
 OPENERS: dict[tuple[str, str], Opener] = {
     ("embedding", "fake"): _fake,
     ("embedding", "torch"): _torch_bi_encoder,
@@ -250,6 +260,8 @@ OPENERS: dict[tuple[str, str], Opener] = {
     ("vl-reranker", "torch"): _torch_vl_reranker,
     ("multi-vector", "fake"): _fake,
     ("multi-vector", "torch"): _torch_colbert,
+    ("vl-multi-vector", "fake"): _fake,
+    ("vl-multi-vector", "torch"): _torch_col_retriever,
 }
 
 

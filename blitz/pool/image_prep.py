@@ -1,6 +1,6 @@
 """Images made ready before their model call, off its critical path, one at a time.
 
-An ``ImageEmbedJob`` (or a ``PartsJob`` holding images) arrives with encoded bytes. Before it enters the model's queue, its
+An ``ImageEmbedJob`` (or a ``PartsJob`` or ``MultiVectorJob`` holding images) arrives with encoded bytes. Before it enters the model's queue, its
 images are decoded and resized by the model's image processor one after another, each in
 one call in the images' own bounded threads (``blitz.images.decode.in_image_thread``,
 within ``decode_timeout_s``): a full-size image lives only inside that call, dropped as
@@ -8,7 +8,8 @@ soon as the processor has made it the model's input size. So a job holds at most
 full-size image at a time, and a process at most ``THREADS`` whatever the jobs, instead
 of a job's every image at once (a 4.9 KB 1-bit PNG decodes to 114 MiB of RGB). A
 ``PreparedImages`` job holds the model's input, one row per image; a ``PartsJob`` gets
-each image part replaced by its model input (``Encoder.prepare_part``). So a worker thread's
+each image part replaced by its model input (``Encoder.prepare_part``), a
+``MultiVectorJob`` each page. So a worker thread's
 turn is the model call alone, and the next request's images are decoded while the
 current batch runs. A job whose images fail gets its error (a 4xx naming ``images[i]``,
 ``i`` its index in the request) and never enters the queue; the request's other jobs go
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from blitz.encoders.base import Encoded, Encoder
-from blitz.hop_messages import ImageEmbedJob, PartsJob, _Job
+from blitz.hop_messages import ImageEmbedJob, MultiVectorJob, PartsJob, _Job
 from blitz.images.decode import decode, in_image_thread
 from blitz.settings.images import ImageSettings
 
@@ -78,7 +79,7 @@ def prepared_image(encoder: Encoder, data: bytes, limits: ImageSettings, param: 
 
 def has_images(job: Any) -> bool:
     """Whether ``job`` holds encoded images to prepare before the queue."""
-    return isinstance(job, ImageEmbedJob) or (isinstance(job, PartsJob)
+    return isinstance(job, ImageEmbedJob) or (isinstance(job, (PartsJob, MultiVectorJob))
                                               and job.encoded_images > 0)
 
 
@@ -103,6 +104,20 @@ async def prepare_parts(job: PartsJob, limits: ImageSettings, leased: Leased) ->
     return dataclasses.replace(job, documents=documents, query=query)
 
 
+async def prepare_pages(job: MultiVectorJob, limits: ImageSettings, leased: Leased
+                        ) -> MultiVectorJob:
+    """``job`` with each encoded page decoded and resized, one at a time, each within its
+    deadline (an error names ``images[i]``, ``i`` the request's index)."""
+    encoder: Any = await leased(lambda encoder: encoder)
+    pages: list[Any] = []
+    for i, data in enumerate(job.images or ()):
+        where = f"images[{job.first + i}]"
+        pages.append(await in_image_thread(prepared_part, encoder, data, limits, where,
+                                           timeout_s=limits.decode_timeout_s, param=where)
+                     if isinstance(data, bytes) else data)
+    return dataclasses.replace(job, images=pages)
+
+
 def prepared_part(encoder: Any, data: bytes, limits: ImageSettings, param: str) -> Any:
     """One encoded image part as the model's input, its full-size pixels closed after."""
     image = decode(data, limits, param)
@@ -119,6 +134,8 @@ async def with_prepared(jobs: list[Any], limits: ImageSettings, leased: Leased,
     its error in its place."""
     ready: list[Any] = list(await asyncio.gather(
         *(prepare(job, limits, leased) if isinstance(job, ImageEmbedJob)
+          else prepare_pages(job, limits, leased) if isinstance(job, MultiVectorJob)
+          and has_images(job)
           else prepare_parts(job, limits, leased) if has_images(job) else _as_is(job)
           for job in jobs), return_exceptions=True))
     going = [k for k, job in enumerate(ready) if not isinstance(job, BaseException)]

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, get_args
 
 Kind = Literal["embedding", "cross-encoder", "classifier", "sparse", "llm-reranker", "hybrid",
-               "dual-encoder", "vl-embedding", "vl-reranker", "multi-vector"]
+               "dual-encoder", "vl-embedding", "vl-reranker", "multi-vector",
+               "vl-multi-vector"]
 """The kinds by name, in the order of ``KINDS`` (a spec's ``kind``; checked against it)."""
 
 Capability = Literal["embed", "embed_tokens", "embed_all", "embed_sparse", "embed_hybrid",
@@ -79,15 +80,16 @@ class ModelKind:
     encoder: str  # its torch encoder class, dotted (a fake encoder plays any kind)
     opens: Literal["sentence-transformers", "sequence-classification", "masked-lm",
                    "bge-m3", "causal-lm", "two-towers", "vision-language",
-                   "multi-vector"]  # what loads
+                   "multi-vector", "retrieval"]  # what loads
     # and exports it
     backends: tuple[str, ...]  # the cpu_backends it runs on (auto: chosen at load)
     backend_refusal: str | None  # the refusal of another backend ({id} {kind} {backend});
     # None: every backend but auto, refused as auto is
     answers: Literal["vectors", "scores", "labels"]  # what the accuracy guard probes
-    dimension: Literal["modules", "vocabulary", "projection", "decoder"] | None  # read_dimension's
-    # source: sentence-transformers' modules, the vocabulary, the towers' projection, the
-    # decoder's hidden size; None: none
+    dimension: Literal["modules", "vocabulary", "projection", "decoder",
+                       "embedding_dim"] | None  # read_dimension's source: sentence-transformers'
+    # modules, the vocabulary, the towers' projection, the decoder's hidden size, the
+    # config's embedding_dim (a retriever's); None: none
     pooling: str | None  # what /info reports as its pooling (None: the model files')
     model_type: Literal["embedding", "reranker", "classifier"]  # TEI's /info model_type
     tei_root: Literal["embed", "rerank", "predict", "embed_sparse"]  # TEI's POST / for it
@@ -201,6 +203,18 @@ KINDS: dict[str, ModelKind] = {row.name: row for row in (
         "blitz.encoders.colbert.ColbertEncoder", "multi-vector", ("torch",), _TORCH_ONLY,
         "vectors", "modules", None, "embedding", "embed", ("embed",), False, (),
         "one call a job: its texts length-sorted in batches of the pool's batch size"),
+    ModelKind(
+        "vl-multi-vector", "a visual document retriever (ColPali, ColQwen2: transformers' "
+        "*ForRetrieval): page images and text queries to multi-vectors: /embed_multivector, "
+        "/rerank by MaxSim; torch",
+        KindCost("page images or texts (queries)", token_vectors=True, pixels=True,
+                 output="one vector per token (a page's image tokens and prompt), or one "
+                 "MUVERA vector per input"),
+        frozenset({"embed_multi"}), frozenset({"embed_multi", "score"}),
+        "blitz.vision_language.retriever.ColVisionEncoder", "retrieval", ("torch",),
+        _VL_TORCH, "vectors", "embedding_dim", None, "embedding", "embed", ("embed",), False,
+        (), "one call a job: its pages in batches of max_batch_tokens tokens; pages decoded "
+        "and resized before the queue"),
 )}
 """Every model kind by name; the one place a kind is declared."""
 

@@ -9,4 +9,6 @@
   token budget, and the last hidden states (``VlDecoder``).
 - ``embedder``: ``VlEmbedder`` (kind vl-embedding: Qwen3-VL-Embedding, GME).
 - ``reranker``: ``VlReranker`` (kind vl-reranker: Qwen3-VL-Reranker, jina-reranker-m0).
+- ``retriever``: ``ColVisionEncoder`` (kind vl-multi-vector: ColPali, ColQwen2): pages and
+  queries to multi-vectors, scored by MaxSim.
 """

@@ -341,7 +341,7 @@ def test_every_kind_and_cpu_backend_has_one_opener():
             "dual-encoder": ("torch", "onnx", "onnx-int8", "fake"),
             "llm-reranker": ("torch", "torch-bf16", "fake"),
             "vl-embedding": ("torch", "fake"), "vl-reranker": ("torch", "fake"),
-            "multi-vector": ("torch", "fake")}
+            "multi-vector": ("torch", "fake"), "vl-multi-vector": ("torch", "fake")}
     assert set(OPENERS) == {(kind, backend) for kind in get_args(Kind)
                             for backend in (*get_args(CpuBackend), "fake") if backend != "auto"
                             if backend in only.get(kind, (backend,))}

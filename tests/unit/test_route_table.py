@@ -65,7 +65,8 @@ def test_the_handle_offers_the_service_calls_of_the_table():
     assert set(calls) == {"embed", "rerank", "embed_all", "embed_sparse", "embed_hybrid",
                           "similarity", "classify", "tokenize", "decode", "info",
                           "embed_images", "rerank_images", "similarity_images",
-                          "embed_parts", "rerank_parts", "embed_multi", "embed_late_chunks"}
+                          "embed_parts", "rerank_parts", "embed_multi", "embed_late_chunks",
+                          "rerank_pages"}
     for name in calls:
         assert callable(getattr(HandleMethods, name)), name
 

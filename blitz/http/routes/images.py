@@ -38,6 +38,7 @@ from blitz.http.routes.kit import (
     request_id,
     vectors,
 )
+from blitz.settings.kinds import kind_of
 
 _IMAGES = "each an image file: its bytes (msgpack), base64, a data URL, or an http(s) URL " \
           "under images.url_allow"
@@ -108,9 +109,11 @@ async def openai_embeddings(kit: Kit, request: Request, payload: Payload) -> Res
 async def rerank(kit: Kit, request: Request, payload: Payload) -> Response:
     fmt = reply_format(request)[0]  # before work
     req = RerankImagesRequest.parse(payload)
-    result = await kit.images.rerank_images(
-        req.query, req.images, model=model_id(request, req.model),
-        top_n=req.top_n, record=record(request))
+    model = model_id(request, req.model)
+    rerank = (kit.late.rerank_pages if "embed_multi" in kind_of(kit.service.spec(model).kind)
+              .serves else kit.images.rerank_images)  # a visual retriever's: MaxSim
+    result = await rerank(req.query, req.images, model=model, top_n=req.top_n,
+                          record=record(request))
     return ranked(result, fmt, request_id(request))
 
 

@@ -1,7 +1,7 @@
 """Routes over per-token vectors (``blitz.ingress.late_interaction``):
 
 - ``POST /embed_multivector``: a late-interaction (ColBERT) model's vectors per text, as
-  queries or documents; ``pool_factor`` pools a document's, ``muvera`` gives one
+  queries or documents, or a visual retriever's (ColPali, ColQwen2) per page (``images``); ``pool_factor`` pools a document's, ``muvera`` gives one
   fixed-size vector per text; ``dtype`` as ``/embed``'s (binary rows packed 8 per byte).
   JSON: lists; msgpack: one array per text (numpy or portable layout).
 - Late chunking, Jina's contract: ``late_chunking: true`` on ``/v1/embeddings`` (and
@@ -39,10 +39,15 @@ _POOLING = "mean | max | first | last: how a chunk's token vectors pool (default
 class EmbedMultiVectorRequest(_Request):
     """``POST /embed_multivector``."""
 
-    _list_keys = ("texts", "input")
+    _list_keys = ("texts", "input", "images")
 
-    texts: str | list[str] = Field(validation_alias=AliasChoices("texts", "input"),
-                                   description="a text or texts (`input` too)")
+    texts: str | list[str] | None = Field(
+        None, validation_alias=AliasChoices("texts", "input"),
+        description="a text or texts (`input` too)")
+    images: list[Any] | None = Field(
+        None, description="pages for a visual retriever (vl-multi-vector: ColPali, "
+        "ColQwen2): each an image file's bytes (msgpack), base64, a data URL or an allowed "
+        "URL; in place of texts")
     model: str | None = None
     input_type: Literal["query", "document"] = Field(
         "document", description="query: the model's query marker and expansion; document: "
@@ -74,7 +79,8 @@ async def embed_multivector(kit: Kit, request: Request, payload: Payload) -> Res
     fmt, accept_layout = reply_format(request)
     req = EmbedMultiVectorRequest.parse(payload, kit.settings.limits)
     result = await kit.late.embed_multi(
-        req.texts, model_id(request, req.model), input_type=req.input_type,
+        req.texts, model_id(request, req.model), images=req.images,
+        input_type=req.input_type,
         pool_factor=req.pool_factor, muvera=req.muvera, dtype=req.dtype,
         truncate=req.truncate, record=record(request))
     layout: ArrayLayout | None = ((req.layout or accept_layout or "numpy")

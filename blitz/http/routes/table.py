@@ -138,7 +138,8 @@ ROUTES: tuple[RouteSpec, ...] = (
         "documents: {object: \"rerank\", results: [{relevance_score, index, document?}], "
         "model, usage, id, created}. msgpack: Cohere's v1 shape.", ANY, (RERANK,),
         variants=(Variant(bodies.has_images, images.rerank, images.RerankImagesRequest,
-                      (("images", ImageService.rerank_images),)),
+                          (("images", ImageService.rerank_images),
+                           ("late", LateInteractionService.rerank_pages))),
                   _mixed_rerank(parts.rerank))),
     RouteSpec(
         "POST", "/v1/rerank", cohere.cohere_v1_rerank,
