@@ -29,8 +29,9 @@ be shown (``expose``, stated on every class): a ``ClientError`` is the request's
 Every error renders as OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``,
 except where a request speaks a peer's API (``ErrorShape``): Hugging Face TEI's
 ``{"error", "error_type"}`` (``tei_type``: validation, overloaded, unhealthy, backend;
-then Blitz's ``param`` and ``code``) and
-Cohere's ``{"id", "message"}``. Errors cross Ray process boundaries, so each one pickles
+then Blitz's ``param`` and ``code``),
+Cohere's ``{"id", "message"}`` and Voyage's ``{"detail"}`` (then Blitz's ``param`` and
+``code``). Errors cross Ray process boundaries, so each one pickles
 with its fields intact.
 """
 
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-ErrorShape = Literal["openai", "tei", "cohere"]
+ErrorShape = Literal["openai", "tei", "cohere", "voyage"]
 
 
 class BlitzError(Exception):
@@ -72,13 +73,16 @@ class BlitzError(Exception):
                           "code": self.code}}
 
     def to_shape(self, shape: ErrorShape, request_id: str | None = None) -> dict[str, Any]:
-        """The error body in ``shape``: OpenAI's (``to_payload``), TEI's or Cohere's."""
+        """The error body in ``shape``: OpenAI's (``to_payload``), TEI's, Cohere's or
+        Voyage's."""
         if shape == "openai":
             return self.to_payload(request_id)
         message = self.to_payload(request_id)["error"]["message"]
         if shape == "tei":  # TEI's two fields, then Blitz's field and code
             return {"error": message, "error_type": self.tei_type, "param": self.param,
                     "code": self.code}
+        if shape == "voyage":  # what the voyageai client reads, then Blitz's field and code
+            return {"detail": message, "param": self.param, "code": self.code}
         return {"id": request_id, "message": message}
 
 

@@ -35,6 +35,9 @@ _ERRORS = {  # the error bodies (blitz.errors.BlitzError.to_shape), one per API'
                                 "param": _NULLABLE, "code": _NULLABLE}},
     "CohereError": {"type": "object", "required": ["message"], "description": "Cohere's",
                     "properties": {"id": _NULLABLE, "message": {"type": "string"}}},
+    "VoyageError": {"type": "object", "required": ["detail"], "description": "Voyage's",
+                    "properties": {"detail": {"type": "string"}, "param": _NULLABLE,
+                                   "code": _NULLABLE}},
 }
 _ERROR_SCHEMA = {"anyOf": [{"$ref": REF.format(model=name)} for name in _ERRORS]}
 _STATUSES = {"400": "The body cannot be decoded", "401": "No valid API key",

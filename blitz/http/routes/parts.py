@@ -253,6 +253,7 @@ async def cohere_embed(kit: Kit, request: Request, payload: Payload) -> Response
 
 
 async def voyage_embeddings(kit: Kit, request: Request, payload: Payload) -> Response:
+    speaking(request, "voyage")
     req = VoyageRequest.parse(payload)
     model = model_id(request, req.model)
     spec = kit.service.spec(model)
