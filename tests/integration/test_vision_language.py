@@ -42,20 +42,6 @@ def http_session():
         yield session
 
 
-@pytest.fixture
-def voyage_session():
-    """The voyageai client's requests session (its module-wide hook), closed after."""
-    import requests
-    import voyageai
-
-    with requests.Session() as session:
-        voyageai.requestssession = session
-        try:
-            yield session
-        finally:
-            voyageai.requestssession = None
-
-
 def decoded(data: bytes) -> Image.Image:
     return Image.open(io.BytesIO(data)).convert("RGB")
 
