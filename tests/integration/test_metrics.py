@@ -40,10 +40,12 @@ ROUTES = {"/embed", "/v1/embeddings", "/rerank", "/v1/rerank", "/embed_all", "/e
           "handle.embed_sparse", "handle.classify", "handle.similarity", "handle.tokenize", "handle.decode",
           "/embeddings_image", "handle.embed_images", "handle.rerank_images",
           "handle.similarity_images", "/v1/multimodalembeddings", "/v2/embed", "/v2/rerank",
-          "/embeddings", "handle.embed_parts", "handle.rerank_parts"} | {
+          "/embeddings", "handle.embed_parts", "handle.rerank_parts", "/embed_multivector",
+          "/v1/contextualizedembeddings", "handle.embed_multi", "handle.embed_late_chunks",
+          "handle.rerank_pages"} | {
           rpc.path for rpc in RPCS}  # gRPC: each method's full name
 MODELS = {"minilm", "minilm-int8", "tiny-a", "tiny-b", "tiny-c", "tiny-ce", "broken", "slow",
-          "busy", "tiny-clip", "tiny-vl", "tiny-vl-rerank"}  # every id the integration registry holds (tests/integration/conftest.py)
+          "busy", "tiny-clip", "tiny-vl", "tiny-vl-rerank", "tiny-colbert", "tiny-colqwen"}  # every id the integration registry holds (tests/integration/conftest.py)
 BOUNDED = {"route": ROUTES, "model": MODELS | {"other", "-"}, "pool": {"cpu", "gpu", "-"},
            "hop": {"ingress", "cpu", "gpu", "cpu-serve-queue", "gpu-serve-queue", "pool"},
            "status": {str(s) for s in (200, 400, 401, 404, 405, 408, 413, 415, 422, 424, 500,
