@@ -4,6 +4,8 @@
     blitz optimize MODEL [--config serve_config.yaml] [--app NAME] [--cache-dir DIR] [--no-speed]
     blitz admin    list | add FILE [--pin] | remove ID | pin ID | unpin ID | evict ID
                    [--url http://127.0.0.1:8000] [--key KEY]   (a running server's admin API)
+    blitz batch    submit INPUT [--wait] | status ID | list | cancel ID | results ID ...
+                   (a running server's Files and Batches API: blitz/batches/client.py)
     blitz embed    INPUT OUTPUT [--model ID] ...   (added by deployments/cli.py: it needs Ray)
 
 ``optimize`` prepares a model for the CPU pool ahead of time, into the same cache the
@@ -26,6 +28,7 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from blitz.batches.client import add_batch_command
 from blitz.errors import BlitzError, LoadProblem, ModelLoadFailed
 from blitz.loading.facts import read_dimension
 from blitz.loading.failures import as_load_failure
@@ -102,6 +105,7 @@ def _parser(extend: Callable[[Any], None] | None = None) -> argparse.ArgumentPar
     admin.add_argument("--key", default=None, help="an admin key (default: the first of "
                        "$BLITZ_ADMIN_KEYS)")
     admin.set_defaults(run=run_admin)
+    add_batch_command(commands)
     if extend is not None:
         extend(commands)
     return parser

@@ -181,6 +181,14 @@ class InvalidValue(ClientError):
     expose = True
 
 
+class LimitReached(ClientError):
+    """The caller is at one of its own limits (a key's running batches): 429; the same
+    request succeeds once it is under it again."""
+
+    status, type, code = 429, "rate_limit_error", "limit_reached"
+    expose = True
+
+
 class RetryLater(BlitzError):
     """The service cannot answer now (503); the same request may succeed after
     ``retry_after_s``. Not the request's fault; the message, written for the client,

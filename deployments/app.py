@@ -12,6 +12,7 @@ from ray.serve import Application
 
 from blitz.settings.config import BlitzSettings, IngressSettings, PoolSettings
 from blitz.settings.sizing import NodeShape
+from deployments.batches import BatchRunnerDeployment
 from deployments.ingress import Ingress, IngressWithCpuPool
 from deployments.pool import ModelPool
 from deployments.ray_token import keep_ray_token_private
@@ -124,13 +125,20 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     # every block is checked against Serve's schema, bound or not
     options = {"cpu": _pool_options("cpu", settings.cpu_pool),
                "gpu": _pool_options("gpu", settings.gpu_pool),
-               "ingress": _ingress_options(settings.ingress)}
+               "ingress": _ingress_options(settings.ingress),
+               "batches": deployment_options("batches", "BatchRunner",
+                                             settings.batches.deployment)}
     plain = settings.model_dump(mode="json")
     use_gpu = settings.gpu == "on" or (settings.gpu == "auto" and cluster_has_gpus())
     free = _available_resources()  # on a redeploy, the old replicas hold theirs
     # mypy keeps a class's own type under a class decorator: these are Deployments
     gpu_pool = (ModelPool.options(  # type: ignore[attr-defined]
         **fit_surge(options["gpu"], free)).bind(plain, "gpu") if use_gpu else None)
+    # the batch runner, bound where the batch API is on: handed to the ingress so it is in
+    # the app (it calls the ingress by name: deployments/batches.py)
+    runner = (BatchRunnerDeployment.options(  # type: ignore[attr-defined]
+        **fit_surge(options["batches"], free)).bind(plain, options["ingress"]["name"])
+        if settings.batches.enabled else None)
     in_process = settings.ingress.cpu_pool == "in_process"
     logger.info("blitz: %d model(s), CPU pool %s, GPU pool %s", len(settings.models),
                 "in the ingress" if in_process else "in replicas of its own",
@@ -138,11 +146,11 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     if in_process:
         ingress = with_cpu_claim(options["ingress"], settings.cpu_pool)
         return IngressWithCpuPool.options(**fit_surge(ingress, free)).bind(  # type: ignore[attr-defined]
-            plain, gpu_pool)
+            plain, gpu_pool, runner)
     cpu_pool = ModelPool.options(  # type: ignore[attr-defined]
         **fit_surge(options["cpu"], free)).bind(plain, "cpu")
     return Ingress.options(**fit_surge(options["ingress"], free)).bind(  # type: ignore[attr-defined]
-        plain, cpu_pool, gpu_pool)
+        plain, cpu_pool, gpu_pool, runner)
 
 
 def with_cpu_claim(ingress: dict[str, Any], cpu_pool: PoolSettings) -> dict[str, Any]:

@@ -18,6 +18,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from blitz.batches.service import BatchService
+from blitz.errors import NotFound
 from blitz.hop_messages import priority_level
 from blitz.http.routes.table import service_calls
 from blitz.ingress.images import ImageService
@@ -43,14 +45,17 @@ def _method(name: str, holder: str, function: Callable[..., Any]) -> Callable[..
         if INTERNAL in kwargs:  # the request record is the service's own, never a caller's
             raise TypeError(f"{name}() got an unexpected keyword argument {INTERNAL!r}")
         priority = kwargs.pop(PRIORITY, None) if recorded else None
+        target = getattr(self, holder)
+        if target is None:  # a service that is off (the batch API's: batches.enabled)
+            raise NotFound(f"{name}: the batch API is off on this server (batches.enabled)")
         with self.drain.held():  # a stop waits for it (blitz.runtime.draining)
             if priority is None:
-                result = function(getattr(self, holder), *args, **kwargs)
+                result = function(target, *args, **kwargs)
                 return await result if inspect.isawaitable(result) else result
             record = RequestRecord(f"handle.{name}")  # as the service names its own
             with self.service.observed(record):
                 record.priority = priority_level(priority)
-                return await function(getattr(self, holder), *args, record=record, **kwargs)
+                return await function(target, *args, record=record, **kwargs)
 
     call.__name__ = call.__qualname__ = name  # Serve finds a handle's method by its name
     call.__doc__ = f"Handle API: ``await handle.{name}.remote(...)``.\n\n{function.__doc__}"
@@ -70,6 +75,7 @@ class HandleMethods:
     images: ImageService
     parts: PartsService
     late: LateInteractionService
+    batches: BatchService | None  # None while the batch API is off: its calls raise
     drain: Drain
 
 

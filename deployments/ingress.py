@@ -21,6 +21,7 @@ from ray.serve.handle import DeploymentHandle
 from blitz.encoders.base import Encoded
 from blitz.errors import Overloaded, Unavailable
 from blitz.grpc_api.servicer import TeiServicer
+from blitz.http import internal
 from blitz.http.api import HttpApi
 from blitz.http.middleware import warn_if_open
 from blitz.ingress.images import ImageService
@@ -225,7 +226,8 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
         self.admin = model_admin(self.settings)
         self.model_table = IngressFollower(self.admin, self.service.registry, self._forget,
                                            self.settings.admin.poll_s)
-        self.api = HttpApi(services, admin=self.admin)
+        self.api = HttpApi(services, admin=self.admin, app=app_name())
+        self.batches = self.api.kit.batches  # the batch API's calls (None when it is off)
         self.drain = self.api.drain  # gRPC and handle calls counted in flight too
         self.drain_watch = DrainWatch(self.drain, app_name(), replica_name())
         try:  # the async constructor runs on the replica's loop; else check_health starts it
@@ -239,6 +241,16 @@ class _IngressMethods(GrpcMethods, HandleMethods, AdminMethods):
         warn_if_open(host, self.settings.auth)
         collector.settle()  # the start-up heap frozen: a request's collections skip it
         flush_replica_log()
+
+    async def batch_requests(self, owner: str, endpoint: str,
+                             bodies: list[bytes]) -> list[tuple[int, str, bytes]]:
+        """A piece of a batch (the batch runner's call, ``deployments/batches.py``): each
+        body a request to ``endpoint`` on this HTTP app, as ``owner``'s key, at priority
+        low; (status, request id, reply body) each."""
+        with self.drain.held():
+            return await internal.run_lines(self.api.app, endpoint, bodies,
+                                            self.api.app.keys.index_of(owner),
+                                            self.settings.batches)
 
     def _forget(self, model_id: str) -> None:
         """The admin API changed or removed ``model_id``: what is known of it goes, and
@@ -257,7 +269,8 @@ class Ingress(_IngressMethods):
     """The ingress with the pools in replicas of their own (``ingress.cpu_pool: replicas``)."""
 
     def __init__(self, settings: dict[str, Any], cpu_pool: DeploymentHandle,
-                 gpu_pool: DeploymentHandle | None = None):
+                 gpu_pool: DeploymentHandle | None = None,
+                 batch_runner: DeploymentHandle | None = None):
         route_library_logs_to_serve()
         keep_replica_grpc_on_node_ip()
         self.settings = BlitzSettings.from_args(settings)
@@ -278,7 +291,8 @@ class IngressWithCpuPool(_IngressMethods):
     and unhealthy when that pool is."""
 
     async def __init__(self, settings: dict[str, Any],  # type: ignore[misc]
-                       gpu_pool: DeploymentHandle | None = None):
+                       gpu_pool: DeploymentHandle | None = None,
+                       batch_runner: DeploymentHandle | None = None):
         route_library_logs_to_serve()
         keep_replica_grpc_on_node_ip()
         self.settings = BlitzSettings.from_args(settings)

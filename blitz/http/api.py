@@ -27,11 +27,12 @@ from starlette.routing import Route, Router
 from starlette.types import Receive, Scope, Send
 
 from blitz.admin.table import ModelAdmin
+from blitz.batches.service import BatchService
 from blitz.http import openapi
 from blitz.http.admin import AdminApi
 from blitz.http.middleware import RequestMiddleware
 from blitz.http.routes.kit import Endpoint, Kit
-from blitz.http.routes.table import ROUTES, RouteSpec
+from blitz.http.routes.table import ROUTES, RouteSpec, batch_endpoints
 from blitz.ingress.images import ImageService
 from blitz.ingress.other_outputs import OutputService
 from blitz.ingress.service import EmbeddingService
@@ -42,11 +43,15 @@ from blitz.ingress.tokenizing import TokenService
 class HttpApi:
     def __init__(self, service: Services | EmbeddingService, tokens: TokenService | None = None,
                  outputs: OutputService | None = None, admin: ModelAdmin | None = None,
-                 images: ImageService | None = None):
+                 images: ImageService | None = None, app: str = "blitz"):
         services = Services.of(service, tokens, outputs, images)  # built in one place
         self.service, self.tokens, self.outputs = services.service, services.tokens, services.outputs
         self.settings = self.service.settings
         self.kit = Kit(services)
+        batches = self.settings.batches
+        if batches.enabled:
+            self.kit.batches = BatchService(batches, self.settings.batch_storage(app),
+                                            batch_endpoints())
         # the API's routes, the hot ones first (the router tries them in order); then the
         # probes' aliases and the description, public
         self.routes = [self._route(spec) for spec in ROUTES if not spec.aside]

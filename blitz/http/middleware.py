@@ -25,6 +25,7 @@ from typing import Any
 from starlette._utils import get_route_path  # the router's own reading of root_path
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from blitz import timing
@@ -37,7 +38,7 @@ from blitz.errors import (
     echo,
 )
 from blitz.hop_messages import NORMAL, PRIORITIES, priority_level
-from blitz.http import disconnect
+from blitz.http import disconnect, internal
 from blitz.http.responses import JSONBytesResponse
 from blitz.ingress.keys import ApiKeys
 from blitz.ingress.service import RequestRecord, record_failure
@@ -109,13 +110,17 @@ class RequestMiddleware:
                  observe: Callable[[RequestRecord, int], None], server_timing: bool = True):
         self.app = app
         self.server_timing = server_timing
-        self.paths = frozenset(paths)
+        self.paths = frozenset(p for p in paths if "{" not in p)
+        # paths with parameters (/v1/files/{file_id}): matched as templates, counted and
+        # keyed under the template
+        self.templates = [(compile_path(p)[0], p) for p in paths if "{" in p]
         self.observe = observe
         self.keys = ApiKeys(auth)
         self.drain = Drain()
         logger.info("API keys %s", f"on ({self.keys.count} key(s))" if self.keys.on else
                     "off: every route is public (set auth.api_keys, or auth.required: true "
                     "to refuse to start without keys)")
+        self.paths |= {template for _, template in self.templates}
         self._keyed_paths = self.paths - PUBLIC_ROUTES
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -126,7 +131,7 @@ class RequestMiddleware:
         headers = Headers(scope=scope)
         given = headers.get("x-request-id", "")
         request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
-        path = get_route_path(scope)
+        path = self._template(get_route_path(scope))
         record = RequestRecord(path if path in self.paths else "other")
         scope[RECORD] = record
         scope[REQUEST_ID] = request_id
@@ -157,7 +162,9 @@ class RequestMiddleware:
         try:
             if self.drain.stopping:  # Drain.refuse_if_stopping, inline (the request path's)
                 self.drain.refuse_if_stopping()  # 503 + Retry-After, not Serve's 404
-            if (self.keys.on and path in self._keyed_paths
+            if internal.AS_KEY in scope:  # made in this process (a batch's line): its key
+                record.api_key = scope[internal.AS_KEY]
+            elif (self.keys.on and path in self._keyed_paths
                     and not (path in PUBLIC_GETS and scope["method"] in ("GET", "HEAD"))):
                 record.api_key = self.keys.check(headers.get("authorization", ""))
             elif self.keys.on and path in PUBLIC_ROUTES and "authorization" in headers:
@@ -189,6 +196,15 @@ class RequestMiddleware:
             if record.trace is not None:  # no status: the client left, or the reply broke
                 record.trace.end(record, not 0 < status < 500,
                                  {"http.response.status_code": status})
+
+    def _template(self, path: str) -> str:
+        """``path``, or the route template it matches (``/v1/files/{file_id}``)."""
+        if path in self.paths or not self.templates:
+            return path
+        for pattern, template in self.templates:
+            if pattern.match(path):
+                return template
+        return path
 
     def _span(self, scope: Scope, headers: Headers, path: str,
               request_id: str) -> tracing.RequestSpan | None:

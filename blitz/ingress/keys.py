@@ -61,6 +61,23 @@ class ApiKeys:
             raise Unauthorized("invalid API key")
         return matched
 
+    def owner(self, key: int) -> str:
+        """Whose files and batches a request with key index ``key`` sees
+        (``blitz.batches.store``): the key's digest, or ``public`` while keys are off."""
+        if 0 <= key < len(self._digests):
+            return f"key-{self._digests[key].hex()[:16]}"
+        return "public"
+
+    def index_of(self, owner: str) -> int | None:
+        """The key index an owner's batch runs as: -1 while keys are off (``public``), None
+        when that key is configured no more."""
+        if not self.on:
+            return -1
+        for i in range(len(self._digests)):
+            if self.owner(i) == owner:
+                return i
+        return None
+
     def ceiling(self, key: int) -> int:
         """The highest priority level the key with index ``key`` (-1: none, keys off) may
         run at: its grant, else ``auth.max_priority``."""

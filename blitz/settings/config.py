@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from blitz.settings.batches import BatchSettings
 from blitz.settings.deployment_options import (
     CPU_POOL_DEFAULTS,
     FLAT_INGRESS_KEYS,
@@ -306,6 +307,8 @@ class BlitzSettings(_Settings):
                                  description="models added, pinned and removed at run time")
     cache_dir: str | None = Field(None, description=f"model cache; default ${CACHE_DIR_ENV} "
                                   "or ~/.cache/blitz")
+    batches: BatchSettings = Field(default_factory=BatchSettings,
+                                   description="the batch API (OpenAI's Files and Batches)")
     _sizing: Sizing | None = PrivateAttr(None)  # what `auto` stood for, when sized here
 
     @field_validator("cpu_pool", "gpu_pool", "ingress", mode="before")
@@ -400,3 +403,7 @@ class BlitzSettings(_Settings):
 
     def resolved_cache_dir(self) -> Path:
         return cache_root(self.cache_dir)
+
+    def batch_storage(self, app: str) -> str:
+        """Where app ``app``'s batch API keeps its files and batches (``batches.storage``)."""
+        return self.batches.storage_uri(str(self.resolved_cache_dir()), app)

@@ -17,6 +17,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from blitz import codecs
+from blitz.batches.service import BatchService
 from blitz.errors import ErrorShape, Overloaded, PayloadTooLarge, RequestTimeout
 from blitz.http import reply_bodies
 from blitz.http.middleware import record_of, request_id_of, speaks, take_priority
@@ -39,6 +40,7 @@ class Kit:
         self.parts = services.parts
         self.late = services.late
         self.settings = self.service.settings
+        self.batches: BatchService | None = None  # the batch API's, when on (set by HttpApi)
         # a request body holds about one list or object per text (token-id rows, Cohere
         # documents, numpy arrays): more than this is refused before it is built
         limits = self.settings.limits

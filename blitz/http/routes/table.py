@@ -19,8 +19,10 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel
 
 from blitz import codecs
+from blitz.batches.service import BatchService
 from blitz.http import bodies
 from blitz.http.routes import (
+    batches,
     blitz_api,
     cohere,
     images,
@@ -70,6 +72,7 @@ class RouteSpec(NamedTuple):
     public: bool = False  # answered without an API key
     aside: bool = False  # a probe's alias or the description: not among HttpApi.routes,
     # and counted as "other" in the metrics
+    batch: bool = False  # a batch's lines may call it (POST /v1/batches' `endpoint`)
 
 
 EMBED = ("service", EmbeddingService.embed)
@@ -102,6 +105,12 @@ _ROOT = ("The route of the default model's kind, as Hugging Face TEI serves it: 
 _ROOT_CALLS = (EMBED, RERANK, CLASSIFY, ("outputs", OutputService.embed_sparse),
                ("outputs", OutputService.similarity))
 _HEALTH = "{status: \"ok\", unix: seconds since the epoch}."
+_FILE = ("OpenAI's file object: {id, object: \"file\", bytes, created_at, filename, purpose, "
+         "status, expires_at}.")
+_BATCH = ("OpenAI's batch object: {id, object: \"batch\", endpoint, input_file_id, status, "
+          "output_file_id, error_file_id, errors, request_counts: {total, completed, failed}, "
+          "created_at, ..._at, metadata}.")
+_LIST = "OpenAI's list: {object: \"list\", data, first_id, last_id, has_more}."
 
 ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(
@@ -119,7 +128,7 @@ ROUTES: tuple[RouteSpec, ...] = (
                                         (EMBED_PARTS,)),
                   Variant(late_interaction.asks_late_chunking,
                           late_interaction.embed_late_chunks,
-                          late_interaction.LateChunkingRequest, (LATE_CHUNKS,)))),
+                          late_interaction.LateChunkingRequest, (LATE_CHUNKS,))), batch=True),
     RouteSpec(
         "POST", "/v1/embeddings", openai.openai_embeddings,
         "Embed texts (OpenAI's embeddings API), images with modality image (Infinity's), "
@@ -128,7 +137,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         "chunks)", bodies.OpenAIEmbeddingRequest,
         "OpenAI's {object: \"list\", data: [{object: \"embedding\", index, embedding}], "
         "model, usage}; embedding is floats, or base64 of little-endian float32.",
-        calls=(EMBED,), variants=(OPENAI_IMAGES, OPENAI_PARTS, OPENAI_LATE)),
+        calls=(EMBED,), variants=(OPENAI_IMAGES, OPENAI_PARTS, OPENAI_LATE), batch=True),
     RouteSpec(
         "POST", "/rerank", infinity.rerank,
         "Rerank documents against a query (Infinity's documents, or TEI's texts; `images` "
@@ -140,31 +149,32 @@ ROUTES: tuple[RouteSpec, ...] = (
         variants=(Variant(bodies.has_images, images.rerank, images.RerankImagesRequest,
                           (("images", ImageService.rerank_images),
                            ("late", LateInteractionService.rerank_pages))),
-                  _mixed_rerank(parts.rerank))),
+                  _mixed_rerank(parts.rerank)), batch=True),
     RouteSpec(
         "POST", "/v1/rerank", cohere.cohere_v1_rerank,
         "Rerank documents against a query (Cohere's v1 and Jina's; Jina's image and text "
         "objects: a vision-language model's)", bodies.RerankRequest,
         "{model, results: [{index, relevance_score, document?}], usage, id, meta}.", ANY,
-        (RERANK,), variants=(_mixed_rerank(parts.rerank_v1),)),
+        (RERANK,), variants=(_mixed_rerank(parts.rerank_v1),), batch=True),
     RouteSpec("POST", "/", tei.tei_root, "Hugging Face TEI's model-kind route",
               bodies.EmbedRequest, _ROOT, ANY, _ROOT_CALLS),
     RouteSpec(
         "POST", "/embeddings", openai.openai_embeddings,
         "Embed texts (Infinity's and TEI's OpenAI-style route)",
         bodies.OpenAIEmbeddingRequest, "As POST /v1/embeddings.", calls=(EMBED,),
-        variants=(OPENAI_IMAGES, OPENAI_PARTS, OPENAI_LATE)),
+        variants=(OPENAI_IMAGES, OPENAI_PARTS, OPENAI_LATE), batch=True),
     RouteSpec(
         "POST", "/v1/embed", cohere.cohere_embed_v1, "Embed texts (Cohere's v1)",
         cohere.CohereEmbedRequest, "Cohere's {id, texts, embeddings, meta}: by type, or bare "
-        "floats without embedding_types.", calls=(EMBED,)),
+        "floats without embedding_types.", calls=(EMBED,), batch=True),
     RouteSpec(
         "POST", "/v2/embed", cohere.cohere_embed_v2,
         "Embed texts (Cohere's v2); `inputs` of text and image content or `images` (a "
         "vision-language embedder's)", cohere.CohereEmbedRequest,
         "Cohere's {id, texts, embeddings: {float?, int8?, ..., base64?}, meta}.",
         calls=(EMBED,), variants=(Variant(parts.asks_cohere_images, parts.cohere_embed,
-                                          parts.CohereMultimodalRequest, (EMBED_PARTS,)),)),
+                                          parts.CohereMultimodalRequest, (EMBED_PARTS,)),),
+        batch=True),
     RouteSpec(
         "POST", "/v1/multimodalembeddings", parts.voyage_embeddings,
         "Embed documents of text and image parts (Voyage's multimodal embeddings)",
@@ -183,7 +193,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         "Rerank documents against a query (Cohere's v2; documents of images or parts: a "
         "vision-language model's)", cohere.CohereRerankRequest,
         "Cohere's {id, results: [{index, relevance_score}], meta}.", calls=(RERANK,),
-        variants=(_mixed_rerank(parts.rerank_v2),)),
+        variants=(_mixed_rerank(parts.rerank_v2),), batch=True),
     RouteSpec(
         "POST", "/embed_all", tei.embed_all, "Per-token vectors (Hugging Face TEI's)",
         bodies.EmbedAllRequest,
@@ -247,6 +257,37 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("GET", "/v1/models", openai.openai_models, "The served models (OpenAI's list)",
               None, "{object: \"list\", data: [{id, object: \"model\", created, owned_by, "
               "kind, dimension, max_seq_length}]}."),
+    RouteSpec("POST", "/v1/files", batches.upload_file,
+              "Upload a batch's input (OpenAI's Files API): multipart/form-data with `file` "
+              "(JSON lines, one request each) and `purpose: batch`", None, _FILE,
+              calls=(("batches", BatchService.upload),)),
+    RouteSpec("GET", "/v1/files", batches.list_files, "This key's files, newest first "
+              "(`purpose`, `limit`, `after`, `order`)", None, _LIST,
+              calls=(("batches", BatchService.list_files),)),
+    RouteSpec("GET", "/v1/files/{file_id}", batches.retrieve_file, "One file's object", None,
+              _FILE, calls=(("batches", BatchService.get_file),)),
+    RouteSpec("DELETE", "/v1/files/{file_id}", batches.delete_file,
+              "Delete a file (not the input of a batch still running)", None,
+              "{id, object: \"file\", deleted: true}.",
+              calls=(("batches", BatchService.delete_file),)),
+    RouteSpec("GET", "/v1/files/{file_id}/content", batches.file_content,
+              "A file's bytes: a batch's input, output or error lines", None,
+              "The file, as JSON lines; an output line is {id, custom_id, response: "
+              "{status_code, request_id, body}, error}.", ("application/octet-stream",),
+              calls=(("batches", BatchService.file_content),)),
+    RouteSpec("POST", "/v1/batches", batches.create_batch,
+              "Run an uploaded file's requests as a batch (OpenAI's Batches API), at priority "
+              "low beside interactive requests", batches.CreateBatchRequest, _BATCH,
+              calls=(("batches", BatchService.create_batch),)),
+    RouteSpec("GET", "/v1/batches", batches.list_batches,
+              "This key's batches, newest first (`limit`, `after`)", None, _LIST,
+              calls=(("batches", BatchService.list_batches),)),
+    RouteSpec("GET", "/v1/batches/{batch_id}", batches.retrieve_batch,
+              "One batch: its status and request_counts", None, _BATCH,
+              calls=(("batches", BatchService.get_batch),)),
+    RouteSpec("POST", "/v1/batches/{batch_id}/cancel", batches.cancel_batch,
+              "Cancel a batch: it stops within seconds, its done requests kept in its output",
+              None, _BATCH, calls=(("batches", BatchService.cancel_batch),)),
     RouteSpec("GET", "/health", blitz_api.health, "Liveness", None, _HEALTH, public=True),
     RouteSpec("GET", "/ready", blitz_api.ready,
               "Readiness: whether the default model can be served now", None,
@@ -263,6 +304,11 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("GET", "/docs", blitz_api.docs, "This document as a page", None,
               "Self-contained HTML.", ("text/html",), public=True, aside=True),
 )
+
+
+def batch_endpoints(routes: tuple[RouteSpec, ...] = ROUTES) -> list[str]:
+    """The routes a batch's lines may call (``batch``), in the table's order."""
+    return [route.path for route in routes if route.batch]
 
 
 def service_calls(routes: tuple[RouteSpec, ...] = ROUTES) -> Iterator[Call]:

@@ -1,0 +1,1 @@
+"""Batch jobs: OpenAI's Files and Batches API."""
