@@ -166,6 +166,10 @@ class BatchRunnerDeployment:
                     self.stopping.wait(self.settings.batches.poll_s)
             yield  # stopping while it waited: the loop ends at once
 
+    async def pid(self) -> int:
+        """This replica's process id (the fault tests kill it)."""
+        return os.getpid()
+
     async def check_health(self) -> None:
         if self.failure is not None or not self.thread.is_alive():
             raise RuntimeError(f"the batch runner's thread stopped ({self.failure!r})")

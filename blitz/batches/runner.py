@@ -206,8 +206,8 @@ class BatchRunner:
 
     def run(self, owner: str, batch: dict[str, Any]) -> None:
         """Run a batch's pieces not done yet, counting each as it is done; then end it."""
-        if batch["status"] == objects.FINALIZING:
-            self.end(owner, batch, batch.get("_ending", objects.COMPLETED))
+        if batch["status"] == objects.FINALIZING and batch["_ending"] != objects.COMPLETED:
+            self.end(owner, batch, batch["_ending"])
             return
         plan = self._plan(owner, batch["id"])
         done = self._done(owner, batch["id"])

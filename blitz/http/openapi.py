@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import inspect
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,6 +85,16 @@ def _alias_choices(model: type[BaseModel], schema: dict[str, Any]) -> None:
         del schema["required"]
 
 
+_UPLOAD_SCHEMA = {
+    "type": "object", "required": ["file", "purpose"], "properties": {
+        "file": {"type": "string", "format": "binary",
+                 "description": "JSON lines: {custom_id, method: POST, url, body} each"},
+        "purpose": {"type": "string", "enum": ["batch"]},
+        "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
+        "expires_after[seconds]": {"type": "integer", "description": "kept this long (at "
+                                   "least an hour, at most batches.retention_s)"}}}
+
+
 def _operation(method: str, path: str, op: RouteSpec, endpoint: Any,
                refs: dict[str, str]) -> dict[str, Any]:
     doc = inspect.getdoc(endpoint) or ""
@@ -96,6 +107,13 @@ def _operation(method: str, path: str, op: RouteSpec, endpoint: Any,
         out["description"] = doc
     if op.public:
         out["security"] = []
+    parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                  for name in re.findall(r"{(\w+)}", path)]
+    if parameters:
+        out["parameters"] = parameters
+    if op.upload:
+        out["requestBody"] = {"required": True, "content": {"multipart/form-data": {
+            "schema": _UPLOAD_SCHEMA}}}
     if op.body is not None:
         schema = {"$ref": refs[op.body.__name__]}
         out["requestBody"] = {"required": True, "content": {
@@ -195,9 +213,12 @@ def docs_page(doc: dict[str, Any]) -> str:
             if "description" in op:
                 parts.append(f"<pre>{e(op['description'])}</pre>")
             body = op.get("requestBody")
-            if body:
+            if body and JSON in body["content"]:
                 parts.append("<h3>Request (JSON or msgpack)</h3>" + _schema_html(
                     body["content"][JSON]["schema"], schemas))
+            elif body:  # an upload
+                parts.append("<h3>Request (multipart/form-data)</h3>" + _schema_html(
+                    body["content"]["multipart/form-data"]["schema"], schemas))
             ok = op["responses"]["200"]
             kinds = ", ".join(ok["content"])
             parts.append(f"<h3>Reply ({e(kinds)})</h3><p>{e(ok['description'])}</p>"

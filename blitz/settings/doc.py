@@ -92,15 +92,15 @@ def render() -> str:
              f"then run `{COMMAND}` -->", "",
              "Top level of `args`:", "", *_table(settings, ("routing", "cpu_pool", "gpu_pool",
                                                        "ingress", "limits", "auth",
-                                                       "tracing")),
+                                                       "tracing", "batches")),
              "", "Each entry of `models`:", "", *_table(ModelSpec(id="m", source="fake:8")),
              "", "`cpu_pool` and `gpu_pool` (a partial `gpu_pool` keeps the GPU defaults it "
              "leaves out):", "", *_pool_tables(settings)]
-    for name in ("ingress", "routing", "limits", "auth", "tracing"):
+    for name in ("ingress", "routing", "limits", "auth", "tracing", "batches"):
         parts += ["", f"`{name}` ({section[name].description}):", "",
                   *_table(getattr(settings, name))]
-        if name == "ingress":
-            parts[-1:] = [parts[-1], *_deployment_rows(settings.ingress.deployment)]
+        if name in ("ingress", "batches"):
+            parts[-1:] = [parts[-1], *_deployment_rows(getattr(settings, name).deployment)]
     parts += ["", "A bulk job (`BulkSettings`: `blitz embed`, "
               "`deployments.bulk.embed_dataset`):", "",
               *_table(BulkSettings())]

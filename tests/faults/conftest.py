@@ -32,8 +32,8 @@ def deploy(serve_instance):
 
 def small_app(models: list[dict], *, cpu_pool: dict | None = None,
               ingress: dict | None = None) -> dict:
-    """Settings for a fault app: CPU pool only, one replica, short timeouts; ``cpu_pool``
-    and ``ingress`` are merged over those, dict by dict."""
+    """Settings for a fault app: CPU pool only, one replica, short timeouts, no batch API;
+    ``cpu_pool`` and ``ingress`` are merged over those, dict by dict."""
     return {
         "models": models,
         "gpu": "off",
@@ -44,4 +44,5 @@ def small_app(models: list[dict], *, cpu_pool: dict | None = None,
         "ingress": merge_options({"deployment": {"num_replicas": 1,
                                                  "ray_actor_options": {"num_cpus": 0.1}},
                                   "pool_timeout_s": 20}, ingress or {}),
+        "batches": {"enabled": False},  # no runner replica: test_batch_restart.py's own
     }

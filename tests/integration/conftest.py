@@ -16,7 +16,8 @@ GPU_BATCH = 16
 MAX_TEXTS = 64
 CPU_WORKERS = 2  # as serve_config.yaml: two model calls at once per CPU pool replica
 BUSY_BATCH_S = 3
-ADMIN_KEY = "it-admin-key"  # the model admin API's (tests/integration/test_model_admin.py)
+ADMIN_KEY = "it-admin-key"
+BATCH_PIECE = 4  # lines of a batch run together (batches.chunk_lines)  # the model admin API's (tests/integration/test_model_admin.py)
 
 
 @pytest.fixture(scope="session")
@@ -107,6 +108,9 @@ def app_args(tiny_models, tiny_clip, tiny_vl, tiny_colbert, tiny_colqwen,
         "limits": {"max_texts_per_request": MAX_TEXTS, "max_chars_per_text": 20_000},
         "admin": {"api_keys": [ADMIN_KEY], "poll_s": 0.5,
                   "models_file": str(tmp_path_factory.mktemp("admin") / "models.json")},
+        # small pieces, one at a time: a cancel lands between pieces of a short batch
+        # (tests/integration/test_batches.py)
+        "batches": {"chunk_lines": BATCH_PIECE, "concurrency": 1, "poll_s": 0.2},
     }
 
 

@@ -59,7 +59,7 @@ def test_the_app_has_no_cpu_pool_replicas(inproc_app):
     from ray import serve
 
     deployments = serve.status().applications[APP].deployments
-    assert set(deployments) == {"Ingress", "GPUPool"}
+    assert set(deployments) == {"Ingress", "GPUPool", "BatchRunner"}
 
 
 def test_small_requests_are_answered_in_the_ingress_with_the_pools_vectors(

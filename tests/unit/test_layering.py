@@ -202,7 +202,8 @@ FLOORS = (  # lowest first: a module imports its own package, lower floors and L
     ("blitz.vision_language",),  # a decoder reading texts and images: embedder, reranker
     ("blitz.loading", "blitz.hop_messages"),  # a ModelSpec to an Encoder; the jobs and results of the hops
     ("blitz.admin",),  # the model table the admin API changes and replicas follow
-    ("blitz.pool", "blitz.bulk"),  # a pool replica's Ray-free half; the bulk job's
+    ("blitz.pool", "blitz.bulk", "blitz.batches"),  # a pool replica's Ray-free half; the bulk
+    # job's; the batch API's store and runner
     ("blitz.ingress",),  # request logic: limits, routing, output options
     ("blitz.http", "blitz.grpc_api"),  # the HTTP API; the gRPC API (TEI's tei.v1)
     ("blitz.cli", "blitz.client", "blitz.map"),  # the command line; the Python client; the map

@@ -73,6 +73,7 @@ class RouteSpec(NamedTuple):
     aside: bool = False  # a probe's alias or the description: not among HttpApi.routes,
     # and counted as "other" in the metrics
     batch: bool = False  # a batch's lines may call it (POST /v1/batches' `endpoint`)
+    upload: bool = False  # its body is a multipart/form-data upload: `file` and `purpose`
 
 
 EMBED = ("service", EmbeddingService.embed)
@@ -260,7 +261,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec("POST", "/v1/files", batches.upload_file,
               "Upload a batch's input (OpenAI's Files API): multipart/form-data with `file` "
               "(JSON lines, one request each) and `purpose: batch`", None, _FILE,
-              calls=(("batches", BatchService.upload),)),
+              calls=(("batches", BatchService.upload),), upload=True),
     RouteSpec("GET", "/v1/files", batches.list_files, "This key's files, newest first "
               "(`purpose`, `limit`, `after`, `order`)", None, _LIST,
               calls=(("batches", BatchService.list_files),)),
