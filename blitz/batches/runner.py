@@ -126,9 +126,15 @@ class BatchRunner:
             self.sweep()
 
     def _open(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The batches not ended, by their ``open`` markers (one listing per owner)."""
         for owner in self.store.owners():
-            for batch in self.store.batches(owner):
-                if batch["status"] not in objects.ENDED:
+            for batch_id in self.store.open_ids(owner):
+                batch = self.store.batch(owner, batch_id)
+                if batch is None:
+                    continue  # its record not written yet, or deleted
+                if batch["status"] in objects.ENDED:
+                    self.store.mark_ended(owner, batch_id)  # an end cut off before this
+                else:
                     yield owner, batch
 
     def start_new(self) -> None:
@@ -177,6 +183,7 @@ class BatchRunner:
         batch.update(status=objects.FAILED, failed_at=now, _ended_at=now,
                      errors=objects.errors_list(problems))
         self.store.save_batch(owner, batch)
+        self.store.mark_ended(owner, batch["id"])
         logger.info("batch %s failed: %s", batch["id"], problems[0]["message"])
 
     # --- in progress -------------------------------------------------------------------
@@ -263,6 +270,7 @@ class BatchRunner:
                 ["invalid.err", *(f"{i}.err" for i in names)], "error")
         batch.update(status=ending, _ended_at=now, **{f"{ending}_at": now})
         store.save_batch(owner, batch)
+        store.mark_ended(owner, batch_id)
         store.forget_parts(owner, batch_id)
         logger.info("batch %s %s: %s", batch_id, ending, batch["request_counts"])
 

@@ -154,9 +154,10 @@ class BatchService:
     async def delete_file(self, file_id: str, *, owner: str = PUBLIC) -> dict[str, Any]:
         def delete() -> None:
             self._file(owner, file_id)
-            for batch in self.store.batches(owner):
-                if batch["input_file_id"] == file_id and batch["status"] not in objects.ENDED:
-                    raise Conflict(f"file {file_id} is the input of batch {batch['id']}, "
+            for batch_id in self.store.open_ids(owner):
+                batch = self.store.batch(owner, batch_id)
+                if batch is not None and batch["input_file_id"] == file_id:
+                    raise Conflict(f"file {file_id} is the input of batch {batch_id}, "
                                    "which has not ended: cancel it first", param="file_id")
             self.store.forget_file(owner, file_id)
         await asyncio.to_thread(delete)
@@ -197,7 +198,7 @@ class BatchService:
                 raise InvalidValue(f"file {input_file_id} has purpose {meta['purpose']!r}; a "
                                    f"batch's input has purpose {objects.PURPOSE_IN!r}",
                                    param="input_file_id")
-            running = [b for b in self.store.batches(owner) if b["status"] not in objects.ENDED]
+            running = self.store.open_ids(owner)
             if len(running) >= self.settings.max_running_batches_per_key:
                 raise LimitReached(f"this API key has {len(running)} batches not ended, its "
                                    "limit (batches.max_running_batches_per_key): wait for "
@@ -207,6 +208,7 @@ class BatchService:
                                           completion_window, now,
                                           now + int(window.group(1)) * 3600, metadata)
             self.store.save_batch(owner, record)
+            self.store.mark_open(owner, record["id"])  # after its record: the runner reads it
             return record
         return objects.public(await asyncio.to_thread(create))
 

@@ -11,6 +11,8 @@
       <owner>/batches/<id>/plan.json    the input's pieces, found when the batch starts
       <owner>/batches/<id>/parts/       each piece's output and error lines, then its
                                         record (``<n>.done``), written last
+      <owner>/open/<id>                 a batch not ended: what the runner looks at each
+                                        pass (never every batch kept)
 
 An owner is an API key, named by its digest (``key-`` and 16 hex digits), or ``public``
 while keys are off: another key's files and batches are not found, by construction. Ids
@@ -203,6 +205,16 @@ class Store:
     def save_batch(self, owner: str, record: dict[str, Any]) -> None:
         self.put_json(f"{self.batch_dir(owner, record['id'])}/batch.json", record)
 
+    def open_ids(self, owner: str) -> list[str]:
+        """The batches of ``owner`` not ended (``mark_open``)."""
+        return [n for n in self._names(f"{self.owner_dir(owner)}/open") if BATCH_ID.match(n)]
+
+    def mark_open(self, owner: str, batch_id: str) -> None:
+        self.put(f"{self.owner_dir(owner)}/open/{batch_id}", b"")
+
+    def mark_ended(self, owner: str, batch_id: str) -> None:
+        self.drop(f"{self.owner_dir(owner)}/open/{batch_id}")
+
     def cancel_asked(self, owner: str, batch_id: str) -> float | None:
         """When a cancel was asked for, or None."""
         asked = self.get_json(f"{self.batch_dir(owner, batch_id)}/cancel")
@@ -219,6 +231,7 @@ class Store:
     def forget_batch(self, owner: str, batch_id: str) -> None:
         """Delete a batch's own files (its outputs are files of their own)."""
         self.forget_parts(owner, batch_id)
+        self.mark_ended(owner, batch_id)
         directory = self.batch_dir(owner, batch_id)
         for name in BATCH_FILES[1:] + BATCH_FILES[:1]:  # its object last
             self.drop(f"{directory}/{name}")

@@ -3,7 +3,7 @@ started again; after each, every custom_id is in the output exactly once, and no
 was done is run again.
 
 The app's model takes 1 s a batch and the batch runs pieces of five lines one at a time,
-so the faults land mid-batch.
+so the faults land mid-batch. Each case on one engine: Ray Data, and the runner's threads.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ APP = "fault-batches"
 LINES = 60
 
 
-def app_args(storage: str) -> dict:
+def app_args(storage: str, engine: str = "auto") -> dict:
     args = small_app([{"id": "slowfake", "source": "fake:8:0:1"}])
     args["batches"] = {"storage": storage, "chunk_lines": 5, "concurrency": 1,
-                       "poll_s": 0.2}
+                       "poll_s": 0.2, "engine": engine}
     return args
 
 
@@ -77,9 +77,11 @@ def test_a_killed_runner_is_replaced_and_its_batch_completes_once(deploy, tmp_pa
 
 
 def test_a_batch_resumes_after_the_app_is_stopped_and_started_again(deploy, tmp_path):
+    """On the runner's own threads (``engine: threads``, the serving install's engine): the
+    killed-runner case above runs its pieces on Ray Data."""
     from ray import serve
 
-    args = app_args(str(tmp_path / "batches"))
+    args = app_args(str(tmp_path / "batches"), engine="threads")
     url = deploy(APP + "-stop", args)
     client = sdk(url)
     batch_id = submit(client)

@@ -34,7 +34,7 @@ def lines(n: int, url: str = "/v1/embeddings", model: str = "fake") -> bytes:
 def app(tmp_path):
     settings = BlitzSettings.from_args({
         "models": [{"id": "fake", "source": "fake:16"}], "cache_dir": str(tmp_path),
-        "auth": {"api_keys": KEYS},
+        "auth": {"api_keys": KEYS}, "limits": {"max_texts_per_request": 8},
         "batches": {"max_file_bytes": 4096, "max_stored_bytes_per_key": 10_000,
                     "max_running_batches_per_key": 2, "chunk_lines": 4}})
     return HttpApi(EmbeddingService(settings, ReplicaDispatcher(settings)), app="unit")
@@ -181,6 +181,14 @@ async def test_a_line_runs_as_its_batchs_key_and_a_removed_key_is_refused(app):
                                                    [b'{"model": "nope", "input": "a"}'], 0,
                                                    settings)
     assert status == 404
+
+
+async def test_each_line_is_held_to_the_request_limits(app):
+    settings = app.settings.batches
+    too_many = json.dumps({"model": "fake", "input": ["t"] * 9}).encode()
+    [(status, _, body)] = await internal.run_lines(app.app, "/v1/embeddings", [too_many], 0,
+                                                   settings)
+    assert status == 413 and "max_texts_per_request" in json.loads(body)["error"]["message"]
 
 
 async def test_a_line_answered_503_is_sent_again(app, monkeypatch):

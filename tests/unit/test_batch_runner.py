@@ -115,6 +115,7 @@ def make_batch(store: Store, owner: str, rows: list[str], clock: Clock,
     record = objects.batch_object(new_id("batch_"), ENDPOINT, file_id, "1h", int(clock()),
                                   int(clock()) + window_s, None)
     store.save_batch(owner, record)
+    store.mark_open(owner, record["id"])
     return record
 
 
@@ -301,3 +302,43 @@ def test_ids_from_a_url_never_name_a_path(tmp_path):
     assert store.batch("public", "batch_../x") is None
     with pytest.raises(ValueError):
         store.owner_dir("../x")
+
+
+@pytest.fixture
+def s3_bucket(monkeypatch):
+    """A moto S3 server on loopback with a bucket ``batches``; stopped afterwards."""
+    pytest.importorskip("s3fs")
+    moto_server = pytest.importorskip("moto.server")
+    from tests.ports import free_port
+
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="batches")
+    try:
+        yield "s3://batches/blitz"
+    finally:
+        server.stop()
+
+
+def test_a_batch_runs_on_an_object_store_prefix_as_on_a_folder(s3_bucket):
+    store, clock = Store(s3_bucket), Clock()
+    assert not store.local
+    ids = [f"r{i}" for i in range(7)]
+    batch = make_batch(store, "key-0123456789abcdef", [request(i, i) for i in ids], clock)
+    runner = runner_for(store, clock)
+    runner.tick()
+    record = store.batch("key-0123456789abcdef", batch["id"])
+    assert record["status"] == "completed"
+    out, err = results(store, "key-0123456789abcdef", record)
+    exactly_once(out, err, ids)
+    assert store.part_names("key-0123456789abcdef", batch["id"]) == []
+    assert store.owners() == ["key-0123456789abcdef"]
