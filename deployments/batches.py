@@ -25,12 +25,13 @@ On a local store the runner holds ``_runner.lock`` in it while it runs, so two r
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from ray import serve
@@ -45,13 +46,37 @@ logger = logging.getLogger("ray.serve")
 LOCK = "_runner.lock"
 
 
-def ingress_call(ingress: str, app: str, owner: str, timeout_s: float) -> Call:
-    """A piece's requests sent to ingress ``ingress`` of ``app`` as ``owner``."""
+class LoopThread:
+    """An event loop in a thread of its own, for Serve's handles called from threads: in
+    Serve's throughput-optimized mode (serve_config.yaml's) a handle runs its router on the
+    caller's loop, and a Ray Data actor's or an engine thread's call has none."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="blitz-batch-handles",
+                         daemon=True).start()
+
+    def run(self, coroutine: Coroutine[Any, Any, Any], timeout_s: float) -> Any:
+        """``coroutine``'s result, waited for at most ``timeout_s`` (then cancelled)."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        try:
+            return future.result(timeout=timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise
+
+
+def ingress_call(ingress: str, app: str, owner: str, timeout_s: float,
+                 loop: LoopThread) -> Call:
+    """A piece's requests sent to ingress ``ingress`` of ``app`` as ``owner`` (the handle
+    used on ``loop``)."""
     handle = serve.get_deployment_handle(ingress, app)
 
+    async def send(endpoint: str, bodies: list[bytes]) -> list[tuple[int, str, bytes]]:
+        return await handle.batch_requests.remote(owner, endpoint, bodies)
+
     def call(endpoint: str, bodies: list[bytes]) -> list[tuple[int, str, bytes]]:
-        return handle.batch_requests.remote(owner, endpoint, bodies).result(
-            timeout_s=timeout_s)
+        return loop.run(send(endpoint, bodies), timeout_s)
     return call
 
 
@@ -62,7 +87,7 @@ class PieceWorker:
                  batch: dict[str, Any], max_line_bytes: int, timeout_s: float):
         self.store = Store(storage)
         self.owner, self.batch, self.max_line_bytes = owner, batch, max_line_bytes
-        self.call = ingress_call(ingress, app, owner, timeout_s)
+        self.call = ingress_call(ingress, app, owner, timeout_s, LoopThread())
 
     def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
         record = run_piece(self.store, self.owner, self.batch, json.loads(row["piece"]),
@@ -126,8 +151,9 @@ class BatchRunnerDeployment:
             if batches.engine == "auto":
                 logger.info("blitz: batches run in the runner's threads (Ray Data is not "
                             "installed: the bulk extra spreads them over the cluster)")
+            loop = LoopThread()
             engine = local_engine(self.store, lambda owner: ingress_call(
-                ingress, app, owner, timeout_s), batches.concurrency, max_line_bytes)
+                ingress, app, owner, timeout_s, loop), batches.concurrency, max_line_bytes)
         self.runner = BatchRunner(self.store, batches, max_line_bytes, engine)
         self.stopping = threading.Event()
         self.failure: BaseException | None = None

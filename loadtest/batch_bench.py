@@ -3,8 +3,8 @@ Blitz) against ``blitz embed`` (``deployments.bulk.embed_dataset``, a Ray Data j
 same corpus, and what a batch does to one interactive user's latency.
 
 One corpus of ``--texts`` sentences (``loadtest.corpus.sentences``), in rounds
-(``--rounds``), each round both sides, the order alternating (embed first in even rounds,
-the batch first in odd ones) so that the machine's drift hits both alike:
+(``--rounds``), each round both sides, the order alternating (embed first in rounds 1, 3,
+..., the batch first in rounds 2, 4, ...) so that the machine's drift hits both alike:
 
 - ``blitz embed``: the corpus as one JSONL file ({"id": i, "text": ...}) embedded by
   ``embed_dataset(..., options=BulkSettings(model=MODEL))`` with the registry of
@@ -20,6 +20,8 @@ the batch first in odd ones) so that the machine's drift hits both alike:
   ``completed_at - created_at`` beside it. The output file is streamed to disk and checked:
   one line per request line, every custom_id exactly once, every response 200, one vector
   per text, and its first vector against blitz embed's for the same id (cosine > 0.999).
+  A batch that runs ``--stall-seconds`` with no request done, or past ``--batch-timeout``,
+  is cancelled and the run fails; the run's files are deleted from the server either way.
 - ``one user``: one-text ``POST /v1/embeddings`` requests sent back to back by one client
   (httpx, texts from another seed so that no cache could answer them), for
   ``--idle-seconds`` with the server idle just before the upload, then for as long as the
@@ -37,8 +39,8 @@ Where the phases run. The bulk job needs Ray in this process, and the server has
   beside it, as the job's do not during the batch phases.
 - ``--serve``: nothing is running; each round starts what it needs and stops it after:
   a local Ray for the embed phase, then ``scripts/serve.sh`` (``loadtest.bulk.served``)
-  for the batch phase (the model loaded, Ray Data's batch actors started by the batch, in
-  its seconds).
+  for the batch phase (its start outside the timed batch; the Ray Data actors the batch
+  runs on start inside it).
 
 Prints a Markdown table (each round and the medians) and writes ``--out``
 (loadtest/results/batch-api.json: ``kind`` "table" with the config, every round's figures
@@ -77,6 +79,7 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_OUT = ROOT / "loadtest" / "results" / "batch-api.json"
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 POLL_S = 1.0  # how often the batch is retrieved (the create-to-completed time's resolution)
+REPORT_S = 30.0  # a progress line at least this often while a batch runs
 MIN_COSINE = 0.999
 PROBE_WARMUP = 5  # one-text requests before the idle window, not measured
 PROBE_SEED = 1  # the one user's texts: not the corpus's (seed 0)
@@ -448,10 +451,11 @@ def embedded_vector(out: Path, row_id: int) -> np.ndarray:
 # --- the batch API -------------------------------------------------------------------------
 
 def batch_round(client: Any, user: User, lines_file: Path, ids: Sequence[str], texts: int,
-                idle_s: float, work: Path, timeout_s: float,
+                idle_s: float, work: Path, limits: tuple[float, float],
                 progress: Progress) -> dict[str, Any]:
     """The one user idle, then one batch of ``lines_file`` with the user beside it; the
-    output checked (``check_output``), the files deleted after."""
+    output checked (``check_output``), the files deleted after. ``limits``: the batch's
+    seconds in all and with no request done (``_run_batch``)."""
     progress(f"one user, idle: {idle_s:g} s")
     user.warm_up()
     idle = user.for_s(idle_s)
@@ -464,7 +468,8 @@ def batch_round(client: Any, user: User, lines_file: Path, ids: Sequence[str], t
             upload = client.files.create(file=f, purpose="batch")
         made.append(upload.id)
         upload_s = time.perf_counter() - start
-        batch, seconds, seen, until = _run_batch(client, user, upload.id, timeout_s, progress)
+        batch, seconds, seen, until = _run_batch(client, user, upload.id, limits, made,
+                                                 progress)
         during = user.stop(until)
         made += [i for i in (batch.output_file_id, batch.error_file_id) if i]
         if batch.status != "completed" or not batch.output_file_id:
@@ -511,37 +516,60 @@ def _first_line(client: Any, file_id: str) -> str:
         return f"(not read: {exc})"
 
 
-def _run_batch(client: Any, user: User, file_id: str, timeout_s: float,
-               progress: Progress) -> tuple[Any, float, dict[str, float], float]:
+def _run_batch(client: Any, user: User, file_id: str, limits: tuple[float, float],
+               made: list[str], progress: Progress) -> tuple[Any, float, dict[str, float], float]:
     """Create the batch, start the one user, poll every ``POLL_S`` until it ends: (the
     batch, seconds from create to the poll that saw it end, when each status was first
-    seen, the perf_counter of that poll). Cancelled if anything goes wrong on the way."""
+    seen, the perf_counter of that poll). ``limits``: the seconds the batch may take, and
+    those it may run with no request done (a stuck runner fails the run, not hangs it).
+    Anything wrong on the way cancels the batch; its files (once it ends) join ``made``."""
+    timeout_s, stall_s = limits
     start = time.perf_counter()
     batch = client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings",
                                   completion_window="24h")
     user.start()
     seen = {batch.status: 0.0}
-    now = time.perf_counter()
+    now = last_report = last_change = time.perf_counter()
+    done = -1
     try:
         tick = start
         while batch.status not in TERMINAL:
-            if time.perf_counter() - start > timeout_s:
-                raise TimeoutError(f"batch {batch.id} not done in {timeout_s:g} s")
             tick += POLL_S
             time.sleep(max(0.0, tick - time.perf_counter()))
             batch = client.batches.retrieve(batch.id)
             now = time.perf_counter()
-            if batch.status not in seen:
-                seen[batch.status] = round(now - start, 3)
-                counts = batch.request_counts
-                progress(f"batch {batch.id}: {batch.status} at {now - start:.0f} s"
-                         + (f" ({counts.completed}/{counts.total} lines)" if counts else ""))
+            counts = batch.request_counts
+            lines = f" ({counts.completed}/{counts.total} lines)" if counts else ""
+            if batch.status not in seen or now - last_report >= REPORT_S:
+                seen.setdefault(batch.status, round(now - start, 3))
+                progress(f"batch {batch.id}: {batch.status} at {now - start:.0f} s{lines}")
+                last_report = now
+            if counts and counts.completed + counts.failed != done:
+                done, last_change = counts.completed + counts.failed, now
+            if batch.status == "in_progress" and now - last_change > stall_s:
+                raise TimeoutError(f"batch {batch.id}: no request done in {stall_s:g} s "
+                                   f"({done} of {counts.total if counts else '?'}); see the "
+                                   "server's BatchRunner log")
+            if now - start > timeout_s:
+                raise TimeoutError(f"batch {batch.id} not done in {timeout_s:g} s")
     except BaseException:
         user.stop(0)
-        with contextlib.suppress(Exception):
-            client.batches.cancel(batch.id)
+        ended = _cancelled(client, batch.id)
+        made += [i for i in (ended.output_file_id, ended.error_file_id) if ended and i]
         raise
     return batch, now - start, seen, now
+
+
+def _cancelled(client: Any, batch_id: str, wait_s: float = 30.0) -> Any:
+    """Cancel the batch and wait (``wait_s`` at most) for it to end: the batch, or None."""
+    batch = None
+    with contextlib.suppress(Exception):
+        batch = client.batches.cancel(batch_id)
+        deadline = time.monotonic() + wait_s
+        while batch.status not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            batch = client.batches.retrieve(batch_id)
+    return batch if batch is not None and batch.status in TERMINAL else None
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -556,7 +584,8 @@ def settings_of(config: Path) -> Any:
 
 def measure(*, texts: int, rounds: int, model: str, per_line: int, url: str, serve: bool,
             embed_ray: str, api_key: str | None, idle_s: float, config: Path,
-            timeout_s: float, progress: Progress = print) -> dict[str, Any]:
+            timeout_s: float, stall_s: float = 300.0,
+            progress: Progress = print) -> dict[str, Any]:
     """Every round (see the module docstring); the result as ``--out`` holds it."""
     from openai import OpenAI
 
@@ -588,8 +617,8 @@ def measure(*, texts: int, rounds: int, model: str, per_line: int, url: str, ser
                     else:
                         with served(url, progress) if serve else contextlib.nullcontext():
                             row["batch_run"] = batch_round(client, user, lines_file, ids,
-                                                           texts, idle_s, work, timeout_s,
-                                                           progress)
+                                                           texts, idle_s, work,
+                                                           (timeout_s, stall_s), progress)
                 results.append(_finish_round(row, work / f"embedded-{r}", progress))
         finally:
             user.close()
@@ -658,6 +687,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-timeout", type=float, default=4 * 3600.0,
                         help="seconds a batch may take before it is cancelled and the run "
                         "fails (default: %(default)s)")
+    parser.add_argument("--stall-seconds", type=float, default=300.0,
+                        help="seconds a running batch may go with no request done before "
+                        "it is cancelled and the run fails (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help="the results file, written when every round passed "
                         "(default: loadtest/results/batch-api.json)")
@@ -673,7 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      per_line=args.texts_per_line, url=args.url, serve=args.serve,
                      embed_ray=args.embed_ray, api_key=args.api_key,
                      idle_s=args.idle_seconds, config=args.config,
-                     timeout_s=args.batch_timeout,
+                     timeout_s=args.batch_timeout, stall_s=args.stall_seconds,
                      progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(markdown(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)

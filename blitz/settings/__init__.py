@@ -3,5 +3,5 @@ replica pool's settings and the base every section shares (``pool_settings``), t
 registry (``registry``: ``ModelSpec`` and where its weights come from), every model kind
 declared once (``kinds``: what each takes, produces and serves), Serve's deployment
 options as Blitz passes them (``deployment_options``), ``auto`` sizes (``sizing``), image
-limits and URL fetching (``images``), the bulk job's settings (``bulk``), and the settings
+limits and URL fetching (``images``), the bulk job's settings (``bulk``), the batch API's (``batches``), and the settings
 tables of docs/configuration.md generated from them (``doc``)."""

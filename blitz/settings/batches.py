@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from blitz.settings.deployment_options import merge_options
 from blitz.settings.pool_settings import _Settings
 
 BATCH_RUNNER_DEPLOYMENT: dict[str, Any] = {
@@ -65,7 +66,13 @@ class BatchSettings(_Settings):
                                     "within this (the client cannot lift it)")
     deployment: dict[str, Any] = Field(
         default_factory=lambda: dict(BATCH_RUNNER_DEPLOYMENT),
-        description="the batch runner's Ray Serve deployment options")
+        description="the batch runner's Ray Serve deployment options, merged over its "
+        "defaults")
+
+    @field_validator("deployment", mode="before")
+    @classmethod
+    def _over_defaults(cls, value: Any) -> Any:
+        return merge_options(BATCH_RUNNER_DEPLOYMENT, value) if isinstance(value, dict) else value
 
     def storage_uri(self, cache_root: str, app: str) -> str:
         """Where files and batches are kept: ``storage``, else ``<cache_dir>/batches/<app>``

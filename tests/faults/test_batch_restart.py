@@ -24,7 +24,12 @@ LINES = 60
 def app_args(storage: str, engine: str = "auto") -> dict:
     args = small_app([{"id": "slowfake", "source": "fake:8:0:1"}])
     args["batches"] = {"storage": storage, "chunk_lines": 5, "concurrency": 1,
-                       "poll_s": 0.2, "engine": engine}
+                       "poll_s": 0.2, "engine": engine, "deployment": {"ray_actor_options": {
+                           # as Serve's throughput-optimized mode (serve_config.yaml's) has
+                           # it: handles run their router on the caller's loop, so a call
+                           # from a thread without one must bring its own (LoopThread)
+                           "runtime_env": {"env_vars": {
+                               "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}}}}}
     return args
 
 

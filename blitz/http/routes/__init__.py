@@ -9,5 +9,5 @@ the model id, the reply format, the request record and id), cut by API family: B
 (``infinity``) and Cohere's (``cohere``); ``images`` holds the image variants of the routes
 texts use, ``parts`` the variants (and Voyage's route) for documents of text and image
 parts, ``late_interaction`` the multi-vector route, late chunking's variants and Voyage's
-contextualized embeddings. A route that two APIs share lives with the family named first in its summary.
+contextualized embeddings, ``batches`` OpenAI's Files and Batches API. A route that two APIs share lives with the family named first in its summary.
 """
