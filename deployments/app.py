@@ -45,6 +45,10 @@ def fast_path_warning(environ: Mapping[str, str]) -> str | None:
     return FAST_PATH_WARNING.format(missing=" and ".join(missing))
 
 
+def _alive_nodes() -> int:
+    return sum(1 for n in ray.nodes() if n.get("Alive")) if ray.is_initialized() else 1
+
+
 def node_shape() -> NodeShape:
     """The node replicas are sized for: the alive node with the most CPUs Ray offers (a
     replica runs on one node), with its GPUs; this machine when Ray is not running."""
@@ -55,6 +59,22 @@ def node_shape() -> NodeShape:
         return NodeShape.local()
     largest = max(nodes, key=lambda r: (r.get("CPU", 0), r.get("GPU", 0)))
     return NodeShape(cpus=max(1, int(largest.get("CPU", 0))), gpus=int(largest.get("GPU", 0)))
+
+
+def batch_storage_warning(settings: BlitzSettings, nodes: int) -> str | None:
+    """The WARNING for a batch API kept in a local folder on a cluster of several nodes:
+    the ingress that takes an upload and the runner and actors that read it may each be
+    on another node's disk. None when it is off, shared (a URI) or one node."""
+    if not settings.batches.enabled or nodes < 2:
+        return None
+    storage = settings.batches.storage
+    if storage is not None and "://" in storage:
+        return None
+    return (f"blitz: batches.storage is a local folder ({storage or 'the default, in '}"
+            f"{'' if storage else 'cache_dir'}) on a cluster of {nodes} nodes: uploads and "
+            "batches land on whichever node's disk takes them, and the runner may not find "
+            "them. Set batches.storage to an object store prefix (s3://bucket/blitz-batches) "
+            "or a folder every node shares (docs/batches.md, \"Storage\")")
 
 
 def _pool_options(pool: str, settings: PoolSettings) -> dict[str, Any]:
@@ -119,6 +139,9 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     warning = fast_path_warning(os.environ)
     if warning:
         logger.warning(warning)
+    storage_warning = batch_storage_warning(settings, _alive_nodes())
+    if storage_warning:
+        logger.warning(storage_warning)
     if settings.sizing is not None:
         logger.info("blitz: sized for a node of %d CPU(s) and %d GPU(s) (auto settings): %s",
                     node.cpus, node.gpus, settings.sizing.describe())

@@ -143,3 +143,14 @@ def test_a_ray_without_the_fast_path_gets_one_warning_naming_the_cost_and_the_fi
     assert "RAY_SERVE_ENABLE_HA_PROXY unset" in warning
     assert "controller_options" in warning and "Entry points" in warning
     assert "and" in (fast_path_warning({}) or "").split(" unset")[0]
+
+
+def test_a_local_batch_store_on_a_cluster_of_several_nodes_is_warned_of():
+    from deployments.app import batch_storage_warning
+
+    assert "s3://" in batch_storage_warning(BlitzSettings(), nodes=3)
+    assert batch_storage_warning(BlitzSettings(), nodes=1) is None
+    shared = BlitzSettings.from_args({"batches": {"storage": "s3://bucket/batches"}})
+    assert batch_storage_warning(shared, nodes=3) is None
+    off = BlitzSettings.from_args({"batches": {"enabled": False}})
+    assert batch_storage_warning(off, nodes=3) is None

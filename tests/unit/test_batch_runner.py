@@ -308,25 +308,11 @@ def test_ids_from_a_url_never_name_a_path(tmp_path):
 def s3_bucket(monkeypatch):
     """A moto S3 server on loopback with a bucket ``batches``; stopped afterwards."""
     pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
-    from tests.ports import free_port
+    pytest.importorskip("moto.server")
+    from tests.moto_s3 import moto_s3
 
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    import boto3
-
-    boto3.client("s3").create_bucket(Bucket="batches")
-    try:
+    with moto_s3(monkeypatch, "batches"):
         yield "s3://batches/blitz"
-    finally:
-        server.stop()
 
 
 def test_a_batch_runs_on_an_object_store_prefix_as_on_a_folder(s3_bucket):

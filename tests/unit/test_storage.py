@@ -17,7 +17,7 @@ from blitz.settings.registry import ModelSpec
 from blitz.sources import model_cache
 from blitz.sources.model_cache import ENTRY_FILE
 from blitz.sources.storage import ObjectStoreError, _relative, fetch_to_cache, storage_options
-from tests.ports import free_port
+from tests.moto_s3 import moto_s3
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -29,27 +29,14 @@ BUCKET = "models"
 @pytest.fixture
 def s3(monkeypatch, tiny_dir):
     """A moto S3 server with the tiny model under s3://models/tiny/; stopped afterwards."""
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    import boto3
-
-    client = boto3.client("s3")
-    client.create_bucket(Bucket=BUCKET)
-    for file in tiny_dir.rglob("*"):
-        if file.is_file():
-            client.upload_file(str(file), BUCKET, f"tiny/{file.relative_to(tiny_dir).as_posix()}")
-    client.put_object(Bucket=BUCKET, Key="tiny-sibling/unrelated.bin", Body=b"not part of it")
-    try:
+    with moto_s3(monkeypatch, BUCKET) as (server, client):
+        for file in tiny_dir.rglob("*"):
+            if file.is_file():
+                client.upload_file(str(file), BUCKET,
+                                   f"tiny/{file.relative_to(tiny_dir).as_posix()}")
+        client.put_object(Bucket=BUCKET, Key="tiny-sibling/unrelated.bin",
+                          Body=b"not part of it")
         yield server
-    finally:
-        server.stop()
 
 
 def _spec(source: str, **fields) -> ModelSpec:
