@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -232,6 +233,22 @@ def test_a_bad_form_is_refused_naming_what_is_wrong(body, match):
     with pytest.raises(InvalidValue, match=match):
         stream.feed(body)
         stream.close()
+
+
+async def test_an_upload_is_bounded_whatever_its_parts_hold(app):
+    """Bytes outside any part (a preamble the parser skips) count against the limit too."""
+    body = b"x" * 80_000 + form([("purpose", None, b"batch"), ("file", "a.jsonl", lines(1))])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app.app),
+                                 base_url="http://t") as http:
+        async def chunks():
+            yield body  # no content-length: only the count while reading can stop it
+
+        r = await http.post("/v1/files", content=chunks(),
+                            headers={"authorization": f"Bearer {KEYS[0]}",
+                                     "content-type": "multipart/form-data; boundary=b0undary"})
+    assert r.status_code == 413, r.text
+    assert (await sdk(app, KEYS[0]).files.list()).data == []
+    assert not list(Path(app.kit.batches.store.root).rglob("*.partial"))  # nothing left
 
 
 def test_an_upload_that_is_not_a_form_is_refused():

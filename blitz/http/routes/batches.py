@@ -72,10 +72,17 @@ async def upload_file(kit: Kit, request: Request) -> Response:
                               param="file")
     form = FormStream(request.headers.get("content-type"))
     upload = await batches.begin_upload(owner(request))
+    limit = settings.max_file_bytes + FORM_SLACK  # the whole body, whatever its parts
+    received = 0
     try:
         try:
             async with asyncio.timeout(settings.upload_timeout_s):  # the client cannot lift it
                 async for chunk in request.stream():
+                    received += len(chunk)
+                    if received > limit:
+                        raise PayloadTooLarge(f"the upload is over {limit} bytes; a file is "
+                                              f"at most {settings.max_file_bytes} "
+                                              "(batches.max_file_bytes)", param="file")
                     for data in form.feed(chunk):
                         await upload.write(data)
         except TimeoutError as exc:
