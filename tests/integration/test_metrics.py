@@ -42,7 +42,9 @@ ROUTES = {"/embed", "/v1/embeddings", "/rerank", "/v1/rerank", "/embed_all", "/e
           "handle.similarity_images", "/v1/multimodalembeddings", "/v2/embed", "/v2/rerank",
           "/embeddings", "handle.embed_parts", "handle.rerank_parts", "/embed_multivector",
           "/v1/contextualizedembeddings", "handle.embed_multi", "handle.embed_late_chunks",
-          "handle.rerank_pages"} | {
+          "handle.rerank_pages", "/v1/files", "/v1/files/{file_id}",
+          "/v1/files/{file_id}/content", "/v1/batches", "/v1/batches/{batch_id}",
+          "/v1/batches/{batch_id}/cancel"} | {
           rpc.path for rpc in RPCS}  # gRPC: each method's full name
 MODELS = {"minilm", "minilm-int8", "tiny-a", "tiny-b", "tiny-c", "tiny-ce", "broken", "slow",
           "busy", "tiny-clip", "tiny-vl", "tiny-vl-rerank", "tiny-colbert", "tiny-colqwen"}  # every id the integration registry holds (tests/integration/conftest.py)
