@@ -39,6 +39,7 @@ from ray import serve
 from blitz.batches.runner import BatchRunner, Call, Engine, local_engine, run_piece
 from blitz.batches.store import Store
 from blitz.settings.config import BlitzSettings
+from deployments.bind_addresses import keep_replica_grpc_on_node_ip
 from deployments.logs import route_library_logs_to_serve
 from deployments.model_admin import app_name
 
@@ -135,6 +136,7 @@ class BatchRunnerDeployment:
 
     def __init__(self, settings: dict[str, Any], ingress: str):
         route_library_logs_to_serve()
+        keep_replica_grpc_on_node_ip()  # its inter-deployment server where its node is
         self.settings = BlitzSettings.from_args(settings)
         batches = self.settings.batches
         app = app_name()
