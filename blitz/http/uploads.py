@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from python_multipart import MultipartParser
+from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import parse_options_header
 
 from blitz.errors import InvalidValue
@@ -48,12 +49,20 @@ class FormStream:
             "on_headers_finished": self._headers_done})
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        self.parser.write(chunk)
+        try:
+            self.parser.write(chunk)
+        except FormParserError as exc:  # a malformed form: the client's to fix (400)
+            raise InvalidValue(f"the form is not valid multipart/form-data ({exc})",
+                               param="file") from None
         out, self._out = self._out, []
         return out
 
     def close(self) -> None:
-        self.parser.finalize()
+        try:
+            self.parser.finalize()
+        except FormParserError as exc:
+            raise InvalidValue(f"the form is not valid multipart/form-data ({exc})",
+                               param="file") from None
         if self.files == 0:
             raise InvalidValue(f"the form has no `{self.file_field}` part: send the file "
                                f"as the `{self.file_field}` field", param=self.file_field)

@@ -12,6 +12,8 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blitz.batches.runner import BatchRunner, local_engine
 from blitz.errors import InvalidValue
@@ -254,3 +256,30 @@ async def test_an_upload_is_bounded_whatever_its_parts_hold(app):
 def test_an_upload_that_is_not_a_form_is_refused():
     with pytest.raises(InvalidValue, match="multipart/form-data"):
         FormStream("application/json")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400), st.integers(1, 64))
+def test_any_bytes_as_a_form_are_read_or_refused_with_a_400(body, cut):
+    stream = FormStream("multipart/form-data; boundary=b0undary")
+    try:
+        for i in range(0, len(body), cut):
+            stream.feed(body[i:i + cut])
+        stream.close()
+    except InvalidValue:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=30).filter(lambda b: b"\n" not in b), max_size=20),
+       st.integers(1, 40))
+def test_lines_are_found_at_their_offsets_whatever_the_bytes(rows, max_bytes):
+    import io
+
+    from blitz.batches.lines import lines_at
+
+    body = b"\n".join(rows)
+    for offset, line in lines_at(io.BytesIO(body), max_bytes):
+        end = body.find(b"\n", offset)
+        raw = body[offset:end if end >= 0 else len(body)]
+        assert line == (None if len(raw) > max_bytes else raw.removesuffix(b"\r"))
